@@ -1,0 +1,101 @@
+"""Fiber: the ``multiprocessing`` API, with every process a job on a pluggable backend.
+
+``import fiber_core as multiprocessing`` is the whole port; ``FIBER_BACKEND=docker``
+(or ``kubernetes``, ``ssh``, ``aws-batch``) moves the jobs off this machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fiber_core.backend import Backend, Job, JobSpec
+from fiber_core.config import Option, config
+from fiber_core.connection import Pipe
+from fiber_core.context import FiberContext, cpu_count, get_context
+from fiber_core.errors import (
+    AuthenticationError,
+    BufferTooShort,
+    ProcessError,
+    TimeoutError,
+)
+from fiber_core.hookspecs import hookimpl
+from fiber_core.process import Process, active_children, current_process, parent_process
+from fiber_core.queues import JoinableQueue, Queue, SimpleQueue
+from fiber_core.util import get_logger, log_to_stderr
+
+__version__ = "0.1.0"
+
+F = TypeVar("F", bound=Callable[..., Any])
+_context = get_context()
+
+
+def init(**kwargs: Any) -> None:
+    """Configure Fiber in code: ``init(backend="docker", docker_image="app:1")``.
+
+    Values set here beat ``FIBER_*`` variables and ``.fiberconfig``. Keys are the
+    global options (``fiber config`` lists them) and ``<backend>_<option>``.
+    """
+    config.init(**kwargs)
+
+
+def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None = None,
+         gpu_type: str | None = None) -> Callable[[F], F]:
+    """Declare the resources a function needs when it runs as a job or pool task.
+
+    ``memory`` is in MiB. The values reach the backend's :class:`JobSpec` for a
+    ``Process(target=f)`` and for the workers of a ``Pool`` built for ``f``.
+    """
+    for key, value, kind in (("cpu", cpu, (int, float)), ("memory", memory, int), ("gpu", gpu, int)):
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"meta({key}={value!r}): expected a non-negative number")
+    if gpu_type is not None and not isinstance(gpu_type, str):
+        raise ValueError(f"meta(gpu_type={gpu_type!r}): expected a string")
+
+    def decorate(func: F) -> F:
+        func.__fiber_meta__ = {"cpu": cpu, "memory": memory, "gpu": gpu, "gpu_type": gpu_type}  # type: ignore[attr-defined]
+        return func
+
+    return decorate
+
+
+def __getattr__(name: str) -> Any:
+    # The heavier parts are imported on first use, so `import fiber_core` stays fast.
+    if name == "Pool":
+        from fiber_core.pool import Pool
+
+        return Pool
+    if name in ("Manager", "SyncManager", "BaseManager", "AsyncManager"):
+        from fiber_core import managers
+
+        return getattr(managers, name)
+    if name == "Ring":
+        from fiber_core.ring import Ring
+
+        return Ring
+    raise AttributeError(f"module 'fiber_core' has no attribute {name!r}")
+
+
+def set_start_method(method: str | None, force: bool = False) -> None:
+    _context.set_start_method(method, force)
+
+
+def get_start_method(allow_none: bool = False) -> str:
+    return _context.get_start_method(allow_none)
+
+
+def get_all_start_methods() -> list[str]:
+    return _context.get_all_start_methods()
+
+
+def freeze_support() -> None:
+    pass
+
+
+__all__ = [
+    "AuthenticationError", "Backend", "BufferTooShort", "FiberContext", "Job", "JobSpec",
+    "JoinableQueue", "Option", "Pipe", "Process", "ProcessError", "Queue", "SimpleQueue",
+    "TimeoutError", "active_children", "cpu_count", "current_process", "freeze_support",
+    "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
+    "log_to_stderr", "meta", "parent_process", "set_start_method",
+]

@@ -1,0 +1,407 @@
+"""Authenticated message connections between the processes of a run.
+
+Every byte stream between two processes of a Fiber program is a plain socket: a
+Unix socket when both ends are on one host, TCP otherwise. A connection starts
+with a mutual challenge-response over HMAC-SHA256 with the run's secret key, and
+nothing is unpickled before it succeeds, so a stranger who reaches an open port
+gets nothing run. After that, messages are length-prefixed frames.
+
+This module also holds :func:`Pipe` and :func:`wait`, the counterparts of
+:func:`multiprocessing.Pipe` and :func:`multiprocessing.connection.wait`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import pickle
+import selectors
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import cloudpickle
+
+from fiber_core.errors import AuthenticationError, PicklingError
+
+_MAGIC = b"FIBR\x01"
+_NONCE = 16
+_MAC = 32
+_HANDSHAKE_TIMEOUT = 10.0
+_HEADER = struct.Struct("!I")
+_BIG = 0xFFFFFFFF
+_BIG_HEADER = struct.Struct("!Q")
+_SMALL = 64 * 1024
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle ``obj`` for another process (cloudpickle: lambdas and ``__main__`` work)."""
+    try:
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        raise PicklingError(
+            f"cannot send {type(obj).__name__} object to another process: {e}"
+        ) from e
+
+
+loads = pickle.loads
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.digest(key, b"".join(parts), "sha256")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("connection closed by the other process")
+        got += k
+    return bytes(buf)
+
+
+def client_handshake(sock: socket.socket, key: bytes, target: str) -> None:
+    """Authenticate to a :class:`Hub` as holder of ``key`` and ask for ``target``."""
+    nonce = os.urandom(_NONCE)
+    sock.sendall(_MAGIC + nonce)
+    reply = _recv_exact(sock, _NONCE + _MAC)
+    server_nonce, server_mac = reply[:_NONCE], reply[_NONCE:]
+    if not hmac.compare_digest(server_mac, _mac(key, b"fiber-s", nonce, server_nonce)):
+        raise AuthenticationError("the peer does not hold this run's key")
+    name = target.encode()
+    sock.sendall(_mac(key, b"fiber-c", server_nonce, nonce) + struct.pack("!H", len(name)) + name)
+    if _recv_exact(sock, 2) != b"OK":
+        raise ConnectionRefusedError(f"{target} is not served by that process (it may have ended)")
+
+
+def server_handshake(sock: socket.socket, key: bytes) -> str:
+    """Authenticate a client; return the target it asked for. Raises on any mismatch."""
+    hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
+    if not hello.startswith(_MAGIC):
+        raise AuthenticationError("not a fiber client")
+    nonce = hello[len(_MAGIC):]
+    server_nonce = os.urandom(_NONCE)
+    sock.sendall(server_nonce + _mac(key, b"fiber-s", nonce, server_nonce))
+    answer = _recv_exact(sock, _MAC + 2)
+    if not hmac.compare_digest(answer[:_MAC], _mac(key, b"fiber-c", server_nonce, nonce)):
+        raise AuthenticationError("client does not hold this run's key")
+    (length,) = struct.unpack("!H", answer[_MAC:])
+    return _recv_exact(sock, length).decode()
+
+
+def _tune(sock: socket.socket) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def dial(addresses: str, key: bytes, target: str, timeout: float = 30.0) -> socket.socket:
+    """Connect to the hub at ``addresses`` (``unix:PATH,tcp:HOST:PORT``) and authenticate.
+
+    The Unix address is tried first when its path exists here (same host), then TCP.
+    """
+    errors = []
+    for addr in addresses.split(","):
+        kind, _, rest = addr.partition(":")
+        try:
+            if kind == "unix":
+                if not os.path.exists(rest):
+                    continue
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(timeout)
+                sock.connect(rest)
+            elif kind == "tcp":
+                host, _, port = rest.rpartition(":")
+                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+            else:
+                raise ValueError(f"unknown address kind {kind!r}")
+            try:
+                client_handshake(sock, key, target)
+            except BaseException:
+                sock.close()
+                raise
+            sock.settimeout(None)
+            _tune(sock)
+            return sock
+        except (OSError, EOFError) as e:
+            errors.append(f"{addr}: {e}")
+    raise ConnectionError(f"cannot reach the fiber process at {addresses}: " + "; ".join(errors))
+
+
+class Connection:
+    """A message connection with the API of :class:`multiprocessing.connection.Connection`."""
+
+    def __init__(self, sock: socket.socket | None, readable: bool = True, writable: bool = True) -> None:
+        self._sock = sock
+        self._readable = readable
+        self._writable = writable
+        self._closed = False
+
+    # Subclasses that connect lazily override this.
+    def _socket(self) -> socket.socket:
+        if self._closed or self._sock is None:
+            raise OSError("handle is closed")
+        return self._sock
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def readable(self) -> bool:
+        return self._readable
+
+    @property
+    def writable(self) -> bool:
+        return self._writable
+
+    def fileno(self) -> int:
+        return self._socket().fileno()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._sock is not None:
+                try:
+                    self._sock.close()
+                finally:
+                    self._sock = None
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_writable(self) -> None:
+        if not self._writable:
+            raise OSError("connection is read-only")
+
+    def _check_readable(self) -> None:
+        if not self._readable:
+            raise OSError("connection is write-only")
+
+    def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
+        self._check_writable()
+        view = memoryview(buf).cast("B")
+        n = len(view)
+        if offset < 0 or offset > n:
+            raise ValueError("offset is out of bounds")
+        if size is None:
+            size = n - offset
+        if size < 0 or offset + size > n:
+            raise ValueError("size is out of bounds")
+        self._send(view[offset:offset + size])
+
+    def _send(self, data: memoryview | bytes) -> None:
+        sock = self._socket()
+        n = len(data)
+        if n >= _BIG:
+            header = _HEADER.pack(_BIG) + _BIG_HEADER.pack(n)
+        else:
+            header = _HEADER.pack(n)
+        if n <= _SMALL:
+            sock.sendall(header + bytes(data))
+        else:
+            sock.sendall(header)
+            sock.sendall(data)
+
+    def _recv(self, maxlength: int | None = None) -> bytes:
+        sock = self._socket()
+        (n,) = _HEADER.unpack(_recv_exact(sock, 4))
+        if n == _BIG:
+            (n,) = _BIG_HEADER.unpack(_recv_exact(sock, 8))
+        if maxlength is not None and n > maxlength:
+            self.close()
+            raise OSError("bad message length")
+        return _recv_exact(sock, n) if n else b""
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        self._check_readable()
+        if maxlength is not None and maxlength < 0:
+            raise ValueError("negative maxlength")
+        return self._recv(maxlength)
+
+    def recv_bytes_into(self, buf: Any, offset: int = 0) -> int:
+        from multiprocessing import BufferTooShort
+
+        self._check_readable()
+        data = self._recv()
+        view = memoryview(buf).cast("B")
+        if offset < 0 or offset > len(view):
+            raise ValueError("negative offset" if offset < 0 else "offset too large")
+        if len(data) > len(view) - offset:
+            raise BufferTooShort(data)
+        view[offset:offset + len(data)] = data
+        return len(data)
+
+    def send(self, obj: Any) -> None:
+        self._check_writable()
+        self._send(dumps(obj))
+
+    def recv(self) -> Any:
+        self._check_readable()
+        return loads(self._recv())
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        self._check_readable()
+        return bool(wait([self], timeout))
+
+
+def wait(object_list: Iterable[Any], timeout: float | None = None) -> list[Any]:
+    """Like :func:`multiprocessing.connection.wait`: the objects that are ready to read.
+
+    Accepts Fiber connections, sockets, file descriptors and objects with ``fileno()``.
+    """
+    objects = list(object_list)
+    with selectors.DefaultSelector() as sel:
+        for obj in objects:
+            sel.register(obj, selectors.EVENT_READ)
+        ready = sel.select(timeout)
+    return [key.fileobj for key, _ in ready]
+
+
+# -- Pipe ---------------------------------------------------------------------------
+
+
+class _PipeState:
+    """Creator-side state of one Pipe: where each end lives, and its socket once known."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent = [False, False]  # end i was pickled to another process
+        self.socks: list[socket.socket | None] = [None, None]
+        self.arrived = [threading.Event(), threading.Event()]
+        self.waiting: dict[int, socket.socket] = {}
+
+
+class PipeEnd(Connection):
+    """One end of a :func:`Pipe`. It connects on first use, wherever it is."""
+
+    def __init__(self, hub: str, pipe_id: str, index: int,
+                 readable: bool, writable: bool, state: _PipeState | None) -> None:
+        super().__init__(None, readable, writable)
+        self._hub = hub
+        self._pipe_id = pipe_id
+        self._index = index
+        self._state = state  # set only in the creating process
+
+    def __reduce__(self) -> tuple:
+        if self._sock is not None or self._closed:
+            raise PicklingError(
+                "a Pipe end can be sent to another process only before it is used or closed here"
+            )
+        if self._state is not None:
+            with self._state.lock:
+                self._state.sent[self._index] = True
+        return (_rebuild_pipe_end, (self._hub, self._pipe_id, self._index, self._readable, self._writable))
+
+    def _socket(self) -> socket.socket:
+        if self._closed:
+            raise OSError("handle is closed")
+        if self._sock is None:
+            self._sock = self._connect()
+        return self._sock
+
+    def _connect(self, timeout: float | None = None) -> socket.socket:
+        state = self._state
+        if state is None:  # this end was sent here: dial the creator
+            from fiber_core.runtime import runtime
+
+            return dial(self._hub, runtime().authkey, f"pipe:{self._pipe_id}:{self._index}")
+        other = 1 - self._index
+        with state.lock:
+            if state.socks[self._index] is None and not state.sent[other]:
+                a, b = socket.socketpair()
+                state.socks[self._index], state.socks[other] = a, b
+                state.arrived[0].set()
+                state.arrived[1].set()
+        if not state.arrived[self._index].wait(timeout):
+            raise TimeoutError
+        sock = state.socks[self._index]
+        assert sock is not None
+        return sock
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        self._check_readable()
+        if self._sock is None and self._state is not None:
+            start = time.monotonic()
+            try:
+                self._sock = self._connect(timeout)
+            except TimeoutError:
+                return False
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - start))
+        return super().poll(timeout)
+
+
+def _rebuild_pipe_end(hub: str, pipe_id: str, index: int, readable: bool, writable: bool) -> PipeEnd:
+    end = PipeEnd(hub, pipe_id, index, readable, writable, None)
+    # Connect at once, so that the creator sees EOF if this process dies later.
+    end._sock = end._connect()
+    return end
+
+
+def _pipe_route(state: _PipeState, target: str, sock: socket.socket) -> None:
+    index = int(target.rsplit(":", 1)[1])
+    other = 1 - index
+    with state.lock:
+        if not state.sent[other]:
+            state.socks[other] = sock
+            state.arrived[other].set()
+            return
+        if other in state.waiting:
+            peer = state.waiting.pop(other)
+        else:
+            state.waiting[index] = sock
+            return
+    _splice(sock, peer)
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    """Relay bytes both ways between two sockets (both ends of a Pipe left the creator)."""
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 20)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    threading.Thread(target=pump, args=(a, b), daemon=True, name="fiber-pipe-relay").start()
+    threading.Thread(target=pump, args=(b, a), daemon=True, name="fiber-pipe-relay").start()
+
+
+def Pipe(duplex: bool = True) -> tuple[PipeEnd, PipeEnd]:
+    """Return a pair of connected ends, like :func:`multiprocessing.Pipe`.
+
+    The ends can be given to any processes of the program, on any host. When both
+    ends stay in one process they are a local socket pair; when one end is sent to
+    a child, the child connects straight to this process.
+    """
+    from fiber_core.runtime import runtime
+
+    rt = runtime()
+    pipe_id = uuid.uuid4().hex
+    state = _PipeState()
+    rt.hub.register_prefix(f"pipe:{pipe_id}:", lambda target, sock: _pipe_route(state, target, sock))
+    a = PipeEnd(rt.hub.addresses, pipe_id, 0, True, duplex, state)
+    b = PipeEnd(rt.hub.addresses, pipe_id, 1, duplex, True, state)
+    return a, b
+
+
+__all__ = ["Connection", "Pipe", "PipeEnd", "dial", "dumps", "loads", "wait"]

@@ -1,0 +1,79 @@
+"""Every exception Fiber raises, in one place.
+
+Each subclasses the standard type that callers of :mod:`multiprocessing` already
+catch, so ``except multiprocessing.ProcessError`` or ``except LookupError`` keeps
+working when a program switches to Fiber.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+ProcessError = multiprocessing.ProcessError
+BufferTooShort = multiprocessing.BufferTooShort
+TimeoutError = multiprocessing.TimeoutError  # noqa: A001 - same name as the stdlib's
+AuthenticationError = multiprocessing.AuthenticationError
+
+
+class FiberError(ProcessError):
+    """Base class of the errors that only Fiber raises."""
+
+
+class ConfigError(FiberError, ValueError):
+    """A configuration value is missing, malformed or of the wrong type.
+
+    The message names the key and where the value came from.
+    """
+
+
+class UnknownBackendError(FiberError, LookupError):
+    """The selected backend is not installed; the message says what to pip-install."""
+
+
+class BackendError(FiberError):
+    """A backend could not do what it was asked (start, poll, stop a job)."""
+
+
+class JobStartError(BackendError):
+    """A job could not be started, or died before it reached its parent.
+
+    ``exitcode`` and ``logs`` carry what is known of the failed job.
+    """
+
+    def __init__(self, message: str, exitcode: int | None = None, logs: str = "") -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
+        self.logs = logs
+
+
+class PicklingError(FiberError, TypeError):
+    """An object sent to another process cannot be pickled.
+
+    Raised in the caller, before anything is sent, naming what failed.
+    """
+
+
+class RemoteError(FiberError):
+    """Carries the formatted traceback of an exception raised in another process."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return "\n\nRemote traceback:\n" + self.tb
+
+
+__all__ = [
+    "AuthenticationError",
+    "BackendError",
+    "BufferTooShort",
+    "ConfigError",
+    "FiberError",
+    "JobStartError",
+    "PicklingError",
+    "ProcessError",
+    "RemoteError",
+    "TimeoutError",
+    "UnknownBackendError",
+]

@@ -1,0 +1,66 @@
+"""The hooks a Fiber plugin may implement.
+
+Plugins are found through the ``fiber`` entry-point group::
+
+    [project.entry-points.fiber]
+    docker = "fiber_docker.plugin"
+
+The named module (or object) is registered with pluggy and its ``fiber_*``
+functions marked with :data:`hookimpl` are called. A hook is a broadcast to every
+plugin: use hooks to *announce* things. A backend is a stateful object that the
+user picks, so calls on jobs never go through hooks: they are plain method calls
+on the :class:`fiber_core.backend.Backend` instance.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    import argparse
+
+    from fiber_core.registry import BackendRegistrar
+
+hookspec = pluggy.HookspecMarker("fiber")
+"""Marker for hook specifications (used by this module only)."""
+
+hookimpl = pluggy.HookimplMarker("fiber")
+"""Marker for hook implementations: decorate your plugin's ``fiber_*`` functions."""
+
+
+@hookspec
+def fiber_register_backends(register: BackendRegistrar) -> None:
+    """Register the backends this plugin provides.
+
+    Called once per process, the first time Fiber needs to know the installed
+    backends (selecting one, or ``fiber backends``). Every plugin is called; the
+    return value is ignored.
+
+    :param register: call ``register(MyBackend)`` once per backend class. The
+        class must subclass :class:`fiber_core.backend.Backend` and set ``name``
+        (lowercase) and, optionally, ``aliases``. Registering a name twice is an
+        error unless it is the same class.
+
+    Example, the whole plugin module of a third-party backend::
+
+        from fiber_core import hookimpl
+        from .backend import NomadBackend
+
+        @hookimpl
+        def fiber_register_backends(register):
+            register(NomadBackend)
+    """
+
+
+@hookspec
+def fiber_add_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add subcommands to the ``fiber`` command line.
+
+    Called once when ``fiber`` starts, for every plugin. Each subcommand's parser
+    sets ``func`` (``parser.set_defaults(func=handler)``); ``handler(args)``
+    returns the exit status. ``fiber run`` comes from the fiber-k8s plugin this way.
+
+    :param subparsers: the object ``argparse`` returns from ``add_subparsers()``.
+    """

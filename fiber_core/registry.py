@@ -1,0 +1,173 @@
+"""Finding backends: plugins from the ``fiber`` entry-point group, and selection."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+from dataclasses import dataclass
+
+import pluggy
+
+from fiber_core import hookspecs
+from fiber_core.backend import Backend
+from fiber_core.config import config
+from fiber_core.errors import UnknownBackendError
+
+ENTRY_POINT_GROUP = "fiber"
+
+KNOWN_PACKAGES = {
+    "docker": "fiber-docker",
+    "kubernetes": "fiber-k8s",
+    "k8s": "fiber-k8s",
+    "ssh": "fiber-ssh",
+    "aws": "fiber-aws",
+    "aws-batch": "fiber-aws",
+}
+"""Backends the project publishes, for the "pip install ..." hint of an unknown name."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What ``fiber backends`` shows of one registered backend."""
+
+    name: str
+    cls: type[Backend]
+    aliases: tuple[str, ...]
+    package: str
+    version: str
+
+
+class BackendRegistrar:
+    """The ``register`` object handed to :func:`~fiber_core.hookspecs.fiber_register_backends`."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, type[Backend]] = {}
+        self._canonical: dict[str, str] = {}
+        self._dist: dict[str, str | None] = {}
+        self.current_dist: str | None = None
+
+    def __call__(self, backend: type[Backend]) -> None:
+        if not (isinstance(backend, type) and issubclass(backend, Backend)):
+            raise TypeError(f"register() takes a Backend subclass, not {backend!r}")
+        name = getattr(backend, "name", None)
+        if not isinstance(name, str) or not name or name != name.lower():
+            raise TypeError(f"{backend.__qualname__}.name must be a lowercase string, got {name!r}")
+        for key in (name, *backend.aliases):
+            other = self._by_name.get(key)
+            if other is not None and other is not backend:
+                raise ValueError(
+                    f"backend name {key!r} registered twice: {other.__module__}.{other.__qualname__} "
+                    f"and {backend.__module__}.{backend.__qualname__}"
+                )
+            self._by_name[key] = backend
+            self._canonical[key] = name
+        self._dist[name] = backend.package or self.current_dist
+
+
+class Registry:
+    """Loads plugins once and answers which backends exist."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._registrar: BackendRegistrar | None = None
+        self.pm = pluggy.PluginManager("fiber")
+        self.pm.add_hookspecs(hookspecs)
+
+    def _load(self) -> BackendRegistrar:
+        with self._lock:
+            if self._registrar is not None:
+                return self._registrar
+            from fiber_core import local
+
+            registrar = BackendRegistrar()
+            self.pm.register(local, name="local")
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if ep.name == "local" or self.pm.has_plugin(ep.name):
+                    continue
+                try:
+                    plugin = ep.load()
+                except Exception as e:  # a broken plugin must not break the others
+                    import warnings
+
+                    warnings.warn(f"fiber plugin {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
+                    continue
+                self.pm.register(plugin, name=ep.name)
+            for impl in self.pm.hook.fiber_register_backends.get_hookimpls():
+                registrar.current_dist = _dist_name(impl.plugin)
+                impl.function(register=registrar)
+            registrar.current_dist = None
+            for name, cls in registrar._by_name.items():
+                if registrar._canonical[name] == name:
+                    config.register_backend_options(name, cls.options)
+            self._registrar = registrar
+            return registrar
+
+    def register_plugin(self, plugin: object, name: str | None = None) -> None:
+        """Register a plugin object by hand (tests, embedded backends), then reload."""
+        with self._lock:
+            self.pm.register(plugin, name=name)
+            self._registrar = None
+
+    def backends(self) -> list[BackendInfo]:
+        reg = self._load()
+        out = []
+        for name, cls in sorted(reg._by_name.items()):
+            if reg._canonical[name] != name:
+                continue
+            package = reg._dist.get(name) or "fiber-core"
+            try:
+                version = importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                version = "(not installed)"
+            out.append(BackendInfo(name, cls, tuple(cls.aliases), package, version))
+        return out
+
+    def get_class(self, name: str) -> type[Backend]:
+        reg = self._load()
+        key = name.strip().lower()
+        cls = reg._by_name.get(key)
+        if cls is None:
+            installed = ", ".join(sorted(n for n in reg._by_name if reg._canonical[n] == n))
+            hint = KNOWN_PACKAGES.get(key)
+            advice = f"; pip install {hint}" if hint else (
+                "; a third-party backend is installed with its own package (see its docs)"
+            )
+            raise UnknownBackendError(f"unknown backend {name!r} (installed: {installed}){advice}")
+        return cls
+
+    def canonical(self, name: str) -> str:
+        return self.get_class(name).name
+
+
+def _dist_name(plugin: object) -> str | None:
+    module = getattr(plugin, "__name__", None) or type(plugin).__module__
+    top = module.split(".")[0]
+    dists = importlib.metadata.packages_distributions().get(top)
+    return dists[0] if dists else None
+
+
+registry = Registry()
+
+
+def selected_backend_name(explicit: str | None = None) -> str:
+    """The backend name chosen by argument > init() > FIBER_BACKEND > .fiberconfig > auto > local."""
+    if explicit:
+        return registry.canonical(explicit)
+    value = config.lookup("backend")
+    if value.source == "default":
+        import os
+
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            try:
+                return registry.canonical("kubernetes")
+            except UnknownBackendError:
+                pass
+    try:
+        return registry.canonical(value.value)
+    except UnknownBackendError as e:
+        raise UnknownBackendError(f"{e} (backend set by {value.source})") from None
+
+
+def create_backend(name: str, run_id: str) -> Backend:
+    cls = registry.get_class(name)
+    return cls(config.backend_settings(cls.name), run_id)

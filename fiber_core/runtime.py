@@ -1,0 +1,227 @@
+"""Per-process state of a Fiber program: run id, key, listener, backend, children.
+
+The first process of a program (the one the user started) creates the run: a
+random run id and a random 32-byte key. Jobs inherit both through their
+environment, so every process of the run can authenticate to every other.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fiber_core.connection import server_handshake
+from fiber_core.errors import AuthenticationError
+
+if TYPE_CHECKING:
+    from fiber_core.backend import Backend
+
+log = logging.getLogger("fiber")
+
+ENV_RUN_ID = "FIBER_RUN_ID"
+ENV_AUTHKEY = "FIBER_AUTHKEY"
+ENV_HUB = "FIBER_PARENT_HUB"
+ENV_TOKEN = "FIBER_PROCESS_TOKEN"
+
+Route = Callable[[str, socket.socket], None]
+
+
+class Hub:
+    """This process's listener: accepts, authenticates and routes incoming connections.
+
+    One TCP port (on the backend's listen address) and one Unix socket per process.
+    Each accepted connection is authenticated in its own short-lived thread, then
+    handed to the route registered for the target it asked for; the route owns the
+    socket from then on (and may keep the thread to serve it).
+    """
+
+    def __init__(self, key: bytes, host: str, port: int, rundir: str) -> None:
+        self._key = key
+        self._routes: dict[str, Route] = {}
+        self._prefixes: dict[str, Route] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._tcp = socket.socket(family, socket.SOCK_STREAM)
+        self._tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._tcp.bind((host, port))
+        self._tcp.listen(512)
+        bound = self._tcp.getsockname()
+        self._unix_path = os.path.join(rundir, "hub.sock")
+        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._unix.bind(self._unix_path)
+        self._unix.listen(512)
+        shown = f"[{host}]" if ":" in host else host
+        self.addresses = f"unix:{self._unix_path},tcp:{shown}:{bound[1]}"
+        for lsock in (self._unix, self._tcp):
+            threading.Thread(target=self._accept_loop, args=(lsock,), daemon=True,
+                             name="fiber-hub-accept").start()
+
+    def register(self, target: str, route: Route) -> None:
+        with self._lock:
+            self._routes[target] = route
+
+    def register_prefix(self, prefix: str, route: Route) -> None:
+        with self._lock:
+            self._prefixes[prefix] = route
+
+    def unregister(self, target: str) -> None:
+        with self._lock:
+            self._routes.pop(target, None)
+            self._prefixes.pop(target, None)
+
+    def _find(self, target: str) -> Route | None:
+        with self._lock:
+            route = self._routes.get(target)
+            if route is None:
+                for prefix, r in self._prefixes.items():
+                    if target.startswith(prefix):
+                        return r
+            return route
+
+    def _accept_loop(self, lsock: socket.socket) -> None:
+        while not self._closed:
+            try:
+                sock, _ = lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock,), daemon=True,
+                             name="fiber-hub-conn").start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            sock.settimeout(10.0)
+            target = server_handshake(sock, self._key)
+            route = self._find(target)
+            if route is None:
+                sock.sendall(b"NO")
+                sock.close()
+                return
+            sock.sendall(b"OK")
+            sock.settimeout(None)
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, EOFError, AuthenticationError, UnicodeDecodeError) as e:
+            log.debug("rejected a connection: %s", e)
+            sock.close()
+            return
+        try:
+            route(target, sock)
+        except Exception:
+            log.exception("fiber: error serving %s", target)
+            sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        for lsock in (self._tcp, self._unix):
+            try:
+                lsock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            lsock.close()
+
+
+class Runtime:
+    """Everything one process of a run knows: created on first use."""
+
+    def __init__(self) -> None:
+        self.run_id = os.environ.get(ENV_RUN_ID) or uuid.uuid4().hex[:12]
+        key = os.environ.get(ENV_AUTHKEY)
+        self.authkey = bytes.fromhex(key) if key else os.urandom(32)
+        self.is_worker = ENV_TOKEN in os.environ
+        self._lock = threading.RLock()
+        self._hub: Hub | None = None
+        self._backend: Backend | None = None
+        self._backend_name: str | None = None
+        self._rundir: str | None = None
+        self.children: set = set()
+        self.counter = 0
+        atexit.register(self.shutdown)
+
+    @property
+    def rundir(self) -> str:
+        with self._lock:
+            if self._rundir is None:
+                self._rundir = tempfile.mkdtemp(prefix=f"fiber-{self.run_id}-")
+                os.chmod(self._rundir, 0o700)
+            return self._rundir
+
+    @property
+    def backend(self) -> Backend:
+        with self._lock:
+            if self._backend is None:
+                from fiber_core.registry import create_backend, selected_backend_name
+
+                self._backend_name = selected_backend_name()
+                self._backend = create_backend(self._backend_name, self.run_id)
+            return self._backend
+
+    def get_backend(self, name: str | None) -> Backend:
+        """The backend for ``name`` (``None``: the configured one); one instance per name."""
+        if name is None:
+            return self.backend
+        from fiber_core.registry import create_backend, registry
+
+        canonical = registry.canonical(name)
+        with self._lock:
+            if self._backend is not None and self._backend_name == canonical:
+                return self._backend
+            extra = self.__dict__.setdefault("_extra_backends", {})
+            if canonical not in extra:
+                extra[canonical] = create_backend(canonical, self.run_id)
+            return extra[canonical]
+
+    @property
+    def hub(self) -> Hub:
+        with self._lock:
+            if self._hub is None:
+                from fiber_core.config import config
+
+                host = config.get("listen_host") or self.backend.get_listen_addr()
+                self._hub = Hub(self.authkey, host, config.get("listen_port"), self.rundir)
+            return self._hub
+
+    def next_identity(self) -> int:
+        with self._lock:
+            self.counter += 1
+            return self.counter
+
+    def shutdown(self) -> None:
+        """At exit: stop children as multiprocessing does, then release backend resources."""
+        from fiber_core.process import _exit_children
+
+        try:
+            _exit_children()
+        finally:
+            backends = [self._backend, *self.__dict__.get("_extra_backends", {}).values()]
+            for backend in backends:
+                if backend is not None:
+                    try:
+                        backend.cleanup()
+                    except Exception:
+                        log.exception("fiber: cleanup of backend %s failed", backend.name)
+            if self._hub is not None:
+                self._hub.close()
+            if self._rundir is not None:
+                shutil.rmtree(self._rundir, ignore_errors=True)
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime()
+    return _runtime

@@ -1,0 +1,27 @@
+"""Logging helpers with the names of :mod:`multiprocessing.util`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER_NAME = "fiber"
+DEFAULT_FORMAT = "[%(levelname)s/%(processName)s] %(message)s"
+
+
+def get_logger() -> logging.Logger:
+    """Fiber's logger (``"fiber"``); like ``multiprocessing.get_logger()`` it has no handler until you add one."""
+    return logging.getLogger(LOGGER_NAME)
+
+
+def log_to_stderr(level: int | None = None) -> logging.Logger:
+    """Send Fiber's log to stderr with the process name, like the stdlib's function."""
+    logger = get_logger()
+    if not any(getattr(h, "_fiber_stderr", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(DEFAULT_FORMAT))
+        handler._fiber_stderr = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    if level:
+        logger.setLevel(level)
+    return logger

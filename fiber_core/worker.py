@@ -1,0 +1,132 @@
+"""The worker bootstrap: what every job runs (``python -m fiber_core.worker``).
+
+It dials the parent named in ``FIBER_PARENT_HUB``, authenticates with the run's
+key, receives the pickled process object, runs it and reports the exit code.
+While it runs, fds 1 and 2 go through pipes whose contents are sent to the
+parent (which prints them prefixed with the process name) and also written to
+the job's own stdout/stderr, where the backend keeps its logs. When the parent
+goes away, the job kills itself and everything it started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+
+def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001
+    try:
+        while True:
+            conn.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    parent.gone.set()
+    if finishing.is_set():
+        return
+    # The parent is gone: end this job and everything it started.
+    try:
+        if os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(1)
+
+
+def _forward(fd: int, kind: bytes, conn, lock: threading.Lock) -> tuple:  # noqa: ANN001
+    saved = os.dup(fd)
+    r, w = os.pipe()
+    os.dup2(w, fd)
+    os.close(w)
+
+    def pump() -> None:
+        while True:
+            try:
+                chunk = os.read(r, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            try:
+                os.write(saved, chunk)
+            except OSError:
+                pass
+            try:
+                with lock:
+                    conn.send_bytes(kind + chunk)
+            except OSError:
+                pass
+        os.close(r)
+
+    t = threading.Thread(target=pump, daemon=True, name=f"fiber-forward-{fd}")
+    t.start()
+    return saved, t
+
+
+def main() -> int:
+    from fiber_core import process as process_mod
+    from fiber_core.config import config
+    from fiber_core.connection import Connection, dial, loads
+    from fiber_core.runtime import ENV_HUB, ENV_TOKEN, runtime
+
+    rt = runtime()
+    try:
+        sock = dial(os.environ[ENV_HUB], rt.authkey, f"proc:{os.environ[ENV_TOKEN]}")
+    except KeyError as e:
+        sys.stderr.write(f"fiber worker: {e.args[0]} is not set; this module is run by fiber jobs only\n")
+        return 2
+    except Exception as e:
+        sys.stderr.write(f"fiber worker: cannot reach the parent process: {e}\n")
+        return 3
+    conn = Connection(sock)
+    data = loads(conn.recv_bytes())
+    for entry in data["sys_path"]:
+        if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
+            sys.path.append(entry)
+    if data["config"]:
+        config.init(**{k: v for k, v in data["config"].items()})
+    proc = data["process"]
+    parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)
+    process_mod._current = proc
+    process_mod._parent = parent
+    finishing = threading.Event()
+    threading.Thread(target=_die_with_parent, args=(conn, finishing, parent), daemon=True,
+                     name="fiber-parent-watch").start()
+
+    lock = threading.Lock()
+    forwards = []
+    if data["forward_output"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        forwards = [(fd, *_forward(fd, kind, conn, lock)) for fd, kind in ((1, b"o"), (2, b"e"))]
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.reconfigure(line_buffering=True)
+            except (AttributeError, ValueError):
+                pass
+
+    code = proc._bootstrap()
+    try:
+        process_mod._exit_children()
+    except Exception:
+        pass
+    finishing.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, saved, _thread in forwards:
+        os.dup2(saved, fd)  # closes the pipe's last writer: the pump sees EOF
+    for _, _, thread in forwards:
+        thread.join(2.0)
+    try:
+        with lock:
+            conn.send_bytes(b"x%d" % code)
+    except OSError:
+        pass
+    return code
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code & 0xFF if code >= 0 else 1)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install what the tests need, start the real services, run the whole suite, stop the services.
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+VPY=$PWD/.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip >/dev/null
+plugins=()
+for d in plugins/*/; do [ -f "$d/pyproject.toml" ] && plugins+=(-e "$d[test]"); done
+"$VPY" -m pip install -q -e ".[test,examples]" "${plugins[@]}"
+if [ -f requirements-test.txt ]; then "$VPY" -m pip install -q -r requirements-test.txt; fi
+
+scripts/test-services.sh up
+trap 'scripts/test-services.sh down' EXIT
+
+"$VPY" -m ruff check .
+paths=(tests)
+for d in plugins/*/tests; do [ -d "$d" ] && paths+=("$d"); done
+"$VPY" -m pytest -q "${paths[@]}" "$@"
