@@ -1,0 +1,820 @@
+"""``Pool``: the :class:`multiprocessing.pool.Pool` API over job-backed workers.
+
+How it works
+------------
+Every worker is a daemonic :class:`~fiber_core.process.Process` (a job on the
+selected backend) that connects back to the pool's master thread and *pulls*
+work: it asks for a batch when it is ready, so a slow or late worker never
+holds up the others, and work starts as soon as the first worker is up.
+
+The master thread keeps a *pending table*: which batch each worker holds. When
+a worker dies (killed, out of memory, node lost), its batches go back to the
+front of the queue and a replacement job is started; a result is accepted once
+per task, so every result reaches the caller exactly once, and ``map`` keeps
+its order. A task that raises is not retried: its exception is re-raised in the
+caller with the remote traceback as ``__cause__``. A task that kills every
+worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts, and
+workers that die before they are ready (bad image, failing initializer) fail
+the pool after :data:`MAX_START_FAILURES` in a row, with the exit code and the
+tail of the worker's log: the pool never retries forever.
+
+Batching defaults
+-----------------
+A *unit* is ``chunksize`` consecutive items (one item when ``chunksize`` is not
+given; ``chunksize`` never changes results, only how work is grouped). The
+master sends a worker as many units per message as fit in
+:data:`TARGET_BATCH_SECONDS` of measured work (at least one, at most
+:data:`MAX_BATCH_UNITS`, and no more than a fair share of what is left), and
+keeps a second message in flight (prefetch) only while batches are shorter than
+:data:`PREFETCH_BELOW_SECONDS`, so that long tasks are never queued behind a busy
+worker. The first message to each worker carries one unit, until task times are
+known.
+
+Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import pickle
+import queue as _queue
+import selectors
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from fiber_core.connection import Connection, dial, dumps, loads
+from fiber_core.errors import FiberError, JobStartError, TimeoutError
+from fiber_core.process import Process
+from fiber_core.runtime import runtime
+
+log = logging.getLogger("fiber")
+
+TARGET_BATCH_SECONDS = 0.02
+MAX_BATCH_UNITS = 1000
+PREFETCH_BELOW_SECONDS = 0.05
+MAX_TASK_ATTEMPTS = 3
+MAX_START_FAILURES = 3
+_FUNC_CACHE = 64
+
+_APPLY, _MAP, _STARMAP = 0, 1, 2
+_job_counter = itertools.count()
+
+
+class RemoteTraceback(Exception):
+    """Carries the traceback text of an exception raised in a worker (its ``__cause__``)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class MaybeEncodingError(FiberError):
+    """A task's result (or exception) could not be pickled in the worker."""
+
+    def __init__(self, exc: str, value: str) -> None:
+        super().__init__(exc, value)
+        self.exc, self.value = exc, value
+
+    def __str__(self) -> str:
+        return f"Error sending result: '{self.value}'. Reason: '{self.exc}'"
+
+
+def _rebuild_exc(exc: BaseException, tb: str) -> BaseException:
+    exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
+    return exc
+
+
+# -- the worker side ---------------------------------------------------------------------
+
+
+def _run_unit(func: Callable, kind: int, items: list) -> tuple[bool, Any]:
+    try:
+        if kind == _MAP:
+            return True, [func(x) for x in items]
+        if kind == _STARMAP:
+            return True, [func(*x) for x in items]
+        args, kwds = items[0]
+        return True, [func(*args, **kwds)]
+    except Exception as e:
+        return False, (e, traceback.format_exc())
+
+
+def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
+    try:
+        return b"D" + dumps((batch_id, elapsed, results))
+    except Exception:
+        fixed = []
+        for ok, value in results:
+            try:
+                dumps(value)
+                fixed.append((ok, value))
+            except Exception as e:
+                shown = value[0] if not ok else value
+                err = MaybeEncodingError(repr(e), repr(shown)[:500])
+                fixed.append((False, (err, "")))
+        return b"D" + dumps((batch_id, elapsed, fixed))
+
+
+def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
+                 initargs: tuple, maxtasks: int | None) -> None:
+    sock = dial(hub, runtime().authkey, f"pool:{pool_id}")
+    conn = Connection(sock)
+    conn.send_bytes(b"H%d" % worker_id)
+    if initializer is not None:
+        initializer(*initargs)
+    conn.send_bytes(b"R")
+    inbox: _queue.SimpleQueue[bytes | None] = _queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            while True:
+                inbox.put(conn.recv_bytes())
+        except (EOFError, OSError):
+            inbox.put(None)
+
+    threading.Thread(target=read, daemon=True, name="fiber-pool-reader").start()
+    funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+    done = 0
+    while maxtasks is None or done < maxtasks:
+        msg = inbox.get()
+        if msg is None or msg[:1] == b"Q":
+            break
+        batch_id, func_id, func_bytes, kind, units = loads(msg[1:])
+        if func_bytes is not None:
+            funcs[func_id] = loads(func_bytes)
+            if len(funcs) > _FUNC_CACHE:
+                funcs.popitem(last=False)
+        func = funcs[func_id]
+        start = time.perf_counter()
+        results = [_run_unit(func, kind, loads(unit)) for unit in units]
+        done += len(units)
+        conn.send_bytes(_encode_results(batch_id, time.perf_counter() - start, results))
+    conn.close()
+
+
+# -- results -----------------------------------------------------------------------------
+
+
+class ApplyResult:
+    """The result of ``apply_async``; the base of the other result types."""
+
+    def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None) -> None:
+        self._pool = pool
+        self._event = threading.Event()
+        self._callback = callback
+        self._error_callback = error_callback
+        self._success = False
+        self._value: Any = None
+        self._job_id = next(_job_counter)
+
+    def ready(self) -> bool:
+        return self._event.is_set()
+
+    def successful(self) -> bool:
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return self._success
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._event.wait(timeout)
+
+    def get(self, timeout: float | None = None) -> Any:
+        self.wait(timeout)
+        if not self.ready():
+            raise TimeoutError
+        if self._success:
+            return self._value
+        raise self._value
+
+    # Called by the master thread.
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        self._finish(ok, values[0] if ok else values)
+
+    def _finish(self, ok: bool, value: Any) -> None:
+        if self._event.is_set():
+            return
+        self._success, self._value = ok, value
+        cb = self._callback if ok else self._error_callback
+        if cb is not None:
+            try:
+                cb(value)
+            except Exception:
+                log.exception("fiber: pool callback raised")
+        self._event.set()
+        self._pool._job_done(self)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._finish(False, exc)
+
+
+AsyncResult = ApplyResult
+
+
+class MapResult(ApplyResult):
+    """The result of ``map_async``/``starmap_async``: a list in input order."""
+
+    def __init__(self, pool: Pool, nunits: int, chunksize: int, length: int,
+                 callback: Callable | None, error_callback: Callable | None) -> None:
+        super().__init__(pool, callback, error_callback)
+        self._chunks: list[Any] = [None] * nunits
+        self._left = nunits
+        self._length = length
+        if nunits == 0:
+            self._success, self._value = True, []
+            self._event.set()
+
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        if self._event.is_set():
+            return
+        if not ok:
+            self._finish(False, values)
+            return
+        self._chunks[unit] = values
+        self._left -= 1
+        if self._left == 0:
+            self._finish(True, list(itertools.chain.from_iterable(self._chunks)))
+            self._chunks = []
+
+
+class IMapIterator:
+    """The iterator ``imap`` returns: results in input order, as they arrive."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._cond = threading.Condition(threading.Lock())
+        self._items: collections.deque = collections.deque()
+        self._ready: dict[int, tuple[bool, Any]] = {}
+        self._next_unit = 0
+        self._length: int | None = None  # units, known once the input is consumed
+        self._yielded_units = 0
+        self._job_id = next(_job_counter)
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def next(self, timeout: float | None = None) -> Any:
+        with self._cond:
+            while True:
+                if self._items:
+                    ok, value = self._items.popleft()
+                    if ok:
+                        return value
+                    raise value
+                if self._length is not None and self._yielded_units >= self._length:
+                    raise StopIteration
+                if not self._cond.wait(timeout):
+                    raise TimeoutError
+
+    __next__ = next
+
+    def _push(self, ok: bool, values: Any) -> None:
+        self._yielded_units += 1
+        if ok:
+            self._items.extend((True, v) for v in values)
+        else:
+            self._items.append((False, values))
+
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        with self._cond:
+            self._ready[unit] = (ok, values)
+            while self._next_unit in self._ready:
+                self._push(*self._ready.pop(self._next_unit))
+                self._next_unit += 1
+            self._cond.notify_all()
+            self._maybe_done()
+
+    def _set_length(self, nunits: int) -> None:
+        with self._cond:
+            self._length = nunits
+            self._cond.notify_all()
+            self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self._length is not None and self._yielded_units >= self._length:
+            self._pool._job_done(self)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._items.append((False, exc))
+            self._length = self._yielded_units + 1 if self._length is None else self._length
+            self._yielded_units = self._length
+            self._cond.notify_all()
+        self._pool._job_done(self)
+
+
+class IMapUnorderedIterator(IMapIterator):
+    """The iterator ``imap_unordered`` returns: results as they complete."""
+
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        with self._cond:
+            self._push(ok, values)
+            self._cond.notify_all()
+            self._maybe_done()
+
+
+# -- the master --------------------------------------------------------------------------
+
+
+class _Unit:
+    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind")
+
+    def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
+                 kind: int) -> None:
+        self.job, self.index, self.data = job, index, data
+        self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
+        self.attempts = 0
+
+
+class _Worker:
+    def __init__(self, wid: int, process: Process) -> None:
+        self.id = wid
+        self.process = process
+        self.conn: Connection | None = None
+        self.ready = False
+        self.lost = False
+        self.retiring = False
+        self.pending: dict[int, list[_Unit]] = {}
+        self.assigned = 0
+        self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+
+class Pool:
+    """A pool of job-backed workers with the API of :class:`multiprocessing.pool.Pool`.
+
+    Fiber adds keyword-only arguments: ``backend`` (a backend for the workers),
+    resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` and ``image``
+    for each worker's job (defaulting to what :func:`fiber_core.meta` put on the
+    ``initializer``, then to configuration), and :meth:`resize`.
+    """
+
+    def __init__(self, processes: int | None = None, initializer: Callable | None = None,
+                 initargs: tuple = (), maxtasksperchild: int | None = None, context: Any = None,
+                 *, backend: str | None = None, **resources: Any) -> None:
+        from fiber_core.context import cpu_count
+
+        if processes is None:
+            processes = cpu_count()
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        if maxtasksperchild is not None and (
+                not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        self._initializer = initializer
+        self._initargs = tuple(initargs)
+        self._maxtasks = maxtasksperchild
+        self._backend = backend
+        meta = getattr(initializer, "__fiber_meta__", None) or {}
+        self._resources = {k: v for k, v in {**meta, **resources}.items() if v is not None}
+        self._processes = processes
+        self._id = uuid.uuid4().hex
+        self._lock = threading.RLock()  # callbacks may call back into the pool
+        self._queue: collections.deque[_Unit] = collections.deque()
+        self._workers: dict[int, _Worker] = {}
+        self._wid = itertools.count(1)
+        self._jobs: dict[int, Any] = {}
+        self._state = "RUN"
+        self._error: BaseException | None = None
+        self._start_failures = 0
+        self._unit_seconds = None  # running mean of one unit's compute time
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._incoming: _queue.SimpleQueue[tuple[int, socket.socket]] = _queue.SimpleQueue()
+        self._done = threading.Event()
+        hub = runtime().hub
+        self._hub = hub.addresses
+        hub.register(f"pool:{self._id}", self._on_connect)
+        try:
+            with self._lock:
+                for _ in range(processes):
+                    self._start_worker()
+        except BaseException:
+            self._state = "TERMINATE"
+            for w in self._workers.values():
+                w.process.kill()
+            hub.unregister(f"pool:{self._id}")
+            raise
+        self._thread = threading.Thread(target=self._master, daemon=True, name="fiber-pool-master")
+        self._thread.start()
+
+    # -- workers ---------------------------------------------------------------------
+
+    def _start_worker(self) -> _Worker:
+        wid = next(self._wid)
+        p = Process(target=_worker_main, name=f"PoolWorker-{wid}", daemon=True, backend=self._backend,
+                    args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks),
+                    **self._resources)
+        p.start()
+        w = _Worker(wid, p)
+        self._workers[wid] = w
+        self._sel.register(p.sentinel, selectors.EVENT_READ, ("exit", w))
+        return w
+
+    def _on_connect(self, target: str, sock: socket.socket) -> None:
+        # Runs in a hub thread: read the hello, hand the socket to the master.
+        try:
+            hello = Connection(sock).recv_bytes()
+            wid = int(hello[1:])
+        except (EOFError, OSError, ValueError):
+            sock.close()
+            return
+        self._incoming.put((wid, sock))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    # -- master loop -------------------------------------------------------------------
+
+    def _master(self) -> None:
+        try:
+            while True:
+                for key, _ in self._sel.select(1.0):
+                    kind, w = key.data
+                    if kind == "wake":
+                        try:
+                            self._wake_r.recv(4096)
+                        except OSError:
+                            pass
+                    elif kind == "conn":
+                        self._on_message(w)
+                    elif kind == "exit":
+                        self._on_exit(w)
+                while not self._incoming.empty():
+                    self._adopt(*self._incoming.get())
+                with self._lock:
+                    if self._state == "TERMINATE":
+                        break
+                    self._dispatch()
+                    if self._state == "CLOSE" and not self._jobs and not self._queue:
+                        self._retire_all()
+                        if not self._workers:
+                            break
+        except Exception as e:  # a bug here must fail the callers, never hang them
+            log.exception("fiber: pool master failed")
+            self._fail_all(FiberError(f"pool master thread failed: {e!r}"))
+        finally:
+            self._done.set()
+
+    def _adopt(self, wid: int, sock: socket.socket) -> None:
+        w = self._workers.get(wid)
+        if w is None or w.lost or w.conn is not None:
+            sock.close()
+            return
+        w.conn = Connection(sock)
+        self._sel.register(sock, selectors.EVENT_READ, ("conn", w))
+
+    def _on_message(self, w: _Worker) -> None:
+        assert w.conn is not None
+        try:
+            msg = w.conn.recv_bytes()
+        except (EOFError, OSError):
+            self._lose(w)
+            return
+        op = msg[:1]
+        if op == b"D":
+            batch_id, elapsed, results = loads(msg[1:])
+            units = w.pending.pop(batch_id)
+            n = len(units)
+            per_unit = elapsed / n
+            self._unit_seconds = per_unit if self._unit_seconds is None else (
+                0.8 * self._unit_seconds + 0.2 * per_unit)
+            for unit, (ok, value) in zip(units, results):
+                if not ok:
+                    exc, tb = value
+                    value = _rebuild_exc(exc, tb) if tb else exc
+                unit.job._set_unit(unit.index, ok, value)
+        elif op == b"R":
+            w.ready = True
+            self._start_failures = 0
+
+    def _lose(self, w: _Worker) -> None:
+        """The worker's connection ended: put its tasks back at the front of the queue."""
+        if w.lost:
+            return
+        w.lost = True
+        if w.conn is not None:
+            try:
+                self._sel.unregister(w.conn._sock)
+            except (KeyError, ValueError):
+                pass
+            w.conn.close()
+        with self._lock:
+            batches = list(w.pending.values())
+            w.pending.clear()
+            # A worker runs its batches in order: only the first was running when it
+            # died; the others were prefetched and are not charged an attempt.
+            for unit in batches[0] if batches else ():
+                unit.attempts += 1
+            for unit in reversed([u for units in batches for u in units]):
+                if unit.attempts >= MAX_TASK_ATTEMPTS:
+                    unit.job._set_unit(unit.index, False, FiberError(
+                        f"task lost: {unit.attempts} workers died while running it "
+                        f"(last: {w.process.name}); it is not retried again"))
+                else:
+                    self._queue.appendleft(unit)
+
+    def _on_exit(self, w: _Worker) -> None:
+        self._lose(w)
+        try:
+            self._sel.unregister(w.process.sentinel)
+        except (KeyError, ValueError):
+            pass
+        w.process.join()
+        code = w.process.exitcode
+        with self._lock:
+            self._workers.pop(w.id, None)
+            if self._state != "RUN" or w.retiring:
+                return
+            if not w.ready:
+                self._start_failures += 1
+                if self._start_failures >= MAX_START_FAILURES:
+                    logs = w.process._run.logs if w.process._run else ""
+                    if not logs and w.process.job is not None:
+                        backend = w.process._run.backend if w.process._run else None
+                        logs = backend.get_job_logs(w.process.job) if backend else ""
+                    tail = "\n".join(logs.strip().splitlines()[-20:])
+                    err = JobStartError(
+                        f"pool workers die before they are ready ({self._start_failures} in a row); "
+                        f"the last, {w.process.name}, exited with code {code}"
+                        + (f"; the end of its log:\n{tail}" if tail else ""),
+                        exitcode=code, logs=logs)
+                    self._error = err
+                    self._state = "TERMINATE"
+                    self._fail_all_locked(err)
+                    self._kill_workers()
+                    return
+            elif code not in (0, None) and not w.retiring:
+                log.warning("fiber: pool worker %s died (exit code %s); its tasks were re-queued",
+                            w.process.name, code)
+            if len(self._workers) < self._processes:
+                self._start_worker()
+
+    def _dispatch(self) -> None:
+        """Hand batches to ready workers that have room. Called with the lock held."""
+        if not self._queue:
+            return
+        est = self._unit_seconds
+        ready = [w for w in self._workers.values() if w.conn is not None and not w.lost
+                 and not w.retiring and w.ready]
+        if not ready:
+            return
+        if est is None:
+            size = 1
+        else:
+            size = int(TARGET_BATCH_SECONDS / max(est, 1e-6))
+            size = max(1, min(size, MAX_BATCH_UNITS, len(self._queue) // (2 * len(ready)) or 1))
+        depth = 2 if est is not None and est * size < PREFETCH_BELOW_SECONDS else 1
+        for w in sorted(ready, key=lambda w: len(w.pending)):
+            while self._queue and len(w.pending) < depth:
+                if self._maxtasks is not None:
+                    room = self._maxtasks - w.assigned
+                    if room <= 0:
+                        break
+                    n = min(size, room)
+                else:
+                    n = size
+                self._send_batch(w, n)
+
+    def _send_batch(self, w: _Worker, n: int) -> None:
+        units = []
+        first = self._queue[0]
+        while self._queue and len(units) < n:
+            u = self._queue[0]
+            if u.func_id != first.func_id:
+                break
+            units.append(self._queue.popleft())
+        batch_id = next(_job_counter)
+        send_func = first.func_id not in w.funcs
+        if send_func:
+            w.funcs[first.func_id] = None
+            if len(w.funcs) > _FUNC_CACHE:
+                w.funcs.popitem(last=False)
+        payload = pickle.dumps((batch_id, first.func_id, first.func_bytes if send_func else None,
+                                first.kind, [u.data for u in units]), protocol=pickle.HIGHEST_PROTOCOL)
+        w.pending[batch_id] = units
+        w.assigned += len(units)
+        assert w.conn is not None
+        try:
+            w.conn.send_bytes(b"T" + payload)
+        except OSError:
+            pass  # its exit or EOF re-queues the batch
+
+    def _retire_all(self) -> None:
+        for w in self._workers.values():
+            if not w.retiring and not w.pending:
+                w.retiring = True
+                if w.conn is not None:
+                    try:
+                        w.conn.send_bytes(b"Q")
+                    except OSError:
+                        pass
+                else:
+                    w.process.terminate()
+
+    def _kill_workers(self) -> None:
+        for w in list(self._workers.values()):
+            w.retiring = True
+            w.process.kill()
+
+    def _fail_all_locked(self, exc: BaseException) -> None:
+        self._queue.clear()
+        for job in list(self._jobs.values()):
+            job._fail(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            self._fail_all_locked(exc)
+
+    def _job_done(self, job: Any) -> None:
+        self._jobs.pop(job._job_id, None)
+
+    # -- submitting work ------------------------------------------------------------------
+
+    def _check_running(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._state != "RUN":
+            raise ValueError("Pool not running")
+
+    def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list]) -> int:
+        """Pickle every unit now (so a bad argument fails here), then queue them."""
+        func_bytes = dumps(func)
+        units = [_Unit(job, i, dumps(chunk), job._job_id, func_bytes, kind)
+                 for i, chunk in enumerate(chunks)]
+        with self._lock:
+            self._check_running()
+            self._jobs[job._job_id] = job
+            self._queue.extend(units)
+        self._wake()
+        return len(units)
+
+    def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
+                    callback: Callable | None = None, error_callback: Callable | None = None) -> ApplyResult:
+        self._check_running()
+        result = ApplyResult(self, callback, error_callback)
+        self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]])
+        return result
+
+    def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None) -> Any:
+        return self.apply_async(func, args, kwds).get()
+
+    def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: int | None,
+                   callback: Callable | None, error_callback: Callable | None) -> MapResult:
+        self._check_running()
+        items = list(iterable)
+        if chunksize is None:
+            chunksize = 1
+        elif chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
+        result = MapResult(self, len(chunks), chunksize, len(items), callback, error_callback)
+        if chunks:
+            self._submit(result, func, kind, chunks)
+        return result
+
+    def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+                  callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
+        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback)
+
+    def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
+        return self._map_async(func, iterable, _MAP, chunksize, None, None).get()
+
+    def starmap_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+                      callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
+        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback)
+
+    def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
+        return self._map_async(func, iterable, _STARMAP, chunksize, None, None).get()
+
+    def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int) -> IMapIterator:
+        self._check_running()
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        it = cls(self)
+        with self._lock:
+            self._jobs[it._job_id] = it
+
+        def feed() -> None:
+            func_bytes = dumps(func)
+            n = 0
+            try:
+                source = iter(iterable)
+                while True:
+                    chunk = list(itertools.islice(source, chunksize))
+                    if not chunk:
+                        break
+                    unit = _Unit(it, n, dumps(chunk), it._job_id, func_bytes, _MAP)
+                    with self._lock:
+                        if self._state == "TERMINATE":
+                            return
+                        self._queue.append(unit)
+                    n += 1
+                    self._wake()
+            except BaseException as e:
+                it._fail(e)
+                return
+            it._set_length(n)
+
+        threading.Thread(target=feed, daemon=True, name="fiber-pool-feeder").start()
+        return it
+
+    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        return self._imap(IMapIterator, func, iterable, chunksize)
+
+    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        return self._imap(IMapUnorderedIterator, func, iterable, chunksize)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def resize(self, processes: int) -> None:
+        """Grow or shrink the pool to ``processes`` workers (Fiber extension).
+
+        Growing starts new jobs at once. Shrinking retires idle workers first and
+        busy ones once their current batch is done; no task is lost.
+        """
+        if not isinstance(processes, int) or processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        with self._lock:
+            self._check_running()
+            self._processes = processes
+            active = [w for w in self._workers.values() if not w.retiring and not w.lost]
+            for _ in range(processes - len(active)):
+                self._start_worker()
+            extra = len(active) - processes
+            for w in sorted(active, key=lambda w: (len(w.pending), not w.ready))[:max(0, extra)]:
+                w.retiring = True
+                if w.conn is not None and not w.pending:
+                    try:
+                        w.conn.send_bytes(b"Q")
+                    except OSError:
+                        pass
+                elif w.conn is None:
+                    w.process.terminate()
+        self._wake()
+
+    def close(self) -> None:
+        """No more work will be submitted; workers exit once the queued work is done."""
+        with self._lock:
+            if self._state == "RUN":
+                self._state = "CLOSE"
+        self._wake()
+
+    def terminate(self) -> None:
+        """Stop every worker now. Unfinished results raise instead of hanging."""
+        with self._lock:
+            if self._state == "TERMINATE" and self._done.is_set():
+                return
+            self._state = "TERMINATE"
+            self._kill_workers()
+            self._fail_all_locked(self._error or FiberError("pool was terminated"))
+        self._wake()
+        self._done.wait()
+        for w in list(self._workers.values()):
+            w.process.join()
+        runtime().hub.unregister(f"pool:{self._id}")
+
+    def join(self) -> None:
+        """Wait for the workers to exit; call :meth:`close` or :meth:`terminate` first."""
+        if self._state == "RUN":
+            raise ValueError("Pool is still running")
+        self._done.wait()
+        for w in list(self._workers.values()):
+            w.process.join()
+        runtime().hub.unregister(f"pool:{self._id}")
+
+    def __enter__(self) -> Pool:
+        self._check_running()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
+
+    def __reduce__(self) -> None:  # type: ignore[override]
+        raise NotImplementedError(
+            "pool objects cannot be passed between processes or pickled")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} state={self._state} pool_size={self._processes}>"
+
+    @property
+    def _pool(self) -> list[Process]:
+        """The worker processes (the stdlib attribute some programs read)."""
+        return [w.process for w in self._workers.values()]
+
