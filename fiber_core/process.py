@@ -378,6 +378,7 @@ class _JobRun:
         payload = dumps({
             "process": p,
             "sys_path": sys.path,
+            "main": _main_reference(),
             "config": config.snapshot(),
             "forward_output": config.get("forward_output"),
             "parent": (_current.name, os.getpid()),
@@ -486,6 +487,16 @@ class _JobRun:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _main_reference() -> tuple[str, str] | None:
+    """How a job can import this program's main module, as multiprocessing's spawn does."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name:
+        return None if name == "__main__" or name.endswith(".__main__") else ("name", name)
+    path = getattr(main, "__file__", None)
+    return ("path", os.path.abspath(path)) if path else None
 
 
 def _exit_children() -> None:

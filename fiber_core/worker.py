@@ -63,10 +63,40 @@ def _forward(fd: int, kind: bytes, conn, lock: threading.Lock) -> tuple:  # noqa
     return saved, t
 
 
+def _import_main(ref: tuple[str, str] | None) -> None:
+    """Import the program's main module as ``__mp_main__``, as multiprocessing's spawn does.
+
+    Its ``if __name__ == "__main__":`` block does not run. Skipped when the module
+    is not reachable from the job (another machine, no shared files).
+    """
+    if ref is None:
+        return
+    import importlib
+    import runpy
+    import types
+
+    kind, where = ref
+    try:
+        if kind == "name":
+            module = importlib.import_module(where)
+        else:
+            if not os.path.isfile(where):
+                return
+            module = types.ModuleType("__mp_main__")
+            module.__file__ = where
+            sys.modules["__mp_main__"] = module
+            module.__dict__.update(runpy.run_path(where, run_name="__mp_main__"))
+    except Exception as e:
+        sys.modules.pop("__mp_main__", None)
+        sys.stderr.write(f"fiber worker: could not import the main module {where}: {e!r}\n")
+        return
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+
+
 def main() -> int:
     from fiber_core import process as process_mod
     from fiber_core.config import config
-    from fiber_core.connection import Connection, dial, loads
+    from fiber_core.connection import Connection, dial, loads, resolve_main
     from fiber_core.runtime import ENV_HUB, ENV_TOKEN, runtime
 
     rt = runtime()
@@ -83,9 +113,12 @@ def main() -> int:
     for entry in data["sys_path"]:
         if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
             sys.path.append(entry)
+    _import_main(data.get("main"))
     if data["config"]:
         config.init(**{k: v for k, v in data["config"].items()})
     proc = data["process"]
+    if getattr(proc, "_target", None) is not None:
+        proc._target = resolve_main(proc._target)
     parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)
     process_mod._current = proc
     process_mod._parent = parent
