@@ -137,6 +137,10 @@ class Runtime:
         key = os.environ.get(ENV_AUTHKEY)
         self.authkey = bytes.fromhex(key) if key else os.urandom(32)
         self.is_worker = ENV_TOKEN in os.environ
+        # Proxies of the stdlib's managers authenticate with this process's authkey.
+        import multiprocessing.process
+
+        multiprocessing.process.current_process().authkey = self.authkey
         self._lock = threading.RLock()
         self._hub: Hub | None = None
         self._backend: Backend | None = None
