@@ -133,9 +133,13 @@ class BaseManager(_std.BaseManager):
         try:
             if not _poll_until_dead(reader, self._process):
                 self._process.join(5)
+                run = self._process._run
+                logs = run.logs or run.backend.get_job_logs(run.job) if run else ""
+                tail = "\n".join(logs.strip().splitlines()[-15:])
                 raise FiberError(
                     f"manager server {self._process.name} exited with code "
-                    f"{self._process.exitcode} before it was ready")
+                    f"{self._process.exitcode} before it was ready"
+                    + (f"; the end of its log:\n{tail}" if tail else ""))
             self._address = reader.recv()
         finally:
             reader.close()

@@ -375,14 +375,16 @@ class _JobRun:
         p = self.process
         self.backend = backend = rt.get_backend(p._backend_name)
         token = uuid.uuid4().hex
-        payload = dumps({
-            "process": p,
+        # Two frames: a prelude of plain data the job applies first (sys.path, the
+        # main module), then the process object, which may need both to unpickle.
+        prelude = dumps({
             "sys_path": sys.path,
             "main": _main_reference(),
             "config": config.snapshot(),
             "forward_output": config.get("forward_output"),
             "parent": (_current.name, os.getpid()),
         })
+        payload = (prelude, dumps(p))
         hub = rt.hub
         hub.register(f"proc:{token}", self._on_connect)
         self.token = token
@@ -422,7 +424,7 @@ class _JobRun:
             delay = min(delay * 1.5, 0.25)
         return None
 
-    def _monitor(self, payload: bytes) -> None:
+    def _monitor(self, payload: tuple[bytes, bytes]) -> None:
         assert self.backend is not None and self.job is not None
         backend, job = self.backend, self.job
         try:
@@ -439,7 +441,8 @@ class _JobRun:
             conn = Connection(self.sock)
             printer = _OutputPrinter(self.process.name)
             try:
-                conn.send_bytes(payload)
+                conn.send_bytes(payload[0])
+                conn.send_bytes(payload[1])
                 del payload
                 while True:
                     msg = conn.recv_bytes()

@@ -80,7 +80,8 @@ class Registry:
             from fiber_core import local
 
             registrar = BackendRegistrar()
-            self.pm.register(local, name="local")
+            if not self.pm.has_plugin("local"):  # a reload after register_plugin()
+                self.pm.register(local, name="local")
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if ep.name == "local" or self.pm.has_plugin(ep.name):
                     continue

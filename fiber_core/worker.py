@@ -116,7 +116,7 @@ def main() -> int:
     _import_main(data.get("main"))
     if data["config"]:
         config.init(**{k: v for k, v in data["config"].items()})
-    proc = data["process"]
+    proc = loads(conn.recv_bytes())
     if getattr(proc, "_target", None) is not None:
         proc._target = resolve_main(proc._target)
     parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)
