@@ -131,6 +131,11 @@ class Config:
     def init(self, **kwargs: Any) -> None:
         """Set values in code (``fiber_core.init``); they beat variables and files."""
         known = self._known_keys()
+        if not known.keys() >= kwargs.keys():
+            from fiber_core.registry import registry
+
+            registry.backends()  # load the installed plugins: their options become known
+            known = self._known_keys()
         for key, value in kwargs.items():
             option = known.get(key)
             if option is None and not self._is_unloaded_backend_key(key):
@@ -154,8 +159,11 @@ class Config:
         self._backend_options[backend] = tuple(options)
 
     def _is_unloaded_backend_key(self, key: str) -> bool:
-        # init(docker_image=...) before the docker plugin is loaded: kept, checked later.
-        return "_" in key and key.split("_", 1)[0] not in self._backend_options
+        # init(docker_image=...) while fiber-docker is not installed: kept, checked once it is.
+        from fiber_core.registry import KNOWN_PACKAGES
+
+        prefix = key.split("_", 1)[0]
+        return "_" in key and prefix in KNOWN_PACKAGES and prefix not in self._backend_options
 
     def _known_keys(self) -> dict[str, Option]:
         known = {o.name: o for o in GLOBAL_OPTIONS}
@@ -236,6 +244,11 @@ class Config:
         """Values set in code, to hand to child processes so they see the same config."""
         with self._lock:
             return dict(self._init)
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Take the parent's :meth:`snapshot`, checked there (this job may lack its plugins)."""
+        with self._lock:
+            self._init.update(snapshot)
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(key, value, source) rows for ``fiber config``; secrets are masked."""

@@ -76,10 +76,21 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.digest(key, b"".join(parts), "sha256")
 
 
+_WAITALL = getattr(socket, "MSG_WAITALL", 0)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    # Usually one syscall and no copy: the kernel waits until all n bytes are there.
+    data = sock.recv(n, _WAITALL)
+    if len(data) == n:
+        return data
+    if not data:
+        raise EOFError("connection closed by the other process")
+    # A short read (a signal, a socket with a timeout): fill in the rest.
     buf = bytearray(n)
     view = memoryview(buf)
-    got = 0
+    got = len(data)
+    view[:got] = data
     while got < n:
         k = sock.recv_into(view[got:])
         if k == 0:
@@ -338,6 +349,8 @@ class PipeEnd(Connection):
             return dial(self._hub, runtime().authkey, f"pipe:{self._pipe_id}:{self._index}")
         other = 1 - self._index
         with state.lock:
+            if state.sent[self._index]:  # its socket went with it: waiting here would hang
+                raise OSError("this Pipe end was sent to another process; use it there, not here")
             if state.socks[self._index] is None and not state.sent[other]:
                 a, b = socket.socketpair()
                 state.socks[self._index], state.socks[other] = a, b

@@ -20,15 +20,22 @@ tail of the worker's log: the pool never retries forever.
 
 Batching defaults
 -----------------
-A *unit* is ``chunksize`` consecutive items (one item when ``chunksize`` is not
-given; ``chunksize`` never changes results, only how work is grouped). The
-master sends a worker as many units per message as fit in
-:data:`TARGET_BATCH_SECONDS` of measured work (at least one, at most
-:data:`MAX_BATCH_UNITS`, and no more than a fair share of what is left), and
-keeps a second message in flight (prefetch) only while batches are shorter than
+A *unit* is ``chunksize`` consecutive items (``chunksize`` never changes
+results, only how work is grouped). When ``map``/``starmap`` get no
+``chunksize``, a unit is ``len / (AUTO_UNITS_PER_WORKER * processes)`` items,
+rounded up (one item for short inputs): fine enough that the last units balance
+well, coarse enough that per-unit costs vanish for tiny tasks; ``imap`` and
+``imap_unordered`` default to one item, as in the stdlib. The master sends a
+worker as many units per message as fit in :data:`TARGET_BATCH_SECONDS` of
+measured work (at least one, at most :data:`MAX_BATCH_UNITS`, and no more than
+half a fair share of what is left among the pool's workers, unless that is less
+than :data:`MIN_SPLIT_SECONDS` of work, too little to be worth a message of its
+own), and keeps a second
+message in flight (prefetch) only while batches are shorter than
 :data:`PREFETCH_BELOW_SECONDS`, so that long tasks are never queued behind a busy
-worker. The first message to each worker carries one unit, until task times are
-known.
+worker. Every ready worker gets a message before any gets a second. Task times
+are measured per job (a ``map``, an ``apply``...): until a job's first batch is
+back, its messages carry one unit and are not prefetched.
 
 Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool.
 """
@@ -36,6 +43,7 @@ Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool
 from __future__ import annotations
 
 import collections
+import io
 import itertools
 import logging
 import pickle
@@ -49,6 +57,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import cloudpickle
+
 from fiber_core.connection import Connection, dial, dumps, loads, resolve_main
 from fiber_core.errors import FiberError, JobStartError, TimeoutError
 from fiber_core.process import Process
@@ -59,6 +69,8 @@ log = logging.getLogger("fiber")
 TARGET_BATCH_SECONDS = 0.02
 MAX_BATCH_UNITS = 1000
 PREFETCH_BELOW_SECONDS = 0.05
+MIN_SPLIT_SECONDS = 0.002
+AUTO_UNITS_PER_WORKER = 32
 MAX_TASK_ATTEMPTS = 3
 MAX_START_FAILURES = 3
 _FUNC_CACHE = 64
@@ -87,6 +99,26 @@ class MaybeEncodingError(FiberError):
 
     def __str__(self) -> str:
         return f"Error sending result: '{self.value}'. Reason: '{self.exc}'"
+
+
+def _dumps_each(objs: Iterable[Any]) -> list[bytes]:
+    """``[dumps(obj) for obj in objs]``, with one pickler: several times cheaper per object."""
+    buf = io.BytesIO()
+    pickler = cloudpickle.CloudPickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    out = []
+    for obj in objs:
+        try:
+            pickler.dump(obj)
+        except Exception:
+            out.append(dumps(obj))  # raises the PicklingError that names the problem
+            buf = io.BytesIO()
+            pickler = cloudpickle.CloudPickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+            continue
+        out.append(buf.getvalue())
+        buf.seek(0)
+        buf.truncate()
+        pickler.clear_memo()
+    return out
 
 
 def _rebuild_exc(exc: BaseException, tb: str) -> BaseException:
@@ -387,7 +419,7 @@ class Pool:
         self._state = "RUN"
         self._error: BaseException | None = None
         self._start_failures = 0
-        self._unit_seconds = None  # running mean of one unit's compute time
+        self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._sel = selectors.DefaultSelector()
@@ -468,7 +500,8 @@ class Pool:
                             break
         except Exception as e:  # a bug here must fail the callers, never hang them
             log.exception("fiber: pool master failed")
-            self._fail_all(FiberError(f"pool master thread failed: {e!r}"))
+            self._error = FiberError(f"pool master thread failed: {e!r}")
+            self._fail_all(self._error)
         finally:
             self._done.set()
 
@@ -479,6 +512,11 @@ class Pool:
             return
         w.conn = Connection(sock)
         self._sel.register(sock, selectors.EVENT_READ, ("conn", w))
+        if w.retiring:
+            try:
+                w.conn.send_bytes(b"Q")
+            except OSError:
+                pass
 
     def _on_message(self, w: _Worker) -> None:
         assert w.conn is not None
@@ -489,20 +527,38 @@ class Pool:
             return
         op = msg[:1]
         if op == b"D":
-            batch_id, elapsed, results = loads(msg[1:])
+            try:
+                batch_id, elapsed, results = loads(msg[1:])
+            except Exception as e:
+                # Pickled in the worker but cannot be rebuilt here. A worker answers its
+                # batches in order, so this answers its oldest pending one.
+                err = FiberError(f"cannot unpickle a result sent by {w.process.name}: {e!r}")
+                for unit in w.pending.pop(next(iter(w.pending))):
+                    unit.job._set_unit(unit.index, False, err)
+                self._retire_if_done(w)
+                return
             units = w.pending.pop(batch_id)
-            n = len(units)
-            per_unit = elapsed / n
-            self._unit_seconds = per_unit if self._unit_seconds is None else (
-                0.8 * self._unit_seconds + 0.2 * per_unit)
+            job_id = units[0].func_id
+            if job_id in self._jobs:
+                per_unit = elapsed / len(units)
+                est = self._unit_seconds.get(job_id)
+                self._unit_seconds[job_id] = per_unit if est is None else 0.8 * est + 0.2 * per_unit
             for unit, (ok, value) in zip(units, results):
                 if not ok:
                     exc, tb = value
                     value = _rebuild_exc(exc, tb) if tb else exc
                 unit.job._set_unit(unit.index, ok, value)
+            self._retire_if_done(w)
         elif op == b"R":
             w.ready = True
             self._start_failures = 0
+
+    def _retire_if_done(self, w: _Worker) -> None:
+        if w.retiring and not w.pending and w.conn is not None:
+            try:
+                w.conn.send_bytes(b"Q")
+            except OSError:
+                pass
 
     def _lose(self, w: _Worker) -> None:
         """The worker's connection ended: put its tasks back at the front of the queue."""
@@ -540,9 +596,11 @@ class Pool:
         code = w.process.exitcode
         with self._lock:
             self._workers.pop(w.id, None)
-            if self._state != "RUN" or w.retiring:
+            if self._state == "TERMINATE" or w.retiring:
                 return
-            if not w.ready:
+            if self._state == "CLOSE" and not self._queue and not self._jobs:
+                return  # closing, and nothing is left to do
+            if not w.ready and (code is None or code >= 0):  # a signal means lost, not broken
                 self._start_failures += 1
                 if self._start_failures >= MAX_START_FAILURES:
                     logs = w.process._run.logs if w.process._run else ""
@@ -570,27 +628,37 @@ class Pool:
         """Hand batches to ready workers that have room. Called with the lock held."""
         if not self._queue:
             return
-        est = self._unit_seconds
         ready = [w for w in self._workers.values() if w.conn is not None and not w.lost
                  and not w.retiring and w.ready]
         if not ready:
             return
-        if est is None:
-            size = 1
-        else:
-            size = int(TARGET_BATCH_SECONDS / max(est, 1e-6))
-            size = max(1, min(size, MAX_BATCH_UNITS, len(self._queue) // (2 * len(ready)) or 1))
-        depth = 2 if est is not None and est * size < PREFETCH_BELOW_SECONDS else 1
-        for w in sorted(ready, key=lambda w: len(w.pending)):
-            while self._queue and len(w.pending) < depth:
+        # A fair share counts the workers still starting too: they will want work soon.
+        sharers = 2 * max(len(ready), sum(not w.lost and not w.retiring
+                                          for w in self._workers.values()))
+        # Breadth first: every idle worker gets a batch before any gets a second.
+        for level in (0, 1):
+            for w in ready:
+                if not self._queue:
+                    return
+                if len(w.pending) != level:
+                    continue
+                est = self._unit_seconds.get(self._queue[0].func_id)
+                if est is None:  # this job's task times are not known yet
+                    if level:
+                        continue
+                    size = 1
+                else:
+                    est = max(est, 1e-7)
+                    share = max(len(self._queue) // sharers, int(MIN_SPLIT_SECONDS / est))
+                    size = max(1, min(int(TARGET_BATCH_SECONDS / est), MAX_BATCH_UNITS, share))
+                    if level and est * size >= PREFETCH_BELOW_SECONDS:
+                        continue
                 if self._maxtasks is not None:
                     room = self._maxtasks - w.assigned
                     if room <= 0:
-                        break
-                    n = min(size, room)
-                else:
-                    n = size
-                self._send_batch(w, n)
+                        continue
+                    size = min(size, room)
+                self._send_batch(w, size)
 
     def _send_batch(self, w: _Worker, n: int) -> None:
         units = []
@@ -599,6 +667,8 @@ class Pool:
             u = self._queue[0]
             if u.func_id != first.func_id:
                 break
+            if units and (u.attempts or first.attempts):
+                break  # a unit that was running when its worker died goes alone
             units.append(self._queue.popleft())
         batch_id = next(_job_counter)
         send_func = first.func_id not in w.funcs
@@ -625,8 +695,7 @@ class Pool:
                         w.conn.send_bytes(b"Q")
                     except OSError:
                         pass
-                else:
-                    w.process.terminate()
+                # A worker that has not connected yet is told to quit when it does.
 
     def _kill_workers(self) -> None:
         for w in list(self._workers.values()):
@@ -644,6 +713,7 @@ class Pool:
 
     def _job_done(self, job: Any) -> None:
         self._jobs.pop(job._job_id, None)
+        self._unit_seconds.pop(job._job_id, None)
 
     # -- submitting work ------------------------------------------------------------------
 
@@ -656,8 +726,8 @@ class Pool:
     def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list]) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
         func_bytes = dumps(func)
-        units = [_Unit(job, i, dumps(chunk), job._job_id, func_bytes, kind)
-                 for i, chunk in enumerate(chunks)]
+        units = [_Unit(job, i, data, job._job_id, func_bytes, kind)
+                 for i, data in enumerate(_dumps_each(chunks))]
         with self._lock:
             self._check_running()
             self._jobs[job._job_id] = job
@@ -679,8 +749,8 @@ class Pool:
                    callback: Callable | None, error_callback: Callable | None) -> MapResult:
         self._check_running()
         items = list(iterable)
-        if chunksize is None:
-            chunksize = 1
+        if chunksize is None:  # units fine enough to balance, coarse enough to be cheap
+            chunksize = -(-len(items) // (AUTO_UNITS_PER_WORKER * self._processes)) or 1
         elif chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
         chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
@@ -707,12 +777,12 @@ class Pool:
         self._check_running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self)
         with self._lock:
             self._jobs[it._job_id] = it
 
         def feed() -> None:
-            func_bytes = dumps(func)
             n = 0
             try:
                 source = iter(iterable)
@@ -728,7 +798,10 @@ class Pool:
                     n += 1
                     self._wake()
             except BaseException as e:
-                it._fail(e)
+                # The input (or pickling an item of it) failed: that error is the result at
+                # this position, after the results of the items before it.
+                it._set_unit(n, False, e)
+                it._set_length(n + 1)
                 return
             it._set_length(n)
 
@@ -816,5 +889,6 @@ class Pool:
     @property
     def _pool(self) -> list[Process]:
         """The worker processes (the stdlib attribute some programs read)."""
-        return [w.process for w in self._workers.values()]
+        with self._lock:
+            return [w.process for w in self._workers.values()]
 

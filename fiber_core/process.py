@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from typing import Any
 
 from fiber_core.backend import Backend, Job, JobSpec
@@ -341,6 +342,8 @@ class _JobRun:
         self.connected = threading.Event()
         self.sock: socket.socket | None = None
         self.sentinel_r, self._sentinel_w = os.pipe()
+        # Closed by close(), or when the Process is garbage-collected, as multiprocessing does.
+        self._close_fds = weakref.finalize(self, _close_fds, self.sentinel_r, self._sentinel_w)
         self._stopping = False
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
@@ -485,11 +488,15 @@ class _JobRun:
             self.backend.terminate_job(self.job)
 
     def close(self) -> None:
-        for fd in (self.sentinel_r, self._sentinel_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._close_fds()  # once only: a second close must not hit a reused descriptor
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _main_reference() -> tuple[str, str] | None:

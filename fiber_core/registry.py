@@ -61,7 +61,8 @@ class BackendRegistrar:
                 )
             self._by_name[key] = backend
             self._canonical[key] = name
-        self._dist[name] = backend.package or self.current_dist
+        # Only the class's own ``package``: a subclass of LocalBackend is not fiber-core.
+        self._dist[name] = vars(backend).get("package") or self.current_dist
 
 
 class Registry:

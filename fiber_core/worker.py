@@ -10,6 +10,7 @@ goes away, the job kills itself and everything it started.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -114,13 +115,13 @@ def main() -> int:
         if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
             sys.path.append(entry)
     _import_main(data.get("main"))
-    if data["config"]:
-        config.init(**{k: v for k, v in data["config"].items()})
+    config.restore(data["config"])
     proc = loads(conn.recv_bytes())
     if getattr(proc, "_target", None) is not None:
         proc._target = resolve_main(proc._target)
     parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)
     process_mod._current = proc
+    multiprocessing.current_process().name = proc.name  # what logging's %(processName)s shows
     process_mod._parent = parent
     finishing = threading.Event()
     threading.Thread(target=_die_with_parent, args=(conn, finishing, parent), daemon=True,

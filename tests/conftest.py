@@ -1,0 +1,135 @@
+"""Shared fixtures of the core tests: isolation, scripts run in a fresh interpreter, a toy backend.
+
+Every test runs real processes on the local backend. ``T`` bounds each wait (a test that
+needs it has failed: it is never a measure of speed).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import fiber_core
+from fiber_core.config import Option, config
+from fiber_core.local import LocalBackend
+from fiber_core.registry import registry
+
+T = 30.0
+"""Upper bound of any single wait in the tests."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A hang must fail its own test quickly instead of eating the suite's budget.
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(60))
+
+
+@pytest.fixture(autouse=True)
+def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """No FIBER_* variable or .fiberconfig leaks in; no child outlives its test."""
+    for key in list(os.environ):
+        if key.startswith("FIBER_"):
+            monkeypatch.delenv(key)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.chdir(tmp_path)
+    config.reset()
+    yield
+    config.reset()
+    for p in fiber_core.active_children():
+        p.kill()
+        p.join(T)
+
+
+RunScript = Callable[..., subprocess.CompletedProcess]
+
+
+@pytest.fixture
+def run_script(tmp_path: Path) -> RunScript:
+    """Run ``code`` as ``script.py`` in a fresh interpreter; return the completed process."""
+
+    def run(code: str, env: dict[str, str] | None = None, timeout: float = 2 * T) -> subprocess.CompletedProcess:
+        path = tmp_path / "script.py"
+        path.write_text(textwrap.dedent(code))
+        return subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                              env={**os.environ, **(env or {})}, cwd=tmp_path, timeout=timeout)
+
+    return run
+
+
+# -- a third-party backend -------------------------------------------------------------
+
+
+class ToyBackend(LocalBackend):
+    """The local backend under another name, with options, marking its jobs' environment."""
+
+    name = "toy"
+    aliases = ("plaything",)
+    package = "fiber-toy"
+    options = (
+        Option("flavour", str, "plain", "a choice", choices=("plain", "spicy", "sweet")),
+        Option("slots", int, 1, "an integer"),
+        Option("token", str, None, "a secret", secret=True),
+    )
+
+    def create_job(self, spec):  # noqa: ANN001, ANN201
+        spec.env["FIBER_TOY_JOB"] = self.settings["flavour"]
+        return super().create_job(spec)
+
+
+class _ToyPlugin:
+    @fiber_core.hookimpl
+    def fiber_register_backends(self, register):  # noqa: ANN001, ANN201
+        register(ToyBackend)
+
+
+@pytest.fixture(scope="session")
+def toy_backend() -> type[ToyBackend]:
+    """``ToyBackend``, registered in this process through a pluggy plugin object."""
+    if not registry.pm.has_plugin("toy"):
+        registry.register_plugin(_ToyPlugin(), name="toy")
+    registry.backends()  # load, so that its options are known to the configuration
+    return ToyBackend
+
+
+TOY_MODULE = '''
+from fiber_core import hookimpl
+from fiber_core.local import LocalBackend
+
+
+class ToyBackend(LocalBackend):
+    name = "toy"
+    aliases = ("plaything",)
+
+    def create_job(self, spec):
+        spec.env["FIBER_TOY_JOB"] = "yes"
+        return super().create_job(spec)
+
+
+@hookimpl
+def fiber_register_backends(register):
+    register(ToyBackend)
+'''
+
+
+@pytest.fixture
+def toy_dist(tmp_path: Path) -> dict[str, str]:
+    """An installed distribution ``fiber-toy`` whose ``fiber`` entry point adds ``toy``.
+
+    Returns the environment (``PYTHONPATH``) under which a fresh interpreter finds it.
+    """
+    site = tmp_path / "site"
+    info = site / "fiber_toy-0.3.dist-info"
+    info.mkdir(parents=True)
+    (site / "fiber_toy.py").write_text(TOY_MODULE)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fiber-toy\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text("[fiber]\ntoy = fiber_toy\n")
+    (info / "top_level.txt").write_text("fiber_toy\n")
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path}

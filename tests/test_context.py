@@ -1,0 +1,55 @@
+"""``get_context()`` and start methods: spawn-like methods accepted, ``fork`` refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+import fiber_core
+
+T = 30.0
+
+
+@pytest.mark.parametrize("refuse", [fiber_core.get_context, fiber_core.set_start_method])
+def test_fork_is_refused_with_an_explanation(refuse) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match="'fork' is not available") as e:
+        refuse("fork")
+    assert "fresh interpreter" in str(e.value) and "spawn" in str(e.value)
+
+
+def test_unknown_method_lists_the_available_ones() -> None:
+    with pytest.raises(ValueError, match="spawn"):
+        fiber_core.get_context("threads")
+
+
+def test_methods() -> None:
+    assert "fork" not in fiber_core.get_all_start_methods()
+    assert fiber_core.get_context().get_start_method() == fiber_core.get_start_method()
+    assert fiber_core.get_context("spawn").get_start_method() == "spawn"
+    fiber_core.set_start_method("spawn", force=True)
+
+
+def _put_name(q: fiber_core.Queue) -> None:
+    q.put(fiber_core.current_process().name)
+
+
+@pytest.mark.parametrize("method", [None, "spawn", "forkserver"])
+def test_context_factories_run_processes(method: str | None) -> None:
+    ctx = fiber_core.get_context(method)
+    assert ctx.Process is fiber_core.Process
+    q = ctx.Queue()
+    p = ctx.Process(target=_put_name, args=(q,), name=f"via-{method}")
+    p.start()
+    assert q.get(timeout=T) == f"via-{method}"
+    p.join(T)
+    assert p.exitcode == 0
+    assert ctx.current_process().name == "MainProcess" and ctx.parent_process() is None
+    assert ctx.active_children() == []
+    assert ctx.cpu_count() >= 1
+
+
+def test_exceptions_are_the_stdlib_ones() -> None:
+    import multiprocessing
+
+    for name in ("ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError"):
+        assert getattr(fiber_core, name) is getattr(multiprocessing, name)
+        assert getattr(fiber_core.get_context(), name) is getattr(multiprocessing, name)

@@ -1,0 +1,442 @@
+"""``fiber_core.Process`` on the local backend: lifecycle, exit codes, identity, bad input."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing.connection
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+import fiber_core
+from fiber_core.errors import BackendError, PicklingError
+
+T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
+
+
+def _exit_with(code: object) -> None:
+    sys.exit(code)
+
+
+def _raise() -> None:
+    raise RuntimeError("boom")
+
+
+def _wait_forever(q: fiber_core.Queue, ignore_term: bool = False) -> None:
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    q.put(os.getpid())
+    threading.Event().wait()
+
+
+def _get_one(q: fiber_core.Queue) -> None:
+    q.get()
+
+
+def _report_identity(q: fiber_core.Queue) -> None:
+    me, parent = fiber_core.current_process(), fiber_core.parent_process()
+    q.put((me.name, me.daemon, os.getpid(), parent.name, parent.pid))
+
+
+def _start_grandchild(q: fiber_core.Queue) -> None:
+    p = fiber_core.Process(target=_report_identity, args=(q,))
+    p.start()
+    p.join()
+    q.put(("exitcode", p.exitcode))
+
+
+def _start_from_daemon(q: fiber_core.Queue) -> None:
+    try:
+        fiber_core.Process(target=_exit_with, args=(0,)).start()
+    except AssertionError as e:
+        q.put(str(e))
+
+
+def started(*args: object, **kwargs: object) -> fiber_core.Process:
+    p = fiber_core.Process(*args, **kwargs)
+    p.start()
+    return p
+
+
+def running(q: fiber_core.Queue, **kwargs: object) -> fiber_core.Process:
+    """A started child that is known to be running (it has put its pid on ``q``)."""
+    p = started(target=_wait_forever, args=(q,), **kwargs)
+    assert q.get(timeout=T) == p.pid
+    return p
+
+
+# -- exit codes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, args, code", [
+    (_exit_with, (None,), 0),
+    (_exit_with, (0,), 0),
+    (_exit_with, (7,), 7),
+    (_exit_with, ("a message",), 1),
+    (_raise, (), 1),
+], ids=["return", "exit-0", "exit-7", "exit-msg", "exception"])
+def test_exitcode(target: object, args: tuple, code: int) -> None:
+    p = fiber_core.Process(target=target, args=args)
+    assert p.exitcode is None and not p.is_alive()
+    p.start()
+    p.join(T)
+    assert p.exitcode == code
+    assert not p.is_alive()
+
+
+def test_terminate() -> None:
+    p = running(fiber_core.Queue())
+    p.terminate()
+    p.join(T)
+    assert p.exitcode == -signal.SIGTERM
+
+
+def test_kill_when_sigterm_is_ignored() -> None:
+    q = fiber_core.Queue()
+    p = started(target=_wait_forever, args=(q, True))
+    assert q.get(timeout=T) == p.pid
+    p.kill()
+    p.join(T)
+    assert p.exitcode == -signal.SIGKILL
+
+
+def test_terminate_before_the_job_reached_its_parent() -> None:
+    p = started(target=_wait_forever, args=(fiber_core.Queue(),))
+    p.terminate()
+    p.join(T)
+    assert p.exitcode == -signal.SIGTERM
+
+
+def test_terminate_twice_and_after_exit() -> None:
+    p = running(fiber_core.Queue())
+    p.terminate()
+    p.terminate()
+    p.join(T)
+    assert p.exitcode == -signal.SIGTERM
+    p.terminate()
+    p.kill()
+    assert p.exitcode == -signal.SIGTERM
+
+
+def test_join_timeout_on_running_process() -> None:
+    q = fiber_core.Queue()
+    p = started(target=_get_one, args=(q,))
+    p.join(0.05)
+    assert p.is_alive() and p.exitcode is None
+    assert p in fiber_core.active_children()
+    q.put("go")
+    p.join(T)
+    assert not p.is_alive() and p.exitcode == 0
+    assert p not in fiber_core.active_children()
+
+
+def test_sentinel_becomes_readable_at_exit() -> None:
+    q = fiber_core.Queue()
+    p = started(target=_get_one, args=(q,))
+    assert multiprocessing.connection.wait([p.sentinel], 0) == []
+    q.put("go")
+    assert multiprocessing.connection.wait([p.sentinel], T) == [p.sentinel]
+    assert fiber_core.connection.wait([p.sentinel], 0) == [p.sentinel]
+    p.join(T)
+    assert p.exitcode == 0
+
+
+def test_close() -> None:
+    q = fiber_core.Queue()
+    p = started(target=_get_one, args=(q,))
+    with pytest.raises(ValueError, match="still running"):
+        p.close()
+    q.put("go")
+    p.join(T)
+    p.close()
+    p.close()
+    for use in (p.join, p.is_alive, p.start, p.terminate, p.kill,
+                lambda: p.exitcode, lambda: p.pid, lambda: p.sentinel):
+        with pytest.raises(ValueError, match="closed"):
+            use()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_finished_processes_release_their_descriptors() -> None:
+    gc.collect()
+    before = _open_fds()
+    ps = [started(target=_exit_with, args=(0,)) for _ in range(5)]
+    for p in ps:
+        p.join(T)
+    del ps, p
+    deadline = time.monotonic() + T
+    while _open_fds() > before and time.monotonic() < deadline:
+        gc.collect()  # monitor threads may still be ending: poll, bounded by the deadline
+        time.sleep(0.01)
+    assert _open_fds() <= before
+
+
+def test_start_twice() -> None:
+    p = started(target=_exit_with, args=(0,))
+    with pytest.raises(AssertionError, match="twice"):
+        p.start()
+    p.join(T)
+    with pytest.raises(AssertionError, match="twice"):
+        p.start()
+
+
+def test_join_before_start() -> None:
+    with pytest.raises(AssertionError, match="started"):
+        fiber_core.Process(target=_exit_with, args=(0,)).join()
+
+
+# -- identity ------------------------------------------------------------------------
+
+
+def test_pid_name_daemon_seen_by_child() -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_report_identity, args=(q,))
+    assert p.pid is None
+    assert re.fullmatch(r"Process-\d+", p.name) and p.daemon is False
+    p.start()
+    assert q.get(timeout=T) == (p.name, False, p.pid, "MainProcess", os.getpid())
+    p.join(T)
+    assert p.exitcode == 0
+
+
+def test_custom_name_and_daemon() -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_report_identity, args=(q,), name="worker-a", daemon=True)
+    assert p.name == "worker-a" and p.daemon
+    p.start()
+    name, daemon, pid, _, _ = q.get(timeout=T)
+    assert (name, daemon, pid) == ("worker-a", True, p.pid)
+    p.join(T)
+
+
+def test_default_names_count_up() -> None:
+    a, b = fiber_core.Process(), fiber_core.Process()
+    na, nb = (int(p.name.split("-")[1]) for p in (a, b))
+    assert nb == na + 1
+
+
+def test_daemon_cannot_have_children() -> None:
+    q = fiber_core.Queue()
+    p = started(target=_start_from_daemon, args=(q,), daemon=True)
+    assert "daemonic" in q.get(timeout=T)
+    p.join(T)
+    assert p.exitcode == 0
+
+
+def test_current_and_parent_process_in_main() -> None:
+    assert fiber_core.current_process().name == "MainProcess"
+    assert fiber_core.parent_process() is None
+
+
+def test_active_children() -> None:
+    q = fiber_core.Queue()
+    ps = [running(q) for _ in range(2)]
+    assert set(ps) <= set(fiber_core.active_children())
+    for p in ps:
+        p.terminate()
+        p.join(T)
+    assert not set(ps) & set(fiber_core.active_children())
+
+
+def test_grandchild() -> None:
+    q = fiber_core.Queue()
+    p = started(target=_start_grandchild, args=(q,))
+    name, _, pid, parent_name, parent_pid = q.get(timeout=T)
+    assert name == f"{p.name}:1"
+    assert (parent_name, parent_pid) == (p.name, p.pid)
+    assert pid not in (p.pid, os.getpid())
+    assert q.get(timeout=T) == ("exitcode", 0)
+    p.join(T)
+    assert p.exitcode == 0
+
+
+# -- what can run ----------------------------------------------------------------------
+
+
+class Squarer(fiber_core.Process):
+    def __init__(self, q: fiber_core.Queue, x: int) -> None:
+        super().__init__()
+        self.q, self.x = q, x
+
+    def run(self) -> None:
+        self.q.put((fiber_core.current_process().name, self.x * self.x))
+
+
+def test_subclass_overriding_run() -> None:
+    q = fiber_core.Queue()
+    p = Squarer(q, 9)
+    assert re.fullmatch(r"Squarer-\d+", p.name)
+    p.start()
+    assert q.get(timeout=T) == (p.name, 81)
+    p.join(T)
+    assert p.exitcode == 0
+
+
+def test_lambda_and_closure_targets() -> None:
+    q = fiber_core.Queue()
+    offset = 100
+
+    def closure(x: int) -> None:
+        q.put(x + offset)
+
+    ps = [started(target=lambda: q.put("from lambda")), started(target=closure, args=(1,))]
+    assert {q.get(timeout=T), q.get(timeout=T)} == {"from lambda", 101}
+    for p in ps:
+        p.join(T)
+        assert p.exitcode == 0
+
+
+def test_function_defined_in_main(run_script) -> None:  # noqa: ANN001
+    out = run_script("""
+        import fiber_core
+
+        FACTOR = 3
+
+        def triple(q, x):
+            q.put(x * FACTOR)
+
+        if __name__ == "__main__":
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=triple, args=(q, 14))
+            p.start()
+            print("result", q.get(timeout=30))
+            p.join()
+            print("exitcode", p.exitcode)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["result 42", "exitcode 0"]
+
+
+def test_stdlib_program_runs_unchanged(run_script) -> None:  # noqa: ANN001
+    out = run_script("""
+        import fiber_core as multiprocessing
+
+        def square(q, x):
+            q.put((x, x * x))
+
+        def echo(conn):
+            conn.send(("echo", conn.recv(), multiprocessing.current_process().name))
+            conn.close()
+
+        if __name__ == "__main__":
+            q = multiprocessing.Queue()
+            procs = [multiprocessing.Process(target=square, args=(q, i)) for i in range(3)]
+            for p in procs:
+                p.start()
+            print(sorted(q.get() for _ in procs))
+            for p in procs:
+                p.join()
+            print([p.exitcode for p in procs])
+            parent, child = multiprocessing.Pipe()
+            p = multiprocessing.Process(target=echo, args=(child,), name="echoer")
+            p.start()
+            parent.send("hi")
+            print(parent.recv())
+            p.join()
+            print(multiprocessing.current_process().name, multiprocessing.active_children())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "[(0, 0), (1, 1), (2, 4)]",
+        "[0, 0, 0]",
+        "('echo', 'hi', 'echoer')",
+        "MainProcess []",
+    ]
+
+
+def test_at_exit_daemons_are_terminated_and_others_joined(run_script) -> None:  # noqa: ANN001
+    out = run_script("""
+        import threading, fiber_core
+
+        def forever(q):
+            q.put("up")
+            threading.Event().wait()
+
+        def finish(q):
+            q.get()
+            print("finished")
+
+        if __name__ == "__main__":
+            q, go = fiber_core.Queue(), fiber_core.Queue()
+            d = fiber_core.Process(target=forever, args=(q,), daemon=True)
+            d.start()
+            q.get()
+            print("daemon", d.pid, flush=True)
+            fiber_core.Process(target=finish, args=(go,), name="last").start()
+            go.put("go")
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "[last] finished" in out.stdout
+    pid = int(out.stdout.split("daemon ")[1].split()[0])
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# -- bad input: an immediate, clear error -----------------------------------------------
+
+
+def test_unpicklable_argument_fails_at_start() -> None:
+    p = fiber_core.Process(target=_exit_with, args=(threading.Lock(),))
+    with pytest.raises(PicklingError, match="lock"):
+        p.start()
+    assert not p.is_alive() and p.exitcode is None
+    assert p not in fiber_core.active_children()
+
+
+def test_unpicklable_target_fails_at_start() -> None:
+    lock = threading.Lock()
+    with pytest.raises(PicklingError):
+        fiber_core.Process(target=lambda: lock.acquire()).start()
+
+
+def test_missing_python_fails_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_PYTHON", "/nonexistent/python")
+    p = fiber_core.Process(target=_exit_with, args=(0,))
+    with pytest.raises(BackendError, match="/nonexistent/python"):
+        p.start()
+    assert not p.is_alive() and p not in fiber_core.active_children()
+
+
+def test_worker_dying_before_connecting(monkeypatch, tmp_path, caplog) -> None:  # noqa: ANN001
+    wrapper = tmp_path / "broken-python"
+    wrapper.write_text("#!/bin/sh\necho wrapper is broken >&2\nexit 1\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("FIBER_PYTHON", str(wrapper))
+    p = started(target=_exit_with, args=(0,))
+    p.join(T)
+    assert not p.is_alive()
+    assert p.exitcode == 1
+    assert "before it started" in caplog.text and "wrapper is broken" in caplog.text
+
+
+def test_worker_never_connecting_fails_after_start_timeout(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    wrapper = tmp_path / "stuck-python"
+    wrapper.write_text("#!/bin/sh\nexec sleep 600\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("FIBER_PYTHON", str(wrapper))
+    monkeypatch.setenv("FIBER_START_TIMEOUT", "0.5")
+    p = started(target=_exit_with, args=(0,))
+    p.join(T)
+    assert not p.is_alive()
+    assert p.exitcode not in (0, None)
+
+
+def test_unknown_process_option() -> None:
+    with pytest.raises(TypeError, match="colour"):
+        fiber_core.Process(target=_exit_with, colour="red")
+

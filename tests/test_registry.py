@@ -1,0 +1,148 @@
+"""Backend registration and selection: plugins, names, the order of the sources."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import fiber_core
+from fiber_core.backend import Backend
+from fiber_core.errors import UnknownBackendError
+from fiber_core.local import LocalBackend
+from fiber_core.registry import KNOWN_PACKAGES, BackendRegistrar, registry, selected_backend_name
+
+T = 30.0
+
+
+def _installed(name: str) -> bool:
+    try:
+        registry.get_class(name)
+    except UnknownBackendError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name, package", [
+    ("kubernetes", "fiber-k8s"), ("k8s", "fiber-k8s"), ("docker", "fiber-docker"),
+    ("ssh", "fiber-ssh"), ("aws", "fiber-aws"), ("aws-batch", "fiber-aws"),
+])
+def test_unknown_backend_says_what_to_install(name: str, package: str) -> None:
+    if _installed(name):
+        pytest.skip(f"{package} is installed here")
+    assert KNOWN_PACKAGES[name] == package
+    with pytest.raises(UnknownBackendError) as e:
+        registry.get_class(name)
+    assert isinstance(e.value, LookupError)
+    message = str(e.value)
+    assert f"unknown backend {name!r}" in message
+    assert "installed: " in message and "local" in message.split("installed: ")[1]
+    assert message.endswith(f"pip install {package}")
+
+
+def test_unknown_third_party_name() -> None:
+    with pytest.raises(UnknownBackendError, match="its own package") as e:
+        registry.get_class("nomad")
+    assert "pip install" not in str(e.value)
+
+
+def test_unknown_backend_fails_process_start_at_once() -> None:
+    p = fiber_core.Process(target=print, backend="no-such-backend")
+    with pytest.raises(UnknownBackendError, match="no-such-backend"):
+        p.start()
+    assert not p.is_alive()
+
+
+def test_unknown_backend_from_the_environment(run_script) -> None:  # noqa: ANN001
+    if _installed("kubernetes"):
+        pytest.skip("fiber-k8s is installed here")
+    out = run_script("""
+        import fiber_core
+
+        if __name__ == "__main__":
+            fiber_core.Process(target=print).start()
+    """, env={"FIBER_BACKEND": "kubernetes"}, timeout=T)
+    assert out.returncode != 0
+    assert "UnknownBackendError" in out.stderr
+    assert "pip install fiber-k8s" in out.stderr and "env FIBER_BACKEND" in out.stderr
+
+
+def test_selection_order(monkeypatch: pytest.MonkeyPatch, toy_backend: type) -> None:
+    assert selected_backend_name() == "local"
+    with open(".fiberconfig", "w") as f:
+        f.write("[fiber]\nbackend = toy\n")
+    fiber_core.config.reset()
+    assert selected_backend_name() == "toy"
+    monkeypatch.setenv("FIBER_BACKEND", "local")
+    assert selected_backend_name() == "local"
+    fiber_core.init(backend="plaything")  # an alias
+    assert selected_backend_name() == "toy"
+    assert selected_backend_name("local") == "local"
+    assert selected_backend_name("PlayThing") == "toy"
+
+
+def test_unknown_selected_name_says_where_it_was_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_BACKEND", "nomad")
+    with pytest.raises(UnknownBackendError, match="env FIBER_BACKEND"):
+        selected_backend_name()
+
+
+def _report_env(q: fiber_core.Queue) -> None:
+    q.put(os.environ.get("FIBER_TOY_JOB"))
+
+
+def test_plugin_backend_runs_a_process(toy_backend: type) -> None:
+    fiber_core.init(toy_flavour="spicy")
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_report_env, args=(q,), backend="toy")
+    p.start()
+    assert q.get(timeout=T) == "spicy"  # the job was created by ToyBackend, with its settings
+    p.join(T)
+    assert p.exitcode == 0
+    assert isinstance(fiber_core.runtime.runtime().get_backend("toy"), toy_backend)
+
+
+def test_entry_point_backend_end_to_end(run_script, toy_dist) -> None:  # noqa: ANN001
+    out = run_script("""
+        import os, fiber_core
+        from fiber_core.registry import registry, selected_backend_name
+
+        def report(q):
+            q.put(os.environ.get("FIBER_TOY_JOB"))
+
+        if __name__ == "__main__":
+            print(selected_backend_name(), [b.package for b in registry.backends() if b.name == "toy"])
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=report, args=(q,))
+            p.start()
+            print("job env", q.get(timeout=30))
+            p.join()
+            print("exitcode", p.exitcode)
+    """, env={**toy_dist, "FIBER_BACKEND": "toy"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["toy ['fiber-toy']", "job env yes", "exitcode 0"]
+
+
+class _Bad(LocalBackend):
+    name = "Bad"
+
+
+class _Other(LocalBackend):
+    name = "local"
+
+
+def test_registrar_rejects_bad_registrations() -> None:
+    register = BackendRegistrar()
+    with pytest.raises(TypeError, match="Backend subclass"):
+        register(object)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="lowercase"):
+        register(_Bad)
+    register(LocalBackend)
+    register(LocalBackend)  # the same class twice is fine
+    with pytest.raises(ValueError, match="registered twice"):
+        register(_Other)
+
+
+def test_backend_contract_is_abstract() -> None:
+    with pytest.raises(TypeError):
+        Backend()  # type: ignore[abstract]

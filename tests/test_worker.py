@@ -1,0 +1,122 @@
+"""The worker bootstrap: output forwarded to the parent, and no job outliving its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+T = 30.0
+
+TALKER = """
+    import os, sys, fiber_core
+
+    def grandchild():
+        print("from the grandchild")
+
+    def talk():
+        print("to stdout")
+        print("to stderr", file=sys.stderr)
+        os.write(1, b"through fd 1\\n")
+        g = fiber_core.Process(target=grandchild)
+        g.start()
+        g.join()
+        sys.stdout.write("no newline at the end")
+
+    if __name__ == "__main__":
+        p = fiber_core.Process(target=talk, name="talker")
+        p.start()
+        p.join()
+        print("parent done", p.exitcode)
+"""
+
+
+def test_output_is_forwarded_with_the_name(run_script) -> None:  # noqa: ANN001
+    out = run_script(TALKER)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == "parent done 0"  # join() returns after the child's output is printed
+    assert set(lines[:-1]) == {
+        "[talker] to stdout",
+        "[talker] through fd 1",
+        "[talker] [Process-1:1] from the grandchild",
+        "[talker] no newline at the end",
+    }
+    assert lines.index("[talker] to stdout") < lines.index("[talker] through fd 1")
+    assert "[talker] to stderr" in out.stderr.splitlines()
+    assert "to stderr" not in out.stdout
+
+
+def test_output_not_forwarded_when_disabled(run_script) -> None:  # noqa: ANN001
+    out = run_script(TALKER, env={"FIBER_FORWARD_OUTPUT": "0"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["parent done 0"]
+    assert "to stderr" not in out.stderr and "grandchild" not in out.stderr
+
+
+ORPHANS = """
+    import os, threading, fiber_core
+
+    def grandchild(q):
+        q.put(os.getpid())
+        threading.Event().wait()
+
+    def child(q):
+        fiber_core.Process(target=grandchild, args=(q,)).start()
+        q.put(os.getpid())
+        threading.Event().wait()
+
+    if __name__ == "__main__":
+        q = fiber_core.Queue()
+        for _ in range(2):
+            fiber_core.Process(target=child, args=(q,)).start()
+        for _ in range(4):
+            print(q.get(timeout=30), flush=True)
+        print("ready", flush=True)
+        threading.Event().wait()
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_jobs_die_with_a_killed_parent(tmp_path: Path) -> None:
+    script = tmp_path / "orphans.py"
+    script.write_text(textwrap.dedent(ORPHANS))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        for line in parent.stdout:  # the test's timeout bounds this if the script misbehaves
+            if line.strip() == "ready":
+                break
+            pids.append(int(line))
+        assert len(pids) == 4 and all(map(_alive, pids))
+        parent.kill()
+        parent.wait(T)
+        deadline = time.monotonic() + T
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling an OS fact, bounded by the deadline
+        assert [pid for pid in pids if _alive(pid)] == []
+    finally:
+        parent.kill()
+        parent.wait(T)
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_worker_run_by_hand_explains_itself() -> None:
+    out = subprocess.run([sys.executable, "-m", "fiber_core.worker"], capture_output=True, text=True,
+                         timeout=T)
+    assert out.returncode == 2
+    assert "run by fiber jobs only" in out.stderr
