@@ -38,8 +38,32 @@ _BIG_HEADER = struct.Struct("!Q")
 _SMALL = 64 * 1024
 
 
+# Exact types that cloudpickle pickles exactly as pickle does (the C pickler handles
+# them before it asks cloudpickle); for small messages plain pickle is ~4x faster.
+# Not for big ones: pickle.dumps slows down sharply past its 64 KiB frame size.
+_SCALARS = frozenset({type(None), bool, int, float})
+_BUFFERS = frozenset({str, bytes, bytearray})
+
+
+def _small_plain(obj: Any) -> bool:
+    t = type(obj)
+    if t in _SCALARS:
+        return True
+    if t in _BUFFERS:
+        return len(obj) <= _SMALL
+    if (t is tuple or t is list) and len(obj) <= 16:
+        for x in obj:
+            tx = type(x)
+            if tx not in _SCALARS and (tx not in _BUFFERS or len(x) > 4096):
+                return False
+        return True
+    return False
+
+
 def dumps(obj: Any) -> bytes:
     """Pickle ``obj`` for another process (cloudpickle: lambdas and ``__main__`` work)."""
+    if _small_plain(obj):
+        return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
     try:
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
@@ -221,6 +245,9 @@ class Connection:
 
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
         self._check_writable()
+        if type(buf) is bytes and offset == 0 and size is None:  # the usual case
+            self._send(buf)
+            return
         view = memoryview(buf).cast("B")
         n = len(view)
         if offset < 0 or offset > n:
@@ -284,6 +311,57 @@ class Connection:
     def poll(self, timeout: float | None = 0.0) -> bool:
         self._check_readable()
         return bool(wait([self], timeout))
+
+
+class FrameReader:
+    """Reads the frames of a :class:`Connection`'s peer with as few syscalls as it can.
+
+    It reads ahead, so several small frames usually come out of one ``recv``. The
+    socket's readiness then no longer tells whether a frame is waiting: use it only
+    for a socket that nothing polls, such as one a thread serves until EOF.
+    """
+
+    def __init__(self, sock: socket.socket, chunk: int = _SMALL) -> None:
+        self._sock = sock
+        self._chunk = chunk
+        self._buf = b""
+        self._pos = 0
+
+    def buffered(self) -> bool:
+        """Whether a whole frame is already here (``recv_bytes`` will not block)."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 4:
+            return False
+        (n,) = _HEADER.unpack_from(buf, pos)
+        return n != _BIG and pos + 4 + n <= len(buf)
+
+    def recv_bytes(self) -> bytes:
+        buf, pos = self._buf, self._pos
+        while True:
+            avail = len(buf) - pos
+            if avail >= 4:
+                (n,) = _HEADER.unpack_from(buf, pos)
+                start = pos + 4
+                if n == _BIG:
+                    if avail >= 12:
+                        (n,) = _BIG_HEADER.unpack_from(buf, start)
+                        start += 8
+                    else:
+                        n = -1
+                if n >= 0:
+                    end = start + n
+                    if end <= len(buf):
+                        self._buf, self._pos = buf, end
+                        return buf[start:end]
+                    if n > self._chunk:  # a big frame: the rest in one call, straight from the socket
+                        self._buf, self._pos = b"", 0
+                        return buf[start:] + _recv_exact(self._sock, end - len(buf))
+            chunk = self._sock.recv(self._chunk)
+            if not chunk:
+                self._buf, self._pos = b"", 0
+                raise EOFError("connection closed by the other process")
+            buf = buf[pos:] + chunk if pos < len(buf) else chunk
+            pos = 0
 
 
 def wait(object_list: Iterable[Any], timeout: float | None = None) -> list[Any]:
@@ -438,4 +516,4 @@ def Pipe(duplex: bool = True) -> tuple[PipeEnd, PipeEnd]:
     return a, b
 
 
-__all__ = ["Connection", "Pipe", "PipeEnd", "dial", "dumps", "loads", "resolve_main", "wait"]
+__all__ = ["Connection", "FrameReader", "Pipe", "PipeEnd", "dial", "dumps", "loads", "resolve_main", "wait"]

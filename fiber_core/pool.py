@@ -22,9 +22,10 @@ Batching defaults
 -----------------
 A *unit* is ``chunksize`` consecutive items (``chunksize`` never changes
 results, only how work is grouped). When ``map``/``starmap`` get no
-``chunksize``, a unit is ``len / (AUTO_UNITS_PER_WORKER * processes)`` items,
-rounded up (one item for short inputs): fine enough that the last units balance
-well, coarse enough that per-unit costs vanish for tiny tasks; ``imap`` and
+``chunksize``, the input is cut into ``AUTO_UNITS_PER_WORKER * processes``
+units of equal size (give or take one item; one item each for short inputs):
+fine enough that the last units balance well, coarse enough that per-unit costs
+vanish for tiny tasks; ``imap`` and
 ``imap_unordered`` default to one item, as in the stdlib. The master sends a
 worker as many units per message as fit in :data:`TARGET_BATCH_SECONDS` of
 measured work (at least one, at most :data:`MAX_BATCH_UNITS`, and no more than
@@ -67,10 +68,11 @@ from fiber_core.runtime import runtime
 log = logging.getLogger("fiber")
 
 TARGET_BATCH_SECONDS = 0.02
+MAP_BATCH_SECONDS = 0.25
 MAX_BATCH_UNITS = 1000
 PREFETCH_BELOW_SECONDS = 0.05
-MIN_SPLIT_SECONDS = 0.002
-AUTO_UNITS_PER_WORKER = 32
+MIN_SPLIT_SECONDS = 0.001
+AUTO_UNITS_PER_WORKER = 64
 MAX_TASK_ATTEMPTS = 3
 MAX_START_FAILURES = 3
 _FUNC_CACHE = 64
@@ -358,12 +360,13 @@ class IMapUnorderedIterator(IMapIterator):
 
 
 class _Unit:
-    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind")
+    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count")
 
     def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
-                 kind: int) -> None:
+                 kind: int, count: int = 1) -> None:
         self.job, self.index, self.data = job, index, data
         self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
+        self.count = count  # items in the unit
         self.attempts = 0
 
 
@@ -420,6 +423,8 @@ class Pool:
         self._error: BaseException | None = None
         self._start_failures = 0
         self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
+        # per pickled function: the last job's mean time per item, to size a new job's first batches
+        self._item_seconds: collections.OrderedDict[bytes, float] = collections.OrderedDict()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._sel = selectors.DefaultSelector()
@@ -543,6 +548,11 @@ class Pool:
                 per_unit = elapsed / len(units)
                 est = self._unit_seconds.get(job_id)
                 self._unit_seconds[job_id] = per_unit if est is None else 0.8 * est + 0.2 * per_unit
+                func_bytes = units[0].func_bytes
+                self._item_seconds[func_bytes] = elapsed / max(1, sum(u.count for u in units))
+                self._item_seconds.move_to_end(func_bytes)
+                if len(self._item_seconds) > _FUNC_CACHE:
+                    self._item_seconds.popitem(last=False)
             for unit, (ok, value) in zip(units, results):
                 if not ok:
                     exc, tb = value
@@ -642,15 +652,28 @@ class Pool:
                     return
                 if len(w.pending) != level:
                     continue
-                est = self._unit_seconds.get(self._queue[0].func_id)
-                if est is None:  # this job's task times are not known yet
+                front = self._queue[0]
+                est = self._unit_seconds.get(front.func_id)
+                measured = est is not None
+                if not measured:  # this job's task times are not known yet: the function's?
+                    per_item = self._item_seconds.get(front.func_bytes)
+                    est = None if per_item is None else per_item * front.count
+                if est is None:
                     if level:
                         continue
                     size = 1
                 else:
+                    # A hint from an earlier job may be far off: no batch of more than half
+                    # a fair share (so two in flight: one share), until this job's own
+                    # times are known.
                     est = max(est, 1e-7)
-                    share = max(len(self._queue) // sharers, int(MIN_SPLIT_SECONDS / est))
-                    size = max(1, min(int(TARGET_BATCH_SECONDS / est), MAX_BATCH_UNITS, share))
+                    share = len(self._queue) // sharers
+                    if measured:
+                        share = max(share, int(MIN_SPLIT_SECONDS / est))
+                    # map's results are only seen at the end: bigger batches, fewer messages
+                    target = (MAP_BATCH_SECONDS if type(front.job) is MapResult
+                              else TARGET_BATCH_SECONDS)
+                    size = max(1, min(int(target / est), MAX_BATCH_UNITS, share))
                     if level and est * size >= PREFETCH_BELOW_SECONDS:
                         continue
                 if self._maxtasks is not None:
@@ -726,8 +749,9 @@ class Pool:
     def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list]) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
         func_bytes = dumps(func)
-        units = [_Unit(job, i, data, job._job_id, func_bytes, kind)
-                 for i, data in enumerate(_dumps_each(chunks))]
+        chunks = list(chunks)
+        units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
+                 for i, (chunk, data) in enumerate(zip(chunks, _dumps_each(chunks)))]
         with self._lock:
             self._check_running()
             self._jobs[job._job_id] = job
@@ -749,11 +773,18 @@ class Pool:
                    callback: Callable | None, error_callback: Callable | None) -> MapResult:
         self._check_running()
         items = list(iterable)
-        if chunksize is None:  # units fine enough to balance, coarse enough to be cheap
-            chunksize = -(-len(items) // (AUTO_UNITS_PER_WORKER * self._processes)) or 1
+        if chunksize is None:
+            # Units fine enough to balance, coarse enough to be cheap: as many as
+            # AUTO_UNITS_PER_WORKER per worker, their sizes differing by one item at most.
+            nunits = min(len(items), AUTO_UNITS_PER_WORKER * self._processes)
+            q, r = divmod(len(items), nunits or 1)
+            bounds = [i * q + min(i, r) for i in range(nunits + 1)]
+            chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
+            chunksize = q + (r > 0)
         elif chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
-        chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
+        else:
+            chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
         result = MapResult(self, len(chunks), chunksize, len(items), callback, error_callback)
         if chunks:
             self._submit(result, func, kind, chunks)
@@ -790,7 +821,7 @@ class Pool:
                     chunk = list(itertools.islice(source, chunksize))
                     if not chunk:
                         break
-                    unit = _Unit(it, n, dumps(chunk), it._job_id, func_bytes, _MAP)
+                    unit = _Unit(it, n, dumps(chunk), it._job_id, func_bytes, _MAP, len(chunk))
                     with self._lock:
                         if self._state == "TERMINATE":
                             return

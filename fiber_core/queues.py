@@ -11,6 +11,7 @@ creates the queues) is the whole run.
 from __future__ import annotations
 
 import queue as _stdqueue
+import select
 import socket
 import struct
 import threading
@@ -19,7 +20,7 @@ import uuid
 from collections import deque
 from typing import Any
 
-from fiber_core.connection import Connection, dial, dumps, loads
+from fiber_core.connection import Connection, FrameReader, dial, dumps, loads
 from fiber_core.errors import FiberError
 
 Empty = _stdqueue.Empty
@@ -27,6 +28,9 @@ Full = _stdqueue.Full
 
 _F = struct.Struct("!d")
 _Q = struct.Struct("!q")
+_CLIENT_CHECK = 0.2  # seconds between checks that a client blocked in get() still lives
+_BLOCK = b"\x01" + _F.pack(-1.0)
+_NOBLOCK = b"\x00" + _F.pack(-1.0)
 
 
 class _Store:
@@ -84,6 +88,19 @@ class _Store:
             self.not_full.notify()
             return data
 
+    def put_many(self, items: list[bytes]) -> None:
+        """Append ``items`` to an unbounded queue (which never blocks)."""
+        with self.lock:
+            self.items.extend(items)
+            self.unfinished += len(items)
+            self.not_empty.notify(len(items))
+
+    def unget(self, data: bytes) -> None:
+        """Put back, first in line, an item that its getter did not live to receive."""
+        with self.lock:
+            self.items.appendleft(data)
+            self.not_empty.notify()
+
     def qsize(self) -> int:
         with self.lock:
             return len(self.items)
@@ -102,6 +119,42 @@ class _Store:
                 self.all_done.wait()
 
 
+def _peer_gone(sock: socket.socket) -> bool:
+    """Whether the client closed ``sock`` (it sends nothing while it waits for a reply)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+        return bool(ready) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _get_for(store: _Store, sock: socket.socket, block: bool, timeout: float | None) -> bytes:
+    """``store.get()`` for a client; given up if the client dies while it waits.
+
+    A process terminated while blocked in ``get()`` must not take the next item with it.
+    """
+    try:
+        return store.get(False)
+    except Empty:
+        if not block:
+            raise
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _CLIENT_CHECK if end is None else min(_CLIENT_CHECK, end - time.monotonic())
+        try:
+            item = store.get(True, max(left, 0.0))
+        except Empty:
+            if end is not None and time.monotonic() >= end:
+                raise
+            if _peer_gone(sock):
+                raise EOFError("the client went away") from None
+            continue
+        if _peer_gone(sock):
+            store.unget(item)
+            raise EOFError("the client went away")
+        return item
+
+
 def _serve(store: _Store, sock: socket.socket) -> None:
     """Serve one client connection of a queue, in the hub thread that accepted it.
 
@@ -110,10 +163,24 @@ def _serve(store: _Store, sock: socket.socket) -> None:
     ``F`` full, ``V`` ValueError.
     """
     conn = Connection(sock)
+    reader = FrameReader(sock)  # a client's puts are not answered: read them in batches
+    pending = None  # a request read ahead
     try:
         while True:
-            msg = conn.recv_bytes()
+            msg, pending = reader.recv_bytes() if pending is None else pending, None
             op = msg[:1]
+            if op == b"p" and store.maxsize <= 0:
+                # Unbounded: a put neither blocks nor gets a reply, so store at once
+                # all the puts that came in together.
+                items = [msg[10:]]
+                while reader.buffered():
+                    msg = reader.recv_bytes()
+                    if msg[:1] != b"p":
+                        pending = msg
+                        break
+                    items.append(msg[10:])
+                store.put_many(items)
+                continue
             if op == b"p":
                 block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
                 try:
@@ -126,9 +193,15 @@ def _serve(store: _Store, sock: socket.socket) -> None:
             elif op == b"g":
                 block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
                 try:
-                    conn.send_bytes(b"i" + store.get(block, None if timeout < 0 else timeout))
+                    item = _get_for(store, sock, block, None if timeout < 0 else timeout)
                 except Empty:
                     conn.send_bytes(b"E")
+                    continue
+                try:
+                    conn.send_bytes(b"i" + item)
+                except OSError:
+                    store.unget(item)
+                    raise
             elif op == b"s":
                 conn.send_bytes(b"k" + _Q.pack(store.qsize()))
             elif op == b"d":
@@ -205,9 +278,11 @@ class Queue:
 
     @staticmethod
     def _args(block: bool, timeout: float | None) -> bytes:
-        if timeout is not None and timeout < 0:
+        if timeout is None:
+            return _BLOCK if block else _NOBLOCK
+        if timeout < 0:
             raise ValueError("'timeout' must be a non-negative number")
-        return bytes([1 if block else 0]) + _F.pack(-1.0 if timeout is None else timeout)
+        return bytes([1 if block else 0]) + _F.pack(timeout)
 
     # -- the multiprocessing.Queue API ----------------------------------------------
 

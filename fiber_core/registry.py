@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pluggy
@@ -45,6 +47,7 @@ class BackendRegistrar:
         self._canonical: dict[str, str] = {}
         self._dist: dict[str, str | None] = {}
         self.current_dist: str | None = None
+        self.current_plugin: object | None = None  # its distribution is looked up if needed
 
     def __call__(self, backend: type[Backend]) -> None:
         if not (isinstance(backend, type) and issubclass(backend, Backend)):
@@ -62,7 +65,8 @@ class BackendRegistrar:
             self._by_name[key] = backend
             self._canonical[key] = name
         # Only the class's own ``package``: a subclass of LocalBackend is not fiber-core.
-        self._dist[name] = vars(backend).get("package") or self.current_dist
+        self._dist[name] = vars(backend).get("package") or self.current_dist or (
+            _dist_name(self.current_plugin) if self.current_plugin is not None else None)
 
 
 class Registry:
@@ -95,9 +99,11 @@ class Registry:
                     continue
                 self.pm.register(plugin, name=ep.name)
             for impl in self.pm.hook.fiber_register_backends.get_hookimpls():
-                registrar.current_dist = _dist_name(impl.plugin)
+                # Not _dist_name(impl.plugin) here: it scans every installed distribution
+                # (~0.3 s), and a backend that declares its ``package`` does not need it.
+                registrar.current_plugin = impl.plugin
                 impl.function(register=registrar)
-            registrar.current_dist = None
+            registrar.current_plugin = None
             for name, cls in registrar._by_name.items():
                 if registrar._canonical[name] == name:
                     config.register_backend_options(name, cls.options)
@@ -144,8 +150,13 @@ class Registry:
 def _dist_name(plugin: object) -> str | None:
     module = getattr(plugin, "__name__", None) or type(plugin).__module__
     top = module.split(".")[0]
-    dists = importlib.metadata.packages_distributions().get(top)
+    dists = _packages_distributions().get(top)
     return dists[0] if dists else None
+
+
+@functools.lru_cache(maxsize=1)
+def _packages_distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
 
 
 registry = Registry()

@@ -62,8 +62,6 @@ def test_duplex_with_a_child() -> None:
     assert p.exitcode == 0
 
 
-@pytest.mark.skip(reason="hangs in recv only when run after the rest of the suite "
-                  "(passes alone); order-dependent bug under investigation")
 def test_one_way() -> None:
     r, w = fiber_core.Pipe(duplex=False)
     assert (r.readable, r.writable, w.readable, w.writable) == (True, False, False, True)

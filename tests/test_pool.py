@@ -186,6 +186,36 @@ def kill_quietly(pid: int) -> None:
         pass
 
 
+def kill_random_worker(pool: Pool, rng: random.Random, spare: set[int],
+                       also_spare: frozenset[int] = frozenset()) -> int:
+    """SIGKILL a random worker of ``pool``; add its pid to ``spare`` and return it.
+
+    Spared: the pids in ``spare`` and ``also_spare`` (earlier victims, whose exit the pool
+    may not have seen yet), and any worker that holds a task a death was already charged
+    to. A task that dies with ``MAX_TASK_ATTEMPTS`` workers is failed on purpose (the
+    poison-task rule, tested on its own); random chaos must not play that rule. The choice
+    and the kill happen under the pool's lock, so no batch is handed out in between.
+    """
+    deadline = time.monotonic() + T
+    pause = threading.Event()
+    while True:
+        with pool._lock:
+            victims = [
+                w.process.pid for w in pool._workers.values()
+                if w.process.pid is not None and w.process.pid not in spare | also_spare
+                and not w.lost
+                and not any(u.attempts for batch in list(w.pending.values()) for u in batch)
+            ]
+            if victims:
+                pid = rng.choice(victims)
+                kill_quietly(pid)
+                spare.add(pid)
+                return pid
+        if time.monotonic() > deadline:
+            pytest.fail("no worker could be killed")
+        pause.wait(0.01)  # a replacement is starting, or a retried task is finishing
+
+
 @pytest.fixture
 def pool() -> Iterator[Pool]:
     p = Pool(2)
@@ -436,12 +466,12 @@ def test_initializer_and_initargs() -> None:
 def test_maxtasksperchild_replaces_workers() -> None:
     with Pool(2, maxtasksperchild=3) as p:
         first = {w.pid for w in p._pool}
-        results = [p.apply_async(pid_and_square, (i,)) for i in range(30)]
+        results = [p.apply_async(pid_and_square, (i,)) for i in range(18)]
         got = [r.get(timeout=T) for r in results]
-        assert [sq for _, sq in got] == [i * i for i in range(30)]
+        assert [sq for _, sq in got] == [i * i for i in range(18)]
         per_worker = Counter(pid for pid, _ in got)
         assert max(per_worker.values()) <= 3
-        assert len(per_worker) >= 10
+        assert len(per_worker) >= 6
         assert None not in {w.pid for w in p._pool}
         assert {w.pid for w in p._pool} != first
         # and map is still right with workers coming and going
@@ -602,14 +632,13 @@ def test_result_that_cannot_be_unpickled_fails_its_task_not_the_pool(pool: Pool)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.skip(reason="intermittent in the full suite on this 2-core machine; under investigation")
 def test_map_survives_random_sigkills() -> None:
     """SIGKILL random workers while a 10,000-task map runs: every result arrives, in order."""
     n = 10_000
     marks = frozenset(range(250, n, 500))  # 20 kills, spread over the map
     reports, acks = fiber_core.Queue(), fiber_core.Queue()
     rng = random.Random(1234)
-    killed: list[int] = []
+    killed: set[int] = set()
     failures: list[BaseException] = []
 
     def killer(pool: Pool) -> None:
@@ -620,12 +649,7 @@ def test_map_survives_random_sigkills() -> None:
                 reporter = reports.get(timeout=2 * T)
                 if reporter is None:
                     return
-                victims = [p.pid for p in pool._pool
-                           if p.pid is not None and p.pid != reporter and p.is_alive()]
-                if victims:
-                    victim = rng.choice(victims)
-                    kill_quietly(victim)
-                    killed.append(victim)
+                kill_random_worker(pool, rng, killed, also_spare=frozenset({reporter}))
                 acks.put(None)
         except BaseException as e:
             failures.append(e)
@@ -643,8 +667,7 @@ def test_map_survives_random_sigkills() -> None:
         assert not failures
         assert len(out) == n
         assert out == list(range(n))
-        assert len(killed) >= len(marks)
-        assert len(set(killed)) == len(killed)  # each kill took a different worker
+        assert len(killed) >= len(marks)  # one kill per report (a retried mark reports again)
         # the pool replaced them and still works
         assert pool.map(sqr, range(10)) == [x * x for x in range(10)]
 
@@ -654,18 +677,16 @@ def test_imap_unordered_survives_random_sigkills() -> None:
     n = 3000
     rng = random.Random(4321)
     seen: list[int] = []
-    killed = 0
+    killed: set[int] = set()
     with Pool(3) as pool:
         it = pool.imap_unordered(one_ms, range(n))
         for i in range(n):
             seen.append(it.next(timeout=T))
             if i % 200 == 100:  # the kill schedule follows progress
-                victims = [p.pid for p in pool._pool if p.pid is not None and p.is_alive()]
-                kill_quietly(rng.choice(victims))
-                killed += 1
+                kill_random_worker(pool, rng, killed)
         with pytest.raises(StopIteration):
             it.next(timeout=T)
-        assert killed == 15
+        assert len(killed) == 15
         assert len(seen) == n
         assert sorted(seen) == list(range(n))  # each result exactly once
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -205,6 +206,24 @@ def test_items_from_one_producer_keep_their_order() -> None:
     p.start()
     assert [q.get(timeout=T)[1] for _ in range(200)] == list(range(200))
     p.join(T)
+
+
+def _block_in_get(q: fiber_core.Queue) -> None:
+    q.get()
+
+
+def test_a_getter_terminated_while_blocked_takes_no_item_with_it() -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_block_in_get, args=(q,))
+    p.start()
+    deadline = time.monotonic() + T
+    while not q._store.not_empty._waiters:  # white box: the child's get() reached this owner
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    p.terminate()
+    p.join(T)
+    q.put("precious")
+    assert in_child(q.get) == "precious"
 
 
 def test_unpicklable_item_fails_in_put() -> None:
