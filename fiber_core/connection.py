@@ -258,17 +258,18 @@ class Connection:
             raise ValueError("size is out of bounds")
         self._send(view[offset:offset + size])
 
-    def _send(self, data: memoryview | bytes) -> None:
+    def _send(self, data: memoryview | bytes, head: bytes = b"") -> None:
+        """Send one frame of ``head + data``; a big ``data`` is not copied."""
         sock = self._socket()
-        n = len(data)
+        n = len(head) + len(data)
         if n >= _BIG:
             header = _HEADER.pack(_BIG) + _BIG_HEADER.pack(n)
         else:
             header = _HEADER.pack(n)
         if n <= _SMALL:
-            sock.sendall(header + bytes(data))
+            sock.sendall(header + head + data)
         else:
-            sock.sendall(header)
+            sock.sendall(header + head)
             sock.sendall(data)
 
     def _recv(self, maxlength: int | None = None) -> bytes:
@@ -335,7 +336,8 @@ class FrameReader:
         (n,) = _HEADER.unpack_from(buf, pos)
         return n != _BIG and pos + 4 + n <= len(buf)
 
-    def recv_bytes(self) -> bytes:
+    def recv_bytes(self) -> bytes | bytearray:
+        """The next frame: ``bytes``, or for a frame bigger than ``chunk``, a ``bytearray``."""
         buf, pos = self._buf, self._pos
         while True:
             avail = len(buf) - pos
@@ -353,15 +355,27 @@ class FrameReader:
                     if end <= len(buf):
                         self._buf, self._pos = buf, end
                         return buf[start:end]
-                    if n > self._chunk:  # a big frame: the rest in one call, straight from the socket
+                    if n > self._chunk:  # a big frame: the rest straight into place, no copies
                         self._buf, self._pos = b"", 0
-                        return buf[start:] + _recv_exact(self._sock, end - len(buf))
+                        return self._recv_big(buf[start:], n)
             chunk = self._sock.recv(self._chunk)
             if not chunk:
                 self._buf, self._pos = b"", 0
                 raise EOFError("connection closed by the other process")
             buf = buf[pos:] + chunk if pos < len(buf) else chunk
             pos = 0
+
+    def _recv_big(self, head: bytes, n: int) -> bytearray:
+        data = bytearray(n)
+        got = len(head)
+        data[:got] = head
+        view = memoryview(data)
+        while got < n:
+            k = self._sock.recv_into(view[got:], n - got, _WAITALL)
+            if k == 0:
+                raise EOFError("connection closed by the other process")
+            got += k
+        return data
 
 
 def wait(object_list: Iterable[Any], timeout: float | None = None) -> list[Any]:
@@ -389,6 +403,23 @@ class _PipeState:
         self.socks: list[socket.socket | None] = [None, None]
         self.arrived = [threading.Event(), threading.Event()]
         self.waiting: dict[int, socket.socket] = {}
+        self.dialed = [False, False]  # end i, sent away, has connected back
+
+    def abandon(self, index: int) -> None:
+        """End ``index`` was sent to a process that ended: if it never connected,
+        its peer sees end-of-file instead of waiting forever."""
+        other = 1 - index
+        with self.lock:
+            if self.dialed[index]:
+                return
+            self.dialed[index] = True
+            if not self.sent[other]:
+                a, b = socket.socketpair()
+                b.close()
+                self.socks[other] = a
+                self.arrived[other].set()
+            elif other in self.waiting:
+                self.waiting.pop(other).close()
 
 
 class PipeEnd(Connection):
@@ -410,6 +441,12 @@ class PipeEnd(Connection):
         if self._state is not None:
             with self._state.lock:
                 self._state.sent[self._index] = True
+            from fiber_core.process import pickling_for
+
+            run = pickling_for()
+            if run is not None:
+                state, index = self._state, self._index
+                run.on_finish(lambda: state.abandon(index))
         return (_rebuild_pipe_end, (self._hub, self._pipe_id, self._index, self._readable, self._writable))
 
     def _socket(self) -> socket.socket:
@@ -464,6 +501,10 @@ def _pipe_route(state: _PipeState, target: str, sock: socket.socket) -> None:
     index = int(target.rsplit(":", 1)[1])
     other = 1 - index
     with state.lock:
+        if state.dialed[index]:  # a second copy of the same end, or one given up on
+            sock.close()
+            return
+        state.dialed[index] = True
         if not state.sent[other]:
             state.socks[other] = sock
             state.arrived[other].set()

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from fiber_core.backend import Backend, Job, JobSpec
@@ -103,6 +104,13 @@ class _ParentProcess(BaseProcess):
 
 
 _current: BaseProcess = _MainProcess()
+_pickling = threading.local()  # the _JobRun whose process object is being pickled
+
+
+def pickling_for() -> _JobRun | None:
+    """The process being sent to its job right now, if any (so that objects pickled
+    with it, like Pipe ends, can react when that process ends)."""
+    return getattr(_pickling, "run", None)
 _parent: _ParentProcess | None = None
 
 
@@ -345,6 +353,7 @@ class _JobRun:
         # Closed by close(), or when the Process is garbage-collected, as multiprocessing does.
         self._close_fds = weakref.finalize(self, _close_fds, self.sentinel_r, self._sentinel_w)
         self._stopping = False
+        self._on_finish: list[Callable[[], None]] = []
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
         p = self.process
@@ -387,7 +396,11 @@ class _JobRun:
             "forward_output": config.get("forward_output"),
             "parent": (_current.name, os.getpid()),
         })
-        payload = (prelude, dumps(p))
+        _pickling.run = self
+        try:
+            payload = (prelude, dumps(p))
+        finally:
+            _pickling.run = None
         hub = rt.hub
         hub.register(f"proc:{token}", self._on_connect)
         self.token = token
@@ -469,9 +482,18 @@ class _JobRun:
             self.logs = self.logs or str(e)
             self._finish(self.reported if self.reported is not None else 1)
 
+    def on_finish(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the monitor thread) once the process has ended."""
+        self._on_finish.append(callback)
+
     def _finish(self, code: int | None) -> None:
         self.exitcode = 1 if code is None else code
         runtime().hub.unregister(f"proc:{self.token}")
+        for callback in self._on_finish:
+            try:
+                callback()
+            except Exception:
+                log.exception("fiber: a finish callback of %s failed", self.process.name)
         self.finished.set()
         try:
             os.write(self._sentinel_w, b"x")

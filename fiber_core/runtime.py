@@ -143,8 +143,7 @@ class Runtime:
         multiprocessing.process.current_process().authkey = self.authkey
         self._lock = threading.RLock()
         self._hub: Hub | None = None
-        self._backend: Backend | None = None
-        self._backend_name: str | None = None
+        self._backends: dict[str, Backend] = {}
         self._rundir: str | None = None
         self.children: set = set()
         self.counter = 0
@@ -160,28 +159,19 @@ class Runtime:
 
     @property
     def backend(self) -> Backend:
-        with self._lock:
-            if self._backend is None:
-                from fiber_core.registry import create_backend, selected_backend_name
-
-                self._backend_name = selected_backend_name()
-                self._backend = create_backend(self._backend_name, self.run_id)
-            return self._backend
+        """The configured backend (re-read each time, so a later ``init(backend=...)`` applies)."""
+        return self.get_backend(None)
 
     def get_backend(self, name: str | None) -> Backend:
-        """The backend for ``name`` (``None``: the configured one); one instance per name."""
-        if name is None:
-            return self.backend
-        from fiber_core.registry import create_backend, registry
+        """The backend for ``name`` (``None``: the configured one); one instance per backend."""
+        from fiber_core.registry import create_backend, registry, selected_backend_name
 
-        canonical = registry.canonical(name)
+        canonical = selected_backend_name() if name is None else registry.canonical(name)
         with self._lock:
-            if self._backend is not None and self._backend_name == canonical:
-                return self._backend
-            extra = self.__dict__.setdefault("_extra_backends", {})
-            if canonical not in extra:
-                extra[canonical] = create_backend(canonical, self.run_id)
-            return extra[canonical]
+            backend = self._backends.get(canonical)
+            if backend is None:
+                backend = self._backends[canonical] = create_backend(canonical, self.run_id)
+            return backend
 
     @property
     def hub(self) -> Hub:
@@ -205,13 +195,11 @@ class Runtime:
         try:
             _exit_children()
         finally:
-            backends = [self._backend, *self.__dict__.get("_extra_backends", {}).values()]
-            for backend in backends:
-                if backend is not None:
-                    try:
-                        backend.cleanup()
-                    except Exception:
-                        log.exception("fiber: cleanup of backend %s failed", backend.name)
+            for backend in list(self._backends.values()):
+                try:
+                    backend.cleanup()
+                except Exception:
+                    log.exception("fiber: cleanup of backend %s failed", backend.name)
             if self._hub is not None:
                 self._hub.close()
             if self._rundir is not None:

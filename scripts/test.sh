@@ -18,6 +18,9 @@ scripts/test-services.sh up
 trap 'scripts/test-services.sh down' EXIT
 
 "$VPY" -m ruff check .
+# The public contract is type-checked strictly enough to read like a manual.
+"$VPY" -m mypy --ignore-missing-imports --follow-imports=silent \
+  fiber_core/backend.py fiber_core/hookspecs.py fiber_core/config.py fiber_core/registry.py fiber_core/errors.py
 paths=(tests)
 for d in plugins/*/tests; do [ -d "$d" ] && paths+=("$d"); done
 "$VPY" -m pytest -q "${paths[@]}" "$@"

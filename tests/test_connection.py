@@ -186,3 +186,17 @@ def test_used_end_cannot_be_sent() -> None:
     c.close()
     with pytest.raises(PicklingError, match="Pipe end"):
         pickle.dumps(c)
+
+
+def test_end_sent_to_a_job_that_never_starts_gives_eof() -> None:
+    # The job's python exits at once, so the end it carries never connects:
+    # the creator's end must see end-of-file instead of waiting forever.
+    fiber_core.init(python="/bin/false")
+    a, b = fiber_core.Pipe()
+    p = fiber_core.Process(target=print, args=(b,))
+    p.start()
+    p.join(T)
+    assert p.exitcode == 1
+    assert a.poll(T)
+    with pytest.raises(EOFError):
+        a.recv()

@@ -148,3 +148,18 @@ def test_registrar_rejects_bad_registrations() -> None:
 def test_backend_contract_is_abstract() -> None:
     with pytest.raises(TypeError):
         Backend()  # type: ignore[abstract]
+
+
+def test_init_backend_after_first_job_applies_to_later_jobs(toy_backend) -> None:  # noqa: ANN001
+    import fiber_core
+
+    first = fiber_core.Process(target=abs, args=(1,))
+    first.start()
+    first.join(30)
+    fiber_core.init(backend="toy")
+    second = fiber_core.Process(target=abs, args=(1,))
+    second.start()
+    second.join(30)
+    assert second.exitcode == 0
+    assert type(second._run.backend) is toy_backend
+    assert type(first._run.backend).name == "local"
