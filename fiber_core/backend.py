@@ -140,12 +140,22 @@ class Backend(ABC):
         the environment. Resolved values arrive in :attr:`settings`.
     ``package``
         The distribution that provides it, shown by ``fiber backends``.
+    ``config_section``
+        Where its options live when the name cannot be used (``aws-batch`` has a
+        dash, which environment variable names cannot hold): ``"aws"`` gives
+        ``[aws]`` and ``FIBER_AWS_*``. Defaults to ``name``.
     """
 
     name: ClassVar[str]
     aliases: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[Option, ...]] = ()
     package: ClassVar[str | None] = None
+    config_section: ClassVar[str | None] = None
+
+    @classmethod
+    def settings_section(cls) -> str:
+        """The configuration section of this backend's options."""
+        return cls.config_section or cls.name
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "") -> None:
         """``settings`` holds every option of :attr:`options`, typed; ``run_id`` is unique per run."""

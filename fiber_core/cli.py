@@ -40,7 +40,7 @@ def _clean(args: argparse.Namespace) -> int:
 
     name = selected_backend_name(args.backend)
     cls = registry.get_class(name)
-    removed = cls.clean(config.backend_settings(cls.name), args.run)
+    removed = cls.clean(config.backend_settings(cls.settings_section()), args.run)
     for item in removed:
         print(f"removed {item}")
     print(f"{len(removed)} leftover(s) of {'run ' + args.run if args.run else 'fiber runs'} removed from {name}")

@@ -447,7 +447,10 @@ class PipeEnd(Connection):
             if run is not None:
                 state, index = self._state, self._index
                 run.on_finish(lambda: state.abandon(index))
-        return (_rebuild_pipe_end, (self._hub, self._pipe_id, self._index, self._readable, self._writable))
+        from fiber_core.runtime import outgoing_addresses
+
+        hub = outgoing_addresses(self._hub) if self._state is not None else self._hub
+        return (_rebuild_pipe_end, (hub, self._pipe_id, self._index, self._readable, self._writable))
 
     def _socket(self) -> socket.socket:
         if self._closed:

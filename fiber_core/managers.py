@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import multiprocessing.managers as _std
 import multiprocessing.process as _std_process
+import os
 import socket
 import threading
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from typing import Any
 
 from fiber_core.connection import Pipe
 from fiber_core.errors import FiberError, TimeoutError
-from fiber_core.runtime import runtime
+from fiber_core.runtime import ENV_HUB, runtime
 
 State = _std.State
 Token = _std.Token
@@ -66,7 +67,7 @@ def _reachable_host(parent_hub: str) -> str:
     return "127.0.0.1"
 
 
-def _serve(cls: type, registry: dict, authkey: bytes, serializer: str, writer: Any, hub: str,
+def _serve(cls: type, registry: dict, authkey: bytes, serializer: str, writer: Any,
            initializer: Callable | None, initargs: tuple) -> None:
     """The manager job: create the server on all interfaces, report its address, serve."""
     import signal
@@ -76,7 +77,7 @@ def _serve(cls: type, registry: dict, authkey: bytes, serializer: str, writer: A
     if initializer is not None:
         initializer(*initargs)
     server = cls._Server(registry, ("0.0.0.0", 0), authkey, serializer)
-    writer.send((_reachable_host(hub), server.address[1]))
+    writer.send((_reachable_host(os.environ[ENV_HUB]), server.address[1]))
     writer.close()
     server.serve_forever()
 
@@ -127,7 +128,7 @@ class BaseManager(_std.BaseManager):
         self._process = Process(
             target=_serve, backend=self._backend,
             args=(type(self), self._registry, bytes(self._authkey), self._serializer, writer,
-                  runtime().hub.addresses, initializer, initargs))
+                  initializer, initargs))
         self._process.name = f"{type(self).__name__}-{':'.join(map(str, self._process._identity))}"
         self._process.start()
         try:

@@ -31,7 +31,9 @@ worker as many units per message as fit in :data:`TARGET_BATCH_SECONDS` of
 measured work (at least one, at most :data:`MAX_BATCH_UNITS`, and no more than
 half a fair share of what is left among the pool's workers, unless that is less
 than :data:`MIN_SPLIT_SECONDS` of work, too little to be worth a message of its
-own), and keeps a second
+own, or so little that the messages of the busy workers would keep the master
+thread busy more than a quarter of the time: then up to a full fair share), and
+keeps a second
 message in flight (prefetch) only while batches are shorter than
 :data:`PREFETCH_BELOW_SECONDS`, so that long tasks are never queued behind a busy
 worker. Every ready worker gets a message before any gets a second. Task times
@@ -63,7 +65,7 @@ import cloudpickle
 from fiber_core.connection import Connection, dial, dumps, loads, resolve_main
 from fiber_core.errors import FiberError, JobStartError, TimeoutError
 from fiber_core.process import Process
-from fiber_core.runtime import runtime
+from fiber_core.runtime import runtime, sending_to
 
 log = logging.getLogger("fiber")
 
@@ -71,6 +73,7 @@ TARGET_BATCH_SECONDS = 0.02
 MAP_BATCH_SECONDS = 0.25
 MAX_BATCH_UNITS = 1000
 PREFETCH_BELOW_SECONDS = 0.05
+PREFETCH_MAX_BYTES = 32 * 1024
 MIN_SPLIT_SECONDS = 0.001
 AUTO_UNITS_PER_WORKER = 64
 MAX_TASK_ATTEMPTS = 3
@@ -167,21 +170,16 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
     if initializer is not None:
         resolve_main(initializer)(*initargs)
     conn.send_bytes(b"R")
-    inbox: _queue.SimpleQueue[bytes | None] = _queue.SimpleQueue()
-
-    def read() -> None:
-        try:
-            while True:
-                inbox.put(conn.recv_bytes())
-        except (EOFError, OSError):
-            inbox.put(None)
-
-    threading.Thread(target=read, daemon=True, name="fiber-pool-reader").start()
+    # Read in this thread: no hand-off to wake up per message. The master only sends
+    # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
     funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
     done = 0
     while maxtasks is None or done < maxtasks:
-        msg = inbox.get()
-        if msg is None or msg[:1] == b"Q":
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if msg[:1] == b"Q":
             break
         batch_id, func_id, func_bytes, kind, units = loads(msg[1:])
         if func_bytes is not None:
@@ -431,8 +429,11 @@ class Pool:
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._incoming: _queue.SimpleQueue[tuple[int, socket.socket]] = _queue.SimpleQueue()
         self._done = threading.Event()
+        self._requeued = False  # the master must offer re-queued work to every worker
+        self._msg_seconds = 0.0  # running mean of the master's time per worker message
         hub = runtime().hub
-        self._hub = hub.addresses
+        # What the workers' backend reaches this process at (also put in pickled queues).
+        self._hub = runtime().addresses_for(runtime().get_backend(backend))
         hub.register(f"pool:{self._id}", self._on_connect)
         try:
             with self._lock:
@@ -482,23 +483,41 @@ class Pool:
     def _master(self) -> None:
         try:
             while True:
-                for key, _ in self._sel.select(1.0):
+                # A result or a ready message gives room to its worker only: dispatching to
+                # it alone keeps a message's cost independent of the pool's size. Anything
+                # else (new work, re-queued work, a resize, a quiet second) looks at all.
+                events = self._sel.select(1.0)
+                started = time.perf_counter()
+                touched: list[_Worker] | None = [] if events else None
+                messages = 0
+                for key, _ in events:
                     kind, w = key.data
                     if kind == "wake":
                         try:
                             self._wake_r.recv(4096)
                         except OSError:
                             pass
+                        touched = None
                     elif kind == "conn":
                         self._on_message(w)
+                        messages += 1
+                        if touched is not None:
+                            touched.append(w)
                     elif kind == "exit":
                         self._on_exit(w)
+                        touched = None
+                if self._requeued:
+                    self._requeued = False
+                    touched = None
                 while not self._incoming.empty():
                     self._adopt(*self._incoming.get())
                 with self._lock:
                     if self._state == "TERMINATE":
                         break
-                    self._dispatch()
+                    self._dispatch(touched)
+                    if messages:  # what one worker message costs the master, sent included
+                        cost = (time.perf_counter() - started) / messages
+                        self._msg_seconds = 0.9 * self._msg_seconds + 0.1 * cost
                     if self._state == "CLOSE" and not self._jobs and not self._queue:
                         self._retire_all()
                         if not self._workers:
@@ -595,6 +614,7 @@ class Pool:
                         f"(last: {w.process.name}); it is not retried again"))
                 else:
                     self._queue.appendleft(unit)
+                    self._requeued = True
 
     def _on_exit(self, w: _Worker) -> None:
         self._lose(w)
@@ -634,17 +654,17 @@ class Pool:
             if len(self._workers) < self._processes:
                 self._start_worker()
 
-    def _dispatch(self) -> None:
-        """Hand batches to ready workers that have room. Called with the lock held."""
+    def _dispatch(self, only: list[_Worker] | None = None) -> None:
+        """Hand batches to ready workers (all, or ``only``) that have room. Called with the lock held."""
         if not self._queue:
             return
-        ready = [w for w in self._workers.values() if w.conn is not None and not w.lost
-                 and not w.retiring and w.ready]
+        ready = [w for w in (self._workers.values() if only is None else only)
+                 if w.conn is not None and not w.lost and not w.retiring and w.ready]
         if not ready:
             return
         # A fair share counts the workers still starting too: they will want work soon.
-        sharers = 2 * max(len(ready), sum(not w.lost and not w.retiring
-                                          for w in self._workers.values()))
+        sharers = 2 * max(len(ready), self._processes)
+        busy = sum(1 for w in self._workers.values() if w.pending)
         # Breadth first: every idle worker gets a batch before any gets a second.
         for level in (0, 1):
             for w in ready:
@@ -669,29 +689,47 @@ class Pool:
                     est = max(est, 1e-7)
                     share = len(self._queue) // sharers
                     if measured:
-                        share = max(share, int(MIN_SPLIT_SECONDS / est))
-                    # map's results are only seen at the end: bigger batches, fewer messages
-                    target = (MAP_BATCH_SECONDS if type(front.job) is MapResult
-                              else TARGET_BATCH_SECONDS)
+                        # Not worth a message below MIN_SPLIT_SECONDS; nor below what keeps
+                        # the master (one thread for all workers) busy a quarter of the time.
+                        # Never more than a full fair share, though: that would leave others idle.
+                        floor = max(MIN_SPLIT_SECONDS, 4 * (busy + 1) * self._msg_seconds)
+                        share = max(share, min(int(floor / est), 2 * len(self._queue) // sharers))
+                    # map's results are only seen at the end: bigger batches, fewer messages,
+                    # and a prefetch as long as every worker can still get two batches.
+                    is_map = type(front.job) is MapResult
+                    target = MAP_BATCH_SECONDS if is_map else TARGET_BATCH_SECONDS
                     size = max(1, min(int(target / est), MAX_BATCH_UNITS, share))
-                    if level and est * size >= PREFETCH_BELOW_SECONDS:
+                    if level and (self._prefetch_too_big(w, front) or (
+                            len(self._queue) < sharers if is_map
+                            else est * size >= PREFETCH_BELOW_SECONDS)):
                         continue
                 if self._maxtasks is not None:
                     room = self._maxtasks - w.assigned
                     if room <= 0:
                         continue
                     size = min(size, room)
-                self._send_batch(w, size)
+                self._send_batch(w, size, PREFETCH_MAX_BYTES if level else None)
 
-    def _send_batch(self, w: _Worker, n: int) -> None:
+    def _prefetch_too_big(self, w: _Worker, front: _Unit) -> bool:
+        """A prefetch waits in the socket until the worker is done: it must fit there."""
+        size = len(front.data)
+        if front.func_id not in w.funcs:
+            size += len(front.func_bytes)
+        return size > PREFETCH_MAX_BYTES
+
+    def _send_batch(self, w: _Worker, n: int, max_bytes: int | None = None) -> None:
         units = []
         first = self._queue[0]
+        nbytes = 0
         while self._queue and len(units) < n:
             u = self._queue[0]
             if u.func_id != first.func_id:
                 break
             if units and (u.attempts or first.attempts):
                 break  # a unit that was running when its worker died goes alone
+            nbytes += len(u.data)
+            if units and max_bytes is not None and nbytes > max_bytes:
+                break
             units.append(self._queue.popleft())
         batch_id = next(_job_counter)
         send_func = first.func_id not in w.funcs
@@ -748,15 +786,23 @@ class Pool:
 
     def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list]) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
-        func_bytes = dumps(func)
         chunks = list(chunks)
-        units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
-                 for i, (chunk, data) in enumerate(zip(chunks, _dumps_each(chunks)))]
+        with sending_to(self._hub):
+            func_bytes = dumps(func)
+            units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
+                     for i, (chunk, data) in enumerate(zip(chunks, _dumps_each(chunks)))]
         with self._lock:
             self._check_running()
             self._jobs[job._job_id] = job
             self._queue.extend(units)
-        self._wake()
+            # Hand out the first batches from this thread: one wake-up less on the way.
+            try:
+                self._dispatch()
+            except Exception:
+                log.exception("fiber: dispatching from the caller failed; the master will")
+            left = bool(self._queue)
+        if left:
+            self._wake()
         return len(units)
 
     def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
@@ -808,7 +854,8 @@ class Pool:
         self._check_running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
-        func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
+        with sending_to(self._hub):
+            func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self)
         with self._lock:
             self._jobs[it._job_id] = it
@@ -821,7 +868,9 @@ class Pool:
                     chunk = list(itertools.islice(source, chunksize))
                     if not chunk:
                         break
-                    unit = _Unit(it, n, dumps(chunk), it._job_id, func_bytes, _MAP, len(chunk))
+                    with sending_to(self._hub):
+                        data = dumps(chunk)
+                    unit = _Unit(it, n, data, it._job_id, func_bytes, _MAP, len(chunk))
                     with self._lock:
                         if self._state == "TERMINATE":
                             return

@@ -26,12 +26,13 @@ from fiber_core.backend import Backend, Job, JobSpec
 from fiber_core.config import config
 from fiber_core.connection import Connection, dumps
 from fiber_core.errors import FiberError, JobStartError
-from fiber_core.runtime import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN, runtime
+from fiber_core.runtime import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN, runtime, sending_to
 
 log = logging.getLogger("fiber")
 
 _RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
+_LOST_GRACE = 2.0  # seconds a TCP connection may outlive its job before it counts as stuck
 
 
 class BaseProcess:
@@ -396,15 +397,17 @@ class _JobRun:
             "forward_output": config.get("forward_output"),
             "parent": (_current.name, os.getpid()),
         })
+        addresses = rt.addresses_for(backend)
         _pickling.run = self
         try:
-            payload = (prelude, dumps(p))
+            with sending_to(addresses):
+                payload = (prelude, dumps(p))
         finally:
             _pickling.run = None
         hub = rt.hub
         hub.register(f"proc:{token}", self._on_connect)
         self.token = token
-        spec = self._spec(backend, token, hub.addresses)
+        spec = self._spec(backend, token, addresses)
         try:
             self.job = backend.start_job(spec)
         except FiberError:
@@ -456,6 +459,10 @@ class _JobRun:
             assert self.sock is not None
             conn = Connection(self.sock)
             printer = _OutputPrinter(self.process.name)
+            conn_done = threading.Event()
+            if False:
+                threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,
+                                 name=f"fiber-unstick-{self.process.name}").start()
             try:
                 conn.send_bytes(payload[0])
                 conn.send_bytes(payload[1])
@@ -470,6 +477,7 @@ class _JobRun:
             except (EOFError, OSError):
                 pass
             finally:
+                conn_done.set()
                 printer.flush()
                 conn.close()
             code = backend.wait_for_job(job, _REPORT_GRACE if self.reported is not None else 60.0)
@@ -481,6 +489,22 @@ class _JobRun:
             log.exception("fiber: monitor of %s failed", self.process.name)
             self.logs = self.logs or str(e)
             self._finish(self.reported if self.reported is not None else 1)
+
+    def _unstick(self, sock: socket.socket, conn_done: threading.Event) -> None:
+        """End the connection of a job that the backend saw end while the connection stays open.
+
+        A job on a machine that became unreachable sends no FIN: without this, the
+        monitor would wait on its TCP connection until the kernel gives up, many minutes
+        later, and a Pool would not replace the job. (A Unix socket's peer is on this
+        machine: its connection ends with it.)
+        """
+        assert self.backend is not None and self.job is not None
+        self.backend.wait_for_job(self.job)
+        if not conn_done.wait(_LOST_GRACE):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def on_finish(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in the monitor thread) once the process has ended."""

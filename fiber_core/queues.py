@@ -155,6 +155,11 @@ def _get_for(store: _Store, sock: socket.socket, block: bool, timeout: float | N
         return item
 
 
+def _item(msg: bytes | bytearray) -> bytes | memoryview:
+    """The item in a put request; a big one is not copied."""
+    return msg[10:] if len(msg) <= 65536 else memoryview(msg)[10:]
+
+
 def _serve(store: _Store, sock: socket.socket) -> None:
     """Serve one client connection of a queue, in the hub thread that accepted it.
 
@@ -172,7 +177,7 @@ def _serve(store: _Store, sock: socket.socket) -> None:
             if op == b"p" and store.maxsize <= 0:
                 # Unbounded: a put neither blocks nor gets a reply, so store at once
                 # all the puts that came in together.
-                items = [msg[10:]]
+                items = [_item(msg)]
                 while reader.buffered():
                     msg = reader.recv_bytes()
                     if msg[:1] != b"p":
@@ -184,7 +189,7 @@ def _serve(store: _Store, sock: socket.socket) -> None:
             if op == b"p":
                 block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
                 try:
-                    store.put(msg[10:], block, None if timeout < 0 else timeout)
+                    store.put(_item(msg), block, None if timeout < 0 else timeout)
                     reply = b"k"
                 except Full:
                     reply = b"F"
@@ -198,7 +203,7 @@ def _serve(store: _Store, sock: socket.socket) -> None:
                     conn.send_bytes(b"E")
                     continue
                 try:
-                    conn.send_bytes(b"i" + item)
+                    conn._send(item, b"i")
                 except OSError:
                     store.unget(item)
                     raise
@@ -246,7 +251,10 @@ class Queue:
         self._local = threading.local()
 
     def __getstate__(self) -> dict:
-        return {"maxsize": self._maxsize, "id": self._id, "hub": self._hub}
+        from fiber_core.runtime import outgoing_addresses
+
+        hub = outgoing_addresses(self._hub) if self._store is not None else self._hub
+        return {"maxsize": self._maxsize, "id": self._id, "hub": hub}
 
     def __setstate__(self, state: dict) -> None:
         self._maxsize, self._id, self._hub = state["maxsize"], state["id"], state["hub"]
@@ -293,13 +301,13 @@ class Queue:
         if self._store is not None:
             self._store.put(data, block, timeout)
             return
-        request = b"p" + self._args(block, timeout) + data
+        args = self._args(block, timeout)
         if self._maxsize > 0:
-            if self._call(request) == b"F":
+            if self._call(b"p" + args + data) == b"F":
                 raise Full
             return
         try:
-            self._conn().send_bytes(request)
+            self._conn()._send(data, b"p" + args)
         except OSError as e:
             self._local.conn = None
             raise FiberError("the process that created this queue has exited") from e
@@ -312,7 +320,7 @@ class Queue:
         reply = self._call(b"g" + self._args(block, timeout))
         if reply[:1] == b"E":
             raise Empty
-        return loads(reply[1:])
+        return loads(memoryview(reply)[1:])
 
     def put_nowait(self, obj: Any) -> None:
         self.put(obj, False)

@@ -106,7 +106,7 @@ class Registry:
             registrar.current_plugin = None
             for name, cls in registrar._by_name.items():
                 if registrar._canonical[name] == name:
-                    config.register_backend_options(name, cls.options)
+                    config.register_backend_options(cls.settings_section(), cls.options)
             self._registrar = registrar
             return registrar
 
@@ -183,4 +183,4 @@ def selected_backend_name(explicit: str | None = None) -> str:
 
 def create_backend(name: str, run_id: str) -> Backend:
     cls = registry.get_class(name)
-    return cls(config.backend_settings(cls.name), run_id)
+    return cls(config.backend_settings(cls.settings_section()), run_id)

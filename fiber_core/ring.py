@@ -33,12 +33,13 @@ class RingError(FiberError):
 
 
 def _member(rank: int, size: int, func: Callable, initializer: Callable | None, initargs: tuple,
-            rendezvous: Queue, hub: str) -> None:
+            rendezvous: Queue) -> None:
     from fiber_core.connection import resolve_main
     from fiber_core.managers import _reachable_host
+    from fiber_core.runtime import ENV_HUB
 
     if rank == 0:
-        host = _reachable_host(hub)
+        host = _reachable_host(os.environ[ENV_HUB])
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
@@ -78,16 +79,13 @@ class Ring:
         self.members: list[Process] = []
 
     def start(self) -> None:
-        from fiber_core.runtime import runtime
-
         if self.members:
             raise AssertionError("a Ring can be started once")
         rendezvous = Queue()
-        hub = runtime().hub.addresses
         for rank in range(self.size):
             p = Process(target=_member, name=f"Ring-{rank}", backend=self._backend,
                         args=(rank, self.size, self._func, self._initializer, self._initargs,
-                              rendezvous, hub), **self._resources)
+                              rendezvous), **self._resources)
             p.start()
             self.members.append(p)
 

@@ -49,21 +49,39 @@ class Hub:
         self._prefixes: dict[str, Route] = {}
         self._lock = threading.Lock()
         self._closed = False
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._tcp = socket.socket(family, socket.SOCK_STREAM)
-        self._tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._tcp.bind((host, port))
-        self._tcp.listen(512)
-        bound = self._tcp.getsockname()
+        self._port = port
+        self._tcp: dict[str, str] = {}  # listen host -> "tcp:host:port"
+        self._listeners: list[socket.socket] = []
         self._unix_path = os.path.join(rundir, "hub.sock")
-        self._unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._unix.bind(self._unix_path)
-        self._unix.listen(512)
-        shown = f"[{host}]" if ":" in host else host
-        self.addresses = f"unix:{self._unix_path},tcp:{shown}:{bound[1]}"
-        for lsock in (self._unix, self._tcp):
-            threading.Thread(target=self._accept_loop, args=(lsock,), daemon=True,
-                             name="fiber-hub-accept").start()
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(self._unix_path)
+        unix.listen(512)
+        self._listen(unix)
+        self.addresses = self.addresses_for(host)
+
+    def _listen(self, lsock: socket.socket) -> None:
+        self._listeners.append(lsock)
+        threading.Thread(target=self._accept_loop, args=(lsock,), daemon=True,
+                         name="fiber-hub-accept").start()
+
+    def addresses_for(self, host: str) -> str:
+        """The addresses a job that reaches this process through ``host`` dials.
+
+        Jobs of different backends may reach this process on different interfaces
+        (loopback for local and Docker, a VPC address for Batch): the hub listens
+        on each host it is asked for, all routing to the same targets.
+        """
+        with self._lock:
+            if host not in self._tcp:
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                tcp = socket.socket(family, socket.SOCK_STREAM)
+                tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                tcp.bind((host, self._port if not self._tcp else 0))
+                tcp.listen(512)
+                shown = f"[{host}]" if ":" in host else host
+                self._tcp[host] = f"tcp:{shown}:{tcp.getsockname()[1]}"
+                self._listen(tcp)
+            return f"unix:{self._unix_path},{self._tcp[host]}"
 
     def register(self, target: str, route: Route) -> None:
         with self._lock:
@@ -121,7 +139,7 @@ class Hub:
 
     def close(self) -> None:
         self._closed = True
-        for lsock in (self._tcp, self._unix):
+        for lsock in self._listeners:
             try:
                 lsock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -183,6 +201,12 @@ class Runtime:
                 self._hub = Hub(self.authkey, host, config.get("listen_port"), self.rundir)
             return self._hub
 
+    def addresses_for(self, backend: Backend) -> str:
+        """This process's addresses as seen by jobs of ``backend``."""
+        from fiber_core.config import config
+
+        return self.hub.addresses_for(config.get("listen_host") or backend.get_listen_addr())
+
     def next_identity(self) -> int:
         with self._lock:
             self.counter += 1
@@ -208,6 +232,30 @@ class Runtime:
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
+_sending = threading.local()
+
+
+class sending_to:  # noqa: N801 - used as a context manager
+    """While objects are pickled for a job, the addresses that job reaches this process at.
+
+    Queues and Pipe ends owned by this process put these addresses in their pickle,
+    so a job of any backend can dial back.
+    """
+
+    def __init__(self, addresses: str) -> None:
+        self.addresses = addresses
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_sending, "addresses", None)
+        _sending.addresses = self.addresses
+
+    def __exit__(self, *exc: object) -> None:
+        _sending.addresses = self.previous
+
+
+def outgoing_addresses(default: str) -> str:
+    """The addresses to embed when pickling an object this process serves (see sending_to)."""
+    return getattr(_sending, "addresses", None) or default
 
 
 def runtime() -> Runtime:

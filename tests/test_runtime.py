@@ -17,6 +17,7 @@ import pytest
 import fiber_core
 from fiber_core.connection import _MAGIC, dial
 from fiber_core.errors import AuthenticationError
+from fiber_core.local import LocalBackend
 from fiber_core.runtime import runtime
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
@@ -167,3 +168,45 @@ def test_the_bait_is_live(bait: tuple[bytes, list[Path]]) -> None:
         if hasattr(f, "close"):
             f.close()
     assert all(p.exists() for p in paths)
+
+
+class _SecondLoopbackBackend(LocalBackend):
+    """Local jobs that reach their parent on 127.0.0.2, and over TCP only."""
+
+    name = "second-loopback"
+    specs: list = []
+
+    def get_listen_addr(self) -> str:
+        return "127.0.0.2"
+
+    def create_job(self, spec):  # noqa: ANN001, ANN201
+        hub = spec.env["FIBER_PARENT_HUB"]
+        spec.env["FIBER_PARENT_HUB"] = ",".join(a for a in hub.split(",") if a.startswith("tcp:"))
+        self.specs.append(spec)
+        return super().create_job(spec)
+
+
+class _SecondLoopbackPlugin:
+    @fiber_core.hookimpl
+    def fiber_register_backends(self, register) -> None:  # noqa: ANN001
+        register(_SecondLoopbackBackend)
+
+
+def _echo_through(q_in, q_out) -> None:  # noqa: ANN001
+    q_out.put(q_in.get(timeout=30) + 1)
+
+
+def test_each_backend_gets_its_own_listen_address() -> None:
+    from fiber_core.registry import registry
+
+    if not registry.pm.has_plugin("second-loopback"):
+        registry.register_plugin(_SecondLoopbackPlugin(), name="second-loopback")
+    q_in, q_out = fiber_core.Queue(), fiber_core.Queue()
+    q_in.put(41)
+    p = fiber_core.Process(target=_echo_through, args=(q_in, q_out), backend="second-loopback")
+    p.start()
+    # The job was told 127.0.0.2, and the queues it carries dial back there, over TCP.
+    assert q_out.get(timeout=30) == 42
+    p.join(30)
+    assert p.exitcode == 0
+    assert "tcp:127.0.0.2:" in _SecondLoopbackBackend.specs[-1].env["FIBER_PARENT_HUB"]

@@ -9,6 +9,17 @@ A backend plugin proves itself with::
         python = "python3"   # the interpreter inside the jobs
 """
 
-from fiber_core.testing.conformance import BackendConformance
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["BackendConformance"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on demand: jobs import fiber_core.testing.targets without pytest.
+    if name == "BackendConformance":
+        from fiber_core.testing.conformance import BackendConformance
+
+        return BackendConformance
+    raise AttributeError(name)

@@ -21,6 +21,7 @@ import pytest
 
 from fiber_core.backend import Backend, Job, JobSpec
 from fiber_core.registry import create_backend, registry
+from fiber_core.testing.targets import put_square
 
 
 class BackendConformance:
@@ -176,7 +177,7 @@ class BackendConformance:
         import fiber_core
 
         q = fiber_core.Queue()
-        p = fiber_core.Process(target=_put_square, args=(q, 12), backend=self.backend_name)
+        p = fiber_core.Process(target=put_square, args=(q, 12), backend=self.backend_name)
         p.start()
         try:
             assert q.get(timeout=self.start_timeout) == 144
@@ -187,6 +188,3 @@ class BackendConformance:
                 p.kill()
                 p.join(self.start_timeout)
 
-
-def _put_square(q, x):  # noqa: ANN001
-    q.put(x * x)
