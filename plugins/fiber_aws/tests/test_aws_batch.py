@@ -1,0 +1,603 @@
+"""fiber-aws against moto, a real AWS emulator served over HTTP on 127.0.0.1.
+
+Nothing here is mocked: boto3 talks HTTP to ``moto_server`` (started by
+``scripts/services/moto.sh``), and moto runs every Batch job as a real container
+on the project's private dockerd (``scripts/services/docker.sh``) with host
+networking, so the jobs reach this process on 127.0.0.1 and a fiber Process or
+Pool of Batch jobs really computes. The test VPC is 127.0.0.0/16: as moto runs
+them, the jobs' network is this machine's loopback.
+
+Start the services first: ``bash scripts/test-services.sh up docker moto``.
+
+Where moto cannot report what AWS Batch would, the test is overridden with the
+reason (see ``MOTO_KILLS``), and the fact is read from the container instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import docker
+import fiber_core
+import pytest
+from fiber_core.backend import Backend, Job, JobSpec
+from fiber_core.config import config
+from fiber_core.errors import BackendError, ConfigError
+from fiber_core.registry import create_backend, registry
+from fiber_core.testing import BackendConformance
+
+from fiber_aws.backend import AwsBatchBackend
+
+SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
+REGION = "us-east-1"
+IMAGE = "fiber-test:latest"
+CPU_QUEUE = "fiber-cpu"
+GPU_QUEUES = {"a10g": ("fiber-gpu-a10g", "g5.xlarge"), "t4": ("fiber-gpu-t4", "g4dn.xlarge")}
+FAR_QUEUE = "fiber-far"  # its compute environment is in a VPC this machine is not part of
+WAIT = 120.0  # bound of every wait on a job
+MOTO_KILLS = (
+    "moto stops a terminated Batch job with `docker kill` (SIGKILL, exit status 137) at once, "
+    "where AWS Batch sends SIGTERM first (ECS StopTask, then SIGKILL after the stop timeout): "
+    "the job reports -9 instead of -15. test_terminate_as_moto_reports checks what moto does."
+)
+
+_docker: docker.DockerClient | None = None
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def _moto_api(endpoint: str, path: str, body: dict | None = None) -> None:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    data = json.dumps(body).encode() if body is not None else None
+    opener.open(urllib.request.Request(endpoint + path, data=data, method="POST"), timeout=10).read()
+
+
+def _ensure_infrastructure(endpoint: str) -> None:
+    """Compute environments and job queues in moto: one CPU queue, one queue per GPU type."""
+    kw = {"region_name": REGION, "endpoint_url": endpoint}
+    iam, ec2, batch = boto3.client("iam", **kw), boto3.client("ec2", **kw), boto3.client("batch", **kw)
+    try:
+        role = iam.get_role(RoleName="fiber-batch-service")["Role"]
+    except iam.exceptions.NoSuchEntityException:
+        role = iam.create_role(RoleName="fiber-batch-service", AssumeRolePolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                    "Principal": {"Service": "batch.amazonaws.com"}}]}))["Role"]
+    try:
+        profile = iam.get_instance_profile(InstanceProfileName="fiber-ecs-instance")["InstanceProfile"]
+    except iam.exceptions.NoSuchEntityException:
+        profile = iam.create_instance_profile(InstanceProfileName="fiber-ecs-instance")["InstanceProfile"]
+
+    def network(name: str, cidr: str) -> tuple[str, str]:
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [name]}])["Vpcs"]
+        if vpcs:
+            vpc = vpcs[0]["VpcId"]
+            subnet = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"][0]["SubnetId"]
+            sg = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                       {"Name": "group-name", "Values": [name]}])
+            return subnet, sg["SecurityGroups"][0]["GroupId"]
+        vpc = ec2.create_vpc(CidrBlock=cidr, TagSpecifications=[
+            {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": name}]}])["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=cidr.replace("/16", "/24"))["Subnet"]["SubnetId"]
+        sg = ec2.create_security_group(GroupName=name, Description="fiber jobs", VpcId=vpc)["GroupId"]
+        return subnet, sg
+
+    here = network("fiber-loopback", "127.0.0.0/16")
+    far = network("fiber-far", "10.77.0.0/16")
+    wanted = {CPU_QUEUE: (["m5.large"], here), FAR_QUEUE: (["m5.large"], far)}
+    wanted.update({q: ([itype], here) for q, itype in GPU_QUEUES.values()})
+    existing = {q["jobQueueName"] for q in batch.describe_job_queues()["jobQueues"]}
+    for queue, (types, (subnet, sg)) in wanted.items():
+        if queue in existing:
+            continue
+        ce = batch.create_compute_environment(
+            computeEnvironmentName=f"{queue}-ce", type="MANAGED", state="ENABLED", serviceRole=role["Arn"],
+            computeResources={"type": "EC2", "minvCpus": 0, "maxvCpus": 64, "instanceTypes": types,
+                              "subnets": [subnet], "securityGroupIds": [sg],
+                              "instanceRole": profile["Arn"]})
+        batch.create_job_queue(jobQueueName=queue, state="ENABLED", priority=1,
+                               computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def moto() -> Iterator[str]:
+    """The moto endpoint, with this module's environment: fake credentials, [aws] settings."""
+    global _docker
+    env = _read_env(SERVICES / "moto" / "env")
+    if "FIBER_MOTO_ENDPOINT" not in env:
+        pytest.fail(f"moto is not running ({SERVICES}/moto/env is missing): "
+                    "bash scripts/test-services.sh up docker moto")
+    endpoint = env["FIBER_MOTO_ENDPOINT"]
+    _docker = docker.DockerClient(base_url=env["DOCKER_HOST"], timeout=60)
+    try:
+        _docker.ping()
+        _docker.images.get(IMAGE)
+    except docker.errors.DockerException as e:
+        pytest.fail(f"the private dockerd at {env['DOCKER_HOST']} has no {IMAGE} ({e}): "
+                    "bash scripts/test-services.sh up docker")
+    mp = pytest.MonkeyPatch()
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "FIBER_LISTEN_HOST", "FIBER_BACKEND"):
+        mp.delenv(var, raising=False)
+    no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1,localhost"]))
+    for key, value in {
+        # boto3's standard chain finds these; nothing may ask an instance metadata service.
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+        "NO_PROXY": no_proxy, "no_proxy": no_proxy,
+        "FIBER_AWS_ENDPOINT_URL": endpoint, "FIBER_AWS_REGION": REGION,
+        "FIBER_AWS_QUEUE": CPU_QUEUE, "FIBER_AWS_IMAGE": IMAGE, "FIBER_AWS_POLL_INTERVAL": "0.2",
+        "FIBER_AWS_GPU_QUEUES": ",".join(f"{t}:{q}" for t, (q, _) in GPU_QUEUES.items()),
+    }.items():
+        mp.setenv(key, value)
+    _ensure_infrastructure(endpoint)
+    yield endpoint
+    mp.undo()
+
+
+@pytest.fixture
+def batch(moto: str):  # noqa: ANN201 - a boto3 client
+    return boto3.client("batch", region_name=REGION, endpoint_url=moto)
+
+
+@pytest.fixture
+def aws() -> Iterator[AwsBatchBackend]:
+    b = AwsBatchBackend(None, "t" + secrets.token_hex(4))
+    try:
+        yield b
+    finally:
+        b.cleanup()
+
+
+def container_of(backend: AwsBatchBackend, job: Job):  # noqa: ANN201 - a docker Container
+    """The container moto runs for ``job`` (it names it JOBNAME-JOBID), or None before it exists."""
+    try:
+        return _docker.containers.get(f"{backend.state(job).job_name}-{job.id}")
+    except docker.errors.NotFound:
+        return None
+
+
+def wait_output(backend: AwsBatchBackend, job: Job, marker: str) -> None:
+    """Wait until the job's container has printed ``marker``.
+
+    moto copies a job's output to CloudWatch Logs only when its container exits, so a
+    running job's output is read from the container itself, on the private dockerd.
+    """
+    deadline = time.monotonic() + WAIT
+    while True:
+        c = container_of(backend, job)
+        try:
+            if c is not None and marker in c.logs().decode(errors="replace"):
+                return
+        except docker.errors.NotFound:
+            pass
+        assert backend.poll_job(job) is None, backend.get_job_logs(job)
+        assert time.monotonic() < deadline, "job did not start in time"
+        time.sleep(0.05)
+
+
+def describe(batch, job_id: str) -> dict:  # noqa: ANN001
+    return batch.describe_jobs(jobs=[job_id])["jobs"][0]
+
+
+def wait_batch_status(batch, job_id: str, statuses: tuple[str, ...]) -> dict:  # noqa: ANN001
+    """Wait until Batch reports one of ``statuses`` for the job (seen from outside fiber)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        d = describe(batch, job_id)
+        if d["status"] in statuses:
+            return d
+        assert time.monotonic() < deadline, f"job {job_id} stayed {d['status']}"
+        time.sleep(0.1)
+
+
+def sleeper(name: str = "sleeper") -> JobSpec:
+    return JobSpec(command=["python3", "-c", "import time; print('up', flush=True); time.sleep(300)"],
+                   name=name)
+
+
+# -- the shared conformance suite ------------------------------------------------------
+
+
+class TestAwsBatch(BackendConformance):
+    backend_name = "aws-batch"
+    python = "python3"
+    start_timeout = WAIT
+
+    def wait_running(self, backend: Backend, job: Job, marker: str) -> None:
+        wait_output(backend, job, marker)  # type: ignore[arg-type]
+
+    @pytest.mark.xfail(strict=True, reason=MOTO_KILLS)
+    def test_terminate(self, backend: Backend) -> None:
+        super().test_terminate(backend)
+
+    def test_fiber_process_roundtrip(self, backend: Backend) -> None:
+        # The suite's target lives in fiber_core.testing.conformance, which imports pytest:
+        # the job image (fiber-test) has no pytest, so the job cannot unpickle it. The same
+        # round trip, with a target that cloudpickle sends by value.
+        def put_square(q, x) -> None:  # noqa: ANN001
+            q.put(x * x)
+
+        q = fiber_core.Queue()
+        p = fiber_core.Process(target=put_square, args=(q, 12), backend=self.backend_name)
+        p.start()
+        try:
+            assert q.get(timeout=self.start_timeout) == 144
+            p.join(self.start_timeout)
+            assert p.exitcode == 0
+        finally:
+            if p.is_alive():
+                p.kill()
+                p.join(self.start_timeout)
+
+    def test_terminate_as_moto_reports(self, backend: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+        job = backend.start_job(sleeper())
+        self.wait_running(backend, job, "up")
+        backend.terminate_job(job)
+        assert self.wait(backend, job) == -signal.SIGKILL  # moto: docker kill, exit status 137
+        d = describe(batch, job.id)
+        assert d["status"] == "FAILED"
+        assert d["statusReason"] == f"fiber: terminated by its parent (run {backend.run_id})"
+        assert "was terminated by fiber" in backend.get_job_logs(job)
+
+    def test_jobs_run_with_host_network_only(self, backend: AwsBatchBackend) -> None:
+        job = backend.start_job(sleeper())
+        self.wait_running(backend, job, "up")
+        attrs = container_of(backend, job).attrs
+        assert attrs["HostConfig"]["NetworkMode"] == "host"
+        assert list(attrs["NetworkSettings"]["Networks"]) == ["host"]
+        backend.terminate_job(job)
+
+    def test_one_poller_and_batched_describe_jobs(self, backend: AwsBatchBackend) -> None:
+        calls: list[tuple[str, list[str]]] = []
+
+        def record(params: dict, **_: object) -> None:
+            calls.append((threading.current_thread().name, list(params.get("jobs", []))))
+
+        backend.batch.meta.events.register("before-parameter-build.batch.DescribeJobs", record)
+        backend.describe_batch = 2  # AWS takes 100 ids a call; 2 shows the batching with 5 jobs
+        jobs = [backend.start_job(sleeper(f"batched-{i}")) for i in range(5)]
+        for job in jobs:
+            self.wait_running(backend, job, "up")
+        for _ in range(200):
+            assert all(backend.poll_job(job) is None for job in jobs)
+        pollers = [t for t in threading.enumerate() if t.name == f"fiber-aws-poller-{backend.run_id}"]
+        assert len(pollers) == 1
+        seen = list(calls)
+        assert seen and all(name == pollers[0].name for name, _ in seen)
+        assert all(1 <= len(ids) <= 2 for _, ids in seen)
+        assert {job.id for job in jobs} <= {i for _, ids in seen for i in ids}
+        backend.cleanup()
+        for job in jobs:
+            assert backend.wait_for_job(job, WAIT) is not None
+
+
+# -- hardware routing --------------------------------------------------------------------
+
+
+def _requirements(batch, job_id: str) -> tuple[dict, dict[str, str]]:  # noqa: ANN001
+    d = describe(batch, job_id)
+    jd = batch.describe_job_definitions(jobDefinitions=[d["jobDefinition"]])["jobDefinitions"][0]
+    return d, {r["type"]: r["value"] for r in jd["containerProperties"]["resourceRequirements"]}
+
+
+def test_gpu_process_runs_on_the_queue_of_its_gpu_type(batch) -> None:  # noqa: ANN001
+    @fiber_core.meta(gpu=1, gpu_type="a10g", memory=1024)
+    def on_gpu(q) -> None:  # noqa: ANN001
+        import os
+
+        q.put(os.environ["AWS_BATCH_JOB_ID"])
+
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=on_gpu, args=(q,), backend="aws-batch")
+    p.start()
+    try:
+        assert q.get(timeout=WAIT) == p.job.id  # it ran, as that Batch job
+        p.join(WAIT)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+    d, reqs = _requirements(batch, p.job.id)
+    assert d["jobQueue"].endswith(f":job-queue/{GPU_QUEUES['a10g'][0]}")
+    assert reqs == {"VCPU": "1", "MEMORY": "1024", "GPU": "1"}
+
+
+def test_gpu_type_routes_and_cpu_jobs_use_the_default_queue(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+    gpu = aws.start_job(JobSpec(command=["python3", "-c", "pass"], name="g", gpu=2, gpu_type="T4", cpu=4))
+    cpu = aws.start_job(JobSpec(command=["python3", "-c", "pass"], name="c", cpu=1.5, memory=512))
+    assert aws.wait_for_job(gpu, WAIT) == 0
+    assert aws.wait_for_job(cpu, WAIT) == 0
+    d, reqs = _requirements(batch, gpu.id)
+    assert d["jobQueue"].endswith(f":job-queue/{GPU_QUEUES['t4'][0]}")
+    assert reqs == {"VCPU": "4", "MEMORY": "2048", "GPU": "2"}
+    d, reqs = _requirements(batch, cpu.id)
+    assert d["jobQueue"].endswith(f":job-queue/{CPU_QUEUE}")
+    assert reqs == {"VCPU": "2", "MEMORY": "512"}
+
+
+def test_job_definitions_are_registered_once_and_reused(aws: AwsBatchBackend) -> None:
+    a = aws.job_definition(IMAGE, 3, 3000, 0)
+    assert aws.job_definition(IMAGE, 3, 3000, 0) == a
+    assert aws.job_definition(IMAGE, 3, 3000, 1) != a
+    other = AwsBatchBackend(None, "t" + secrets.token_hex(4))  # a later run finds it
+    assert other.job_definition(IMAGE, 3, 3000, 0) == a
+    props = aws.batch.describe_job_definitions(jobDefinitions=[a])["jobDefinitions"][0]["containerProperties"]
+    assert props["image"] == IMAGE
+    assert props["linuxParameters"] == {"initProcessEnabled": True}
+
+
+PROGRAM = textwrap.dedent("""
+    import fiber_core as multiprocessing
+    from fiber_core.runtime import runtime
+
+
+    def simulate(seed):
+        return seed * seed
+
+
+    def train(batch):
+        return sum(batch)
+
+
+    if __name__ == "__main__":
+        with multiprocessing.Pool(2) as workers:
+            results = workers.map(simulate, range(10))
+        with multiprocessing.Pool(1, gpu=1, gpu_type="a10g") as learner:
+            print(runtime().run_id, learner.apply(train, (results,)), flush=True)
+""")
+
+
+def test_program_runs_cpu_and_gpu_pools_on_their_queues(batch, tmp_path: Path) -> None:  # noqa: ANN001
+    # An unchanged multiprocessing program, FIBER_BACKEND=aws-batch: its listen address
+    # comes from the jobs' VPC (127.0.0.0/16 here), its pools' workers are Batch jobs.
+    (tmp_path / "app.py").write_text(PROGRAM)
+    out = subprocess.run([sys.executable, "app.py"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=2 * WAIT, env={**os.environ, "FIBER_BACKEND": "aws-batch"})
+    assert out.returncode == 0, out.stderr
+    run_id, total = out.stdout.split()
+    assert int(total) == sum(i * i for i in range(10))
+    for queue, n in ((CPU_QUEUE, 2), (GPU_QUEUES["a10g"][0], 1)):
+        jobs = batch.list_jobs(jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [f"fiber-{run_id}-*"]}])
+        assert len(jobs["jobSummaryList"]) >= n, queue
+
+
+# -- failures that Batch reports, and fiber's own ---------------------------------------
+
+
+def test_job_terminated_by_someone_else_reports_batch_reason(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+    job = aws.start_job(sleeper())
+    wait_output(aws, job, "up")
+    batch.terminate_job(jobId=job.id, reason="drained by operator for maintenance")
+    assert aws.wait_for_job(job, WAIT) not in (None, 0)
+    logs = aws.get_job_logs(job)
+    assert "FAILED: drained by operator for maintenance" in logs
+    assert "up" in logs.splitlines()  # and the job's own output, from CloudWatch Logs
+
+
+def test_image_without_python_fails_with_advice(aws: AwsBatchBackend) -> None:
+    job = aws.start_job(JobSpec(command=["python3", "-c", "pass"], name="nopy",
+                                image="fiber-test-nopython:latest"))
+    try:
+        assert aws.wait_for_job(job, WAIT) == 1
+        logs = aws.get_job_logs(job)
+        assert "FAILED before its container ran" in logs
+        assert "check that the image exists" in logs
+    finally:
+        c = container_of(aws, job)  # moto leaves a container that could not start
+        if c is not None:
+            c.remove(force=True)
+
+
+def test_job_stuck_before_running_is_failed_with_advice(moto: str, batch) -> None:  # noqa: ANN001
+    # moto has no capacity model: its state manager holds the job before it starts (in
+    # SUBMITTED; real Batch would hold it in RUNNABLE). runnable_timeout counts both.
+    _moto_api(moto, "/moto-api/state-manager/set-transition",
+              {"model_name": "batch::job", "transition": {"progression": "manual", "times": 2}})
+    b = AwsBatchBackend({"runnable_timeout": 1}, "t" + secrets.token_hex(4))
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", "pass"], name="stuck", gpu=1, gpu_type="a10g"))
+        assert b.wait_for_job(job, WAIT) == 1
+        logs = b.get_job_logs(job)
+        assert "without starting: its compute environments have no capacity" in logs
+        assert f"on queue {GPU_QUEUES['a10g'][0]}" in logs
+        assert "runnable_timeout" in logs
+        assert describe(batch, job.id)["statusReason"].startswith("fiber: no capacity within runnable_timeout=1s")
+    finally:
+        _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
+        b.cleanup()
+    wait_batch_status(batch, job.id, ("FAILED",))  # the terminated job never runs its command
+
+
+# -- parent exit and leftovers ---------------------------------------------------------------
+
+
+PARENT = textwrap.dedent("""
+    import sys
+    from fiber_core.backend import JobSpec
+    from fiber_core.runtime import runtime
+
+    backend = runtime().get_backend("aws-batch")
+    job = backend.start_job(JobSpec(
+        command=["python3", "-c", "import time; print('up', flush=True); time.sleep(300)"],
+        name="left-running"))
+    print(job.id, backend.state(job).job_name, flush=True)
+    sys.stdin.readline()  # the test says when to exit; fiber's exit handler cleans up
+""")
+
+
+def test_parent_exit_terminates_its_unfinished_jobs(batch) -> None:  # noqa: ANN001
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        job_id, job_name = parent.stdout.readline().split()
+        deadline = time.monotonic() + WAIT
+        while True:  # the job's container runs and has printed its marker
+            try:
+                if "up" in _docker.containers.get(f"{job_name}-{job_id}").logs().decode():
+                    break
+            except docker.errors.NotFound:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        parent.stdin.close()
+        assert parent.wait(WAIT) == 0
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    d = wait_batch_status(batch, job_id, ("FAILED", "SUCCEEDED"))
+    assert d["status"] == "FAILED"
+    assert d["statusReason"].startswith("fiber: the parent process exited")
+
+
+def test_fiber_clean_terminates_a_crashed_runs_jobs(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+    job = aws.start_job(sleeper())
+    wait_output(aws, job, "up")
+    removed = AwsBatchBackend.clean({}, aws.run_id)
+    assert removed == [f"AWS Batch job {job.id} ({aws.state(job).job_name}, queue {CPU_QUEUE})"]
+    assert aws.wait_for_job(job, WAIT) is not None
+    assert describe(batch, job.id)["statusReason"] == "fiber clean: left behind by a crashed run"
+
+
+# -- where the parent listens -------------------------------------------------------------
+
+
+def test_listen_address_is_this_machines_address_in_the_jobs_vpc(aws: AwsBatchBackend) -> None:
+    assert [str(n) for n in aws.job_networks()] == ["127.0.0.0/16"]
+    assert aws.get_listen_addr() == "127.0.0.1"
+
+
+def test_listen_address_outside_the_jobs_vpc_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_AWS_QUEUE", FAR_QUEUE)
+    monkeypatch.setenv("FIBER_AWS_GPU_QUEUES", "")
+    b = AwsBatchBackend(None, "t")
+    with pytest.raises(BackendError, match=r"no address in the VPC .*10\.77\.0\.0/16.*listen_host"):
+        b.get_listen_addr()
+    monkeypatch.setenv("FIBER_LISTEN_HOST", "127.0.0.7")
+    assert b.get_listen_addr() == "127.0.0.7"
+
+
+# -- registration and bad configuration ----------------------------------------------------
+
+
+def test_plugin_installed_and_registered() -> None:
+    assert registry.get_class("aws-batch") is AwsBatchBackend
+    assert registry.get_class("aws") is AwsBatchBackend
+    info = {i.name: i for i in registry.backends()}["aws-batch"]
+    assert info.package == "fiber-aws" and info.aliases == ("aws",)
+    assert config.lookup("queue", "aws").value == CPU_QUEUE
+    assert create_backend("aws", "r").settings["queue"] == CPU_QUEUE
+
+
+def test_no_queue_for_the_gpu_type_lists_the_configured_ones() -> None:
+    @fiber_core.meta(gpu=1, gpu_type="h100")
+    def f() -> None:
+        pass
+
+    with pytest.raises(BackendError) as e:
+        fiber_core.Process(target=f, backend="aws-batch").start()
+    assert "no job queue for GPU type 'h100'" in str(e.value)
+    assert "a10g -> fiber-gpu-a10g, t4 -> fiber-gpu-t4" in str(e.value)
+    assert "gpu_queues" in str(e.value)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (JobSpec(command=["true"], gpu=1), "without a GPU type"),
+    (JobSpec(command=["true"], gpu=-1), "AWS Batch needs a count"),
+])
+def test_gpu_requests_batch_cannot_route(aws: AwsBatchBackend, spec: JobSpec, message: str) -> None:
+    with pytest.raises(BackendError, match=message):
+        aws.start_job(spec)
+
+
+def test_missing_cpu_queue_and_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FIBER_AWS_QUEUE")
+    with pytest.raises(BackendError, match=r"no job queue for CPU jobs.*FIBER_AWS_QUEUE"):
+        AwsBatchBackend(None, "t").start_job(JobSpec(command=["true"]))
+    monkeypatch.delenv("FIBER_AWS_IMAGE")
+    with pytest.raises(BackendError, match=r"no container image.*FIBER_AWS_IMAGE"):
+        AwsBatchBackend(None, "t").start_job(JobSpec(command=["true"], gpu_type="a10g"))
+
+
+def test_unknown_queue_is_reported_with_what_to_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_AWS_QUEUE", "no-such-queue")
+    with pytest.raises(BackendError, match=r"did not accept .* on queue 'no-such-queue'.*check that job queue"):
+        AwsBatchBackend(None, "t").start_job(JobSpec(command=["true"]))
+
+
+def test_missing_credentials_or_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FIBER_AWS_REGION")
+    with pytest.raises(BackendError, match=r"no AWS region.*FIBER_AWS_REGION"):
+        AwsBatchBackend(None, "t")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(BackendError, match=r"no AWS credentials found.*standard chain"):
+        AwsBatchBackend(None, "t")
+
+
+def test_credentials_in_fiber_configuration_are_refused(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    monkeypatch.setenv("FIBER_AWS_SECRET_ACCESS_KEY", "x")
+    with pytest.raises(ConfigError, match=r"refusing AWS credentials.*FIBER_AWS_SECRET_ACCESS_KEY.*boto3 chain"):
+        AwsBatchBackend(None, "t")
+    monkeypatch.delenv("FIBER_AWS_SECRET_ACCESS_KEY")
+    (tmp_path / ".fiberconfig").write_text("[aws]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n")
+    monkeypatch.chdir(tmp_path)
+    config.reset()
+    with pytest.raises(ConfigError, match=r"aws_access_key_id in \[aws\]"):
+        AwsBatchBackend(None, "t")
+    (tmp_path / ".fiberconfig").write_text("[aws]\nextra_env = A=1,AWS_SECRET_ACCESS_KEY=x\n")
+    config.reset()
+    with pytest.raises(ConfigError, match=r"AWS_SECRET_ACCESS_KEY in \[aws\] extra_env.*job_role"):
+        AwsBatchBackend(None, "t")
+    (tmp_path / ".fiberconfig").unlink()
+    config.reset()
+
+
+def test_bad_gpu_queues_entry() -> None:
+    with pytest.raises(ConfigError, match=r"bad gpu_queues entry 'a10g'.*GPU_TYPE:QUEUE"):
+        AwsBatchBackend({"gpu_queues": "a10g"}, "t")
+
+
+def test_extra_env_reaches_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_AWS_EXTRA_ENV", "FIBER_TEST_A=1,FIBER_TEST_B=two")
+    b = AwsBatchBackend(None, "t" + secrets.token_hex(4))
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", "import os, sys; "
+                                           "sys.exit(0 if os.environ['FIBER_TEST_B'] == 'two' else 3)"]))
+        assert b.wait_for_job(job, WAIT) == 0
+    finally:
+        b.cleanup()
+
+
+def test_working_directory_and_volumes(aws: AwsBatchBackend, tmp_path: Path) -> None:
+    token = secrets.token_hex(8)
+    (tmp_path / "token").write_text(token)
+    job = aws.start_job(JobSpec(
+        command=["python3", "-c", f"import os, sys; sys.exit(0 if os.getcwd() == '/data' and "
+                                  f"open('token').read() == {token!r} else 5)"],
+        name="mounted", cwd="/data", volumes={str(tmp_path): "/data"}))
+    assert aws.wait_for_job(job, WAIT) == 0, aws.get_job_logs(job)
+    with pytest.raises(BackendError, match="mounts host paths only"):
+        aws.start_job(JobSpec(command=["true"], volumes={"named-volume": "/data"}))
