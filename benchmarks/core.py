@@ -21,13 +21,13 @@ measured:
 
 Usage::
 
-    python benchmarks/core.py            # about 2 minutes
+    python benchmarks/core.py            # about 1-2 minutes
     python benchmarks/core.py --quick    # smoke run, under 20 s
     python benchmarks/core.py --pin 0    # every process on CPU 0
 
 The fiber side uses the configured backend (``FIBER_BACKEND``, default
 ``local``). Only stdlib modules are imported at the top of this file, because
-spawned ``multiprocessing`` children import it again (as ``__mp_main__``).
+the children of both libraries import it again (as ``__mp_main__``).
 """
 
 from __future__ import annotations
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         reps = {"start": 3, "pipe": 3, "queue": 3}
         n_rtt, n_small, n_big = 300, 3000, 30
     else:
-        reps = {"start": 15, "pipe": 9, "queue": 7}
+        reps = {"start": 21, "pipe": 11, "queue": 9}
         n_rtt, n_small, n_big = 2000, 20000, 150
     if args.reps is not None:
         reps = dict.fromkeys(reps, args.reps)
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             step()
             print(f"{name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
-    command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    command = shlex.join(["python", *sys.argv])
     report(results, command, time.perf_counter() - started, reps)
     return 0
 
