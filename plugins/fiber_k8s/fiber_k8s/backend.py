@@ -1,0 +1,752 @@
+"""The ``kubernetes`` backend: every Fiber job is one pod.
+
+How a job starts on Kubernetes, whole: :meth:`KubernetesBackend.create_job` builds the pod
+(:func:`build_pod`: ``restartPolicy: Never``, the worker command under a small ``sh`` that
+passes SIGTERM on, resources, GPU and node selector, labels ``fiber.run``/``fiber.parent``,
+an ownerReference to the parent's own pod) and creates it. One watch per backend (label
+selector ``fiber.run=<run>,fiber.parent=<this process>``) keeps the state of every pod of the
+run, so :meth:`~KubernetesBackend.poll_job` never calls the API. Terminating deletes the pod
+(with a grace period; kill: grace 0); at exit every pod this process created is deleted.
+
+A pod that cannot start fails its job instead of waiting forever: an image that cannot be
+pulled (``ErrImagePull``...) at once, a pod that no node can take after ``schedule_timeout``.
+Either way the job's exit code is 1 and :meth:`~KubernetesBackend.get_job_logs` says why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fiber_core.backend import Backend, Job, JobSpec, Option, exitcode_from_status
+from fiber_core.config import config
+from fiber_core.errors import BackendError, ConfigError
+
+from fiber_k8s.cluster import Cluster, http_status, in_pod
+
+log = logging.getLogger("fiber")
+
+CONTAINER = "job"
+"""Name of the one container of a job's pod."""
+DEFAULT_GPU_LABEL = "nvidia.com/gpu.product"
+"""Node label matched against ``gpu_type`` (set by NVIDIA GPU feature discovery / GPU operator)."""
+FAILED_TO_START = 1
+"""Exit code of a job whose pod never ran (image not pulled, not schedulable)."""
+WATCH_SECONDS = 240
+"""Lifetime of one watch request; the watch is resumed from its last resourceVersion."""
+
+OPTIONS: tuple[Option, ...] = (
+    Option("kubeconfig", str, None, "kubeconfig file (default: the pod's service account, else $KUBECONFIG or ~/.kube/config)"),
+    Option("context", str, None, "kubeconfig context (default: its current context)"),
+    Option("namespace", str, None, "namespace of the pods (default: the parent pod's, else the kubeconfig context's, else default)"),
+    Option("image", str, None, "image of the pods (default: the global image setting, else the parent pod's image)"),
+    Option("image_pull_policy", str, None, "imagePullPolicy of the pods (default: Kubernetes' own)",
+           choices=("Always", "IfNotPresent", "Never")),
+    Option("image_pull_secrets", list, [], "names of Secrets to pull the image with"),
+    Option("service_account", str, None, "serviceAccountName of the job pods"),
+    Option("tolerations", list, [], "tolerations, as key[=value][:Effect] (key:Effect tolerates any value)"),
+    Option("node_selector", list, [], "node labels every pod requires, as key=value"),
+    Option("volumes", list, [], "mounts as SOURCE:PATH[:ro]; SOURCE is a PersistentVolumeClaim name, or a host path if it starts with /"),
+    Option("extra_env", list, [], "KEY=VALUE pairs set in every pod"),
+    Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs"),
+    Option("gpu_label", str, DEFAULT_GPU_LABEL, "node label that gpu_type must equal (GKE: cloud.google.com/gke-accelerator)"),
+    Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever)"),
+    Option("grace_period", int, 10, "seconds a terminated pod has between SIGTERM and SIGKILL"),
+    Option("api_timeout", float, 30.0, "seconds one Kubernetes API call may take before it is an error"),
+    Option("signal_shell", bool, True, "run the command under /bin/sh, which passes SIGTERM on (a PID 1 ignores it)"),
+    Option("registry", str, None, "registry that `fiber run --build` pushes the image to (e.g. ghcr.io/me)"),
+)
+
+_FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                  "CreateContainerConfigError", "CreateContainerError"}
+"""Reasons a container waits that need a fix, not time: its job fails at once."""
+
+# PID 1 of a container ignores signals it has no handler for, so SIGTERM would not end a
+# Python job until the grace period runs out. This shell runs the command as its child and
+# passes SIGTERM/SIGINT on (also one that came before the child started); it exits with the
+# child's status (143 when SIGTERM killed it). `n` counts signals: when one interrupted
+# `wait`, it waits again for the child's own status.
+SIGNAL_SHELL = ("n=0 p=\n"
+                "trap 'n=$((n+1)); [ -z \"$p\" ] || kill -TERM $p 2>/dev/null' TERM\n"
+                "trap 'n=$((n+1)); [ -z \"$p\" ] || kill -INT $p 2>/dev/null' INT\n"
+                '"$@" & p=$!\n'
+                "[ $n = 0 ] || kill -TERM $p 2>/dev/null\n"
+                "while m=$n; wait $p; s=$?; [ $m != $n ] && [ $s -gt 128 ]; do :; done\n"
+                "exit $s")
+
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_DNS_BAD = re.compile(r"[^a-z0-9-]+")
+_TOLERATION = re.compile(r"^(?P<key>[^=:]+)(?:=(?P<value>[^:]*))?(?::(?P<effect>NoSchedule|PreferNoSchedule|NoExecute))?$")
+
+
+# -- names, labels and the pod manifest -------------------------------------------------------
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value: [A-Za-z0-9_.-], alphanumeric at both ends, at most 63."""
+    value = _LABEL_VALUE_BAD.sub("_", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def pod_name(process_name: str, run_id: str) -> str:
+    """A unique DNS-1123 label from the process name and run id: ``process-1-2-<run>-<random>``."""
+    run = _DNS_BAD.sub("-", run_id.lower()).strip("-")[:20] or "run"
+    base = _DNS_BAD.sub("-", process_name.lower()).strip("-") or "fiber"
+    base = base[: 63 - len(run) - 8].strip("-")
+    return f"{base}-{run}-{secrets.token_hex(3)}"
+
+
+def quantity_cpu(cpu: float) -> str:
+    return str(int(cpu)) if float(cpu).is_integer() else f"{round(cpu * 1000)}m"
+
+
+def _pairs(items: list[str], what: str, sep: str = "=") -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, found, value = item.partition(sep)
+        if not found or not key.strip():
+            raise ConfigError(f"bad {what} entry {item!r}: expected KEY{sep}VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_tolerations(items: list[str]) -> list[dict[str, str]]:
+    """``key=value:Effect`` (Equal), ``key:Effect`` or ``key`` (Exists) as pod tolerations."""
+    out = []
+    for item in items:
+        m = _TOLERATION.match(item.strip())
+        if not m:
+            raise ConfigError(f"bad toleration {item!r}: expected key[=value][:NoSchedule|PreferNoSchedule|NoExecute]")
+        t = {"key": m["key"].strip(), "operator": "Equal" if m["value"] is not None else "Exists"}
+        if m["value"] is not None:
+            t["value"] = m["value"]
+        if m["effect"]:
+            t["effect"] = m["effect"]
+        out.append(t)
+    return out
+
+
+def parse_volumes(mounts: Mapping[str, str] | list[str]) -> tuple[list[dict], list[dict]]:
+    """Pod volumes and container mounts from ``SOURCE:PATH[:ro]`` strings or ``{source: path}``.
+
+    A SOURCE starting with ``/`` is a host path; anything else names a PersistentVolumeClaim.
+    """
+    entries: list[tuple[str, str, bool]] = []
+    if isinstance(mounts, Mapping):
+        entries = [(src, dst, False) for src, dst in mounts.items()]
+    else:
+        for item in mounts:
+            parts = item.split(":")
+            ro = len(parts) == 3 and parts[2] == "ro"
+            if len(parts) not in (2, 3) or not parts[0] or not parts[1].startswith("/") or (len(parts) == 3 and not ro):
+                raise ConfigError(f"bad volume {item!r}: expected SOURCE:/path[:ro] (SOURCE a claim name or /host/path)")
+            entries.append((parts[0], parts[1], ro))
+    volumes: list[dict[str, Any]] = []
+    mounts_out: list[dict[str, Any]] = []
+    for i, (src, dst, ro) in enumerate(entries):
+        name = f"vol-{i}"
+        if src.startswith("/"):
+            volumes.append({"name": name, "hostPath": {"path": src}})
+        else:
+            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": src, "readOnly": ro}})
+        mount: dict[str, Any] = {"name": name, "mountPath": dst}
+        if ro:
+            mount["readOnly"] = True
+        mounts_out.append(mount)
+    return volumes, mounts_out
+
+
+def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespace: str, image: str,
+              labels: Mapping[str, str], owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The pod manifest of one job. ``settings`` are the backend's, overridden by
+    ``spec.backend_options`` (any option key, e.g. ``service_account``)."""
+    opts = {**settings, **spec.backend_options}
+    limits: dict[str, str] = {}
+    requests: dict[str, str] = {}
+    if spec.cpu:
+        requests["cpu"] = limits["cpu"] = quantity_cpu(spec.cpu)
+    if spec.memory:
+        requests["memory"] = limits["memory"] = f"{int(spec.memory)}Mi"
+    gpu = spec.gpu or (1 if spec.gpu_type else 0)
+    node_selector = _pairs(list(opts.get("node_selector") or []), "node_selector")
+    tolerations = parse_tolerations(list(opts.get("tolerations") or []))
+    if gpu < 0:
+        raise BackendError("gpu=-1 (every GPU of a node) cannot be asked of Kubernetes: give a number of GPUs")
+    if gpu:
+        gpu_resource = opts.get("gpu_resource") or "nvidia.com/gpu"
+        limits[gpu_resource] = str(gpu)  # the API server sets the request from the limit
+        # GPU nodes are commonly tainted with the resource name; tolerating it is harmless elsewhere.
+        tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
+        if spec.gpu_type:
+            node_selector[opts.get("gpu_label") or DEFAULT_GPU_LABEL] = spec.gpu_type
+    # $(VAR) in command and args is expanded by Kubernetes: $$ keeps a literal $.
+    argv = [a.replace("$", "$$") for a in spec.command]
+    if opts.get("signal_shell", True):
+        argv = ["/bin/sh", "-c", SIGNAL_SHELL, "fiber-job", *argv]
+    env: dict[str, Any] = {
+        "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
+    }
+    env.update(_pairs(list(opts.get("extra_env") or []), "extra_env"))
+    env.update(spec.env)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "command": argv,
+        "env": [{"name": k, "valueFrom": v} if isinstance(v, dict) else {"name": k, "value": str(v)}
+                for k, v in env.items()],
+    }
+    if limits:
+        container["resources"] = {"limits": limits, **({"requests": requests} if requests else {})}
+    if spec.cwd:
+        container["workingDir"] = spec.cwd
+    if opts.get("image_pull_policy"):
+        container["imagePullPolicy"] = opts["image_pull_policy"]
+    volumes, mounts = parse_volumes(list(opts.get("volumes") or []))
+    more_volumes, more_mounts = parse_volumes(spec.volumes)
+    for v, m in zip(more_volumes, more_mounts):
+        m["name"] = v["name"] = f"vol-{len(volumes)}"
+        volumes.append(v)
+        mounts.append(m)
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": int(opts.get("grace_period") or 0),
+        "enableServiceLinks": False,
+        "containers": [container],
+    }
+    if opts.get("service_account"):
+        pod_spec["serviceAccountName"] = opts["service_account"]
+    if opts.get("image_pull_secrets"):
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in opts["image_pull_secrets"]]
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if volumes:
+        pod_spec["volumes"] = volumes
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": dict(labels),
+        "annotations": {"fiber.name": spec.name},
+    }
+    if owner:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
+                                        "uid": owner["metadata"]["uid"]}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+# -- what a pod's status means for its job -----------------------------------------------------
+
+
+def _container_status(pod: Mapping[str, Any]) -> dict[str, Any]:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER:
+            return cs
+    return {}
+
+
+def pod_outcome(pod: Mapping[str, Any]) -> tuple[int | None, str]:
+    """``(exit code, why)`` of a finished pod; ``(None, "")`` while it runs or waits.
+
+    A container ended by signal N (status 128+N) gives ``-N``, as multiprocessing does.
+    """
+    status = pod.get("status") or {}
+    term = (_container_status(pod).get("state") or {}).get("terminated")
+    if term:
+        code = exitcode_from_status(int(term.get("exitCode", 1)))
+        reason = term.get("reason") or ""
+        if reason == "OOMKilled":
+            return -signal.SIGKILL, "the container was killed for exceeding its memory limit (OOMKilled)"
+        if reason not in ("", "Completed", "Error"):
+            return code, f"container {reason}: {term.get('message') or ''}".rstrip(": ")
+        return code, ""
+    phase = status.get("phase")
+    if phase == "Succeeded":
+        return 0, ""
+    if phase == "Failed":
+        return FAILED_TO_START, f"pod failed: {status.get('reason') or ''} {status.get('message') or ''}".strip()
+    return None, ""
+
+
+def pod_start_failure(pod: Mapping[str, Any]) -> str | None:
+    """Why the pod's container cannot start without a fix (image pull, config), else ``None``."""
+    waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") in _FATAL_WAITING:
+        return f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
+    return None
+
+
+def pod_unschedulable(pod: Mapping[str, Any] | None) -> str | None:
+    """The scheduler's message while the pod has no node (``""`` if it gave none), else ``None``."""
+    if pod and (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for cond in ((pod or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return cond.get("message") or cond.get("reason") or ""
+    return ""
+
+
+@dataclass
+class _Pod:
+    """What the backend knows of one job's pod. Guarded by the backend's condition."""
+
+    job: Job
+    created: float
+    pod: dict[str, Any] | None = None
+    deleted: bool = False
+    stop_code: int | None = None  # -15 / -9 once terminate / kill was asked
+    code: int | None = None
+    why: str = ""
+
+
+# -- the backend ----------------------------------------------------------------------------------
+
+
+class KubernetesBackend(Backend):
+    """Runs every job as a pod (``restartPolicy: Never``) in one namespace of a cluster."""
+
+    name = "kubernetes"
+    aliases = ("k8s",)
+    options = OPTIONS
+    package = "fiber-k8s"
+
+    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "") -> None:
+        super().__init__(settings, run_id)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._cluster: Cluster | None = None
+        self._own_pod: dict[str, Any] | None = None
+        self._parent_id = ""
+        self._pods: dict[str, _Pod] = {}
+        self._watch: _Watch | None = None
+        self._created_any = False
+
+    # -- connection, identity ----------------------------------------------------------------
+
+    @property
+    def cluster(self) -> Cluster:
+        """The API connection, made on first use (BackendError if there is no cluster)."""
+        with self._lock:
+            if self._cluster is None:
+                cluster = Cluster(self.settings)
+                self._own_pod = cluster.own_pod()
+                if self._own_pod is not None:
+                    self._parent_id = self._own_pod["metadata"]["name"]
+                else:
+                    self._parent_id = label_value(f"{socket.gethostname()}-{os.getpid()}")
+                self._cluster = cluster
+            return self._cluster
+
+    @property
+    def namespace(self) -> str:
+        return self.cluster.namespace
+
+    @property
+    def selector(self) -> str:
+        """The label selector of the pods this process created in this run."""
+        _ = self.cluster
+        return f"fiber.run={label_value(self.run_id)},fiber.parent={self._parent_id}"
+
+    def _labels(self, spec: JobSpec) -> dict[str, str]:
+        labels = {k: label_value(v) for k, v in spec.labels.items()}
+        labels["fiber.run"] = label_value(self.run_id or spec.labels.get("fiber.run", ""))
+        labels["fiber.parent"] = self._parent_id  # unique per parent process, unlike its pid
+        labels["fiber.name"] = label_value(spec.name)
+        return labels
+
+    def _image(self, spec: JobSpec) -> str:
+        image = spec.image or self.settings.get("image")
+        if not image and self._own_pod is not None:
+            containers = self._own_pod["spec"]["containers"]
+            image = (next((c for c in containers if c["name"] == CONTAINER), containers[0]))["image"]
+        if not image:
+            raise BackendError(
+                "no image for the pods: set FIBER_KUBERNETES_IMAGE (or [kubernetes] image, or the "
+                "global image setting) to an image the cluster can pull that has Python and "
+                "fiber-core installed. Inside a pod Fiber uses the pod's own image.")
+        return image
+
+    def manifest(self, spec: JobSpec, name: str | None = None) -> dict[str, Any]:
+        """The pod that :meth:`create_job` would create for ``spec`` (``fiber run --dry-run``)."""
+        owner = self._own_pod
+        if owner is not None and owner["metadata"].get("namespace") != self.namespace:
+            owner = None  # an ownerReference cannot cross namespaces
+        return build_pod(spec, self.settings, name=name or pod_name(spec.name, self.run_id),
+                         namespace=self.namespace, image=self._image(spec), labels=self._labels(spec),
+                         owner=owner)
+
+    def get_listen_addr(self) -> str:
+        """``listen_host`` if set; in a pod, the pod's IP; else an error saying what to set."""
+        host = config.get("listen_host")
+        if host:
+            return host
+        if in_pod():
+            ip = os.environ.get("POD_IP")
+            if not ip:
+                try:
+                    ip = ((self.cluster and self._own_pod or {}).get("status") or {}).get("podIP")
+                except BackendError:
+                    pass
+            return ip or socket.gethostbyname(socket.gethostname())
+        raise BackendError(
+            "the kubernetes backend does not know an address at which pods can reach this process: "
+            "it runs outside the cluster (KUBERNETES_SERVICE_HOST is not set), and pods usually "
+            "cannot route to a laptop or CI machine. Either run the program in the cluster "
+            "(`fiber run python app.py`), or set listen_host (FIBER_LISTEN_HOST) to an address of "
+            "this machine that the pods can connect to (a VPN or node-network IP).")
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def create_job(self, spec: JobSpec) -> Job:
+        cluster = self.cluster
+        self._ensure_watch()
+        for _ in range(3):
+            body = self.manifest(spec)
+            name = body["metadata"]["name"]
+            job = Job(id=name, spec=spec)
+            with self._lock:
+                self._pods[name] = _Pod(job, time.monotonic())
+                self._created_any = True
+            try:
+                cluster.create_pod(body)
+                return job
+            except BackendError as e:
+                with self._lock:
+                    del self._pods[name]
+                if http_status(e) == 409:
+                    continue  # the random part of the name collided
+                raise
+        raise BackendError(f"could not find a free pod name for {spec.name} in {cluster.namespace}")
+
+    def _ensure_watch(self) -> None:
+        with self._lock:
+            if self._watch is None:
+                watch = _Watch(self)
+                watch.start()  # the first list and watch requests: errors are raised here
+                self._watch = watch
+
+    def _settle(self, p: _Pod) -> tuple[int | None, bool]:
+        """The job's exit code if known, and whether its pod must be deleted. Holds the lock."""
+        if p.code is not None:
+            return p.code, False
+        delete = False
+        if p.pod is not None:
+            code, why = pod_outcome(p.pod)
+            if code is None:
+                failure = pod_start_failure(p.pod)
+                if failure:
+                    code, why, delete = FAILED_TO_START, f"pod {p.job.id} could not start: {failure}", True
+            if code is not None:
+                if p.stop_code == -signal.SIGKILL and code < 0:
+                    # kill deletes the pod at once; a kubelet may still send SIGTERM first.
+                    code = -signal.SIGKILL
+                p.code, p.why = code, why
+                return code, delete
+        if p.deleted:
+            # Gone without a final state (force-deleted, or deleted by someone else).
+            p.code = p.stop_code if p.stop_code is not None else -signal.SIGTERM
+            return p.code, False
+        timeout = float(self.settings.get("schedule_timeout") or 0)
+        waiting = pod_unschedulable(p.pod)
+        if timeout > 0 and waiting is not None and time.monotonic() - p.created > timeout:
+            p.code = FAILED_TO_START
+            p.why = (f"pod {p.job.id} was not scheduled within schedule_timeout={timeout:g}s: "
+                     f"{waiting or 'no node took it'}. Check its cpu/memory/gpu/gpu_type requests, "
+                     "node_selector and tolerations against the cluster's nodes, or raise "
+                     "FIBER_KUBERNETES_SCHEDULE_TIMEOUT.")
+            return p.code, True
+        if self._watch is None or self._watch.closed:
+            p.code = p.stop_code if p.stop_code is not None else -signal.SIGKILL
+            return p.code, False
+        return None, False
+
+    def _check(self, job: Job) -> int | None:
+        with self._lock:
+            p = self._pods.get(job.id)
+            if p is None:
+                return job.exitcode
+            code, delete = self._settle(p)
+            watch = self._watch
+        if delete:
+            threading.Thread(target=self._delete_quietly, args=(job.id,), daemon=True,
+                             name=f"fiber-k8s-delete-{job.id}").start()
+        if code is None and watch is not None:
+            watch.raise_if_lost()
+        return code
+
+    def poll_job(self, job: Job) -> int | None:
+        code = self._check(job)
+        if code is not None:
+            job.exitcode = code
+        return code
+
+    def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                code = self.poll_job(job)
+                if code is not None:
+                    return code
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                # Woken by every event of the watch; the slice re-checks schedule_timeout.
+                self._cond.wait(1.0 if left is None else min(left, 1.0))
+
+    def wait_started(self, job: Job, timeout: float | None = None) -> int | None:
+        """Block until the job's container runs or the job ends; return :meth:`poll_job`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                code = self.poll_job(job)
+                pod = self._pods[job.id].pod if job.id in self._pods else None
+                state = _container_status(pod or {}).get("state") or {}
+                left = None if deadline is None else deadline - time.monotonic()
+                if code is not None or "running" in state or (left is not None and left <= 0):
+                    return code
+                self._cond.wait(1.0 if left is None else min(left, 1.0))
+
+    def failure(self, job: Job) -> str:
+        """Why the job failed outside its command (its pod could not start...), else ``""``."""
+        with self._lock:
+            p = self._pods.get(job.id)
+            return p.why if p is not None else ""
+
+    def _delete(self, name: str, grace: int) -> None:
+        """Delete one pod; a pod already gone is not an error."""
+        cluster = self.cluster
+        try:
+            cluster.delete_pod(name, grace)
+        except BackendError as e:
+            if http_status(e) != 404:
+                raise
+
+    def _delete_quietly(self, name: str) -> None:
+        try:
+            self._delete(name, 0)
+        except BackendError as e:
+            log.warning("fiber: could not delete pod %s: %s", name, e)
+
+    def _stop(self, job: Job, sig: int, grace: int) -> None:
+        with self._lock:
+            p = self._pods.get(job.id)
+            if p is None or self._settle(p)[0] is not None:
+                return
+            if p.stop_code != -signal.SIGKILL:
+                p.stop_code = -sig
+        self._delete(job.id, grace)
+
+    def terminate_job(self, job: Job) -> None:
+        self._stop(job, signal.SIGTERM, int(self.settings.get("grace_period") or 0))
+
+    def kill_job(self, job: Job) -> None:
+        self._stop(job, signal.SIGKILL, 0)
+
+    def get_job_logs(self, job: Job) -> str:
+        cluster = self.cluster
+        text = ""
+        try:
+            text = cluster.pod_log(job.id, CONTAINER)
+        except BackendError as e:
+            if http_status(e) not in (400, 404):  # 400: not started yet; 404: pod gone
+                text = f"fiber: cannot read the logs of pod {job.id}: {e}\n"
+        with self._lock:
+            p = self._pods.get(job.id)
+            why = p.why if p is not None else ""
+        if why:
+            text += ("" if not text or text.endswith("\n") else "\n") + f"fiber: {why}\n"
+        return text
+
+    # -- watch events --------------------------------------------------------------------------
+
+    def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
+        with self._cond:
+            p = self._pods.get(pod["metadata"]["name"])
+            if p is None:
+                return
+            p.pod = pod
+            p.job.host = (pod.get("spec") or {}).get("nodeName") or p.job.host
+            if kind == "DELETED":
+                p.deleted = True
+            self._cond.notify_all()
+
+    def _on_relist(self, names: set[str], started: float) -> None:
+        """After a relist begun at ``started``: pods created before it and missing were deleted."""
+        with self._cond:
+            for name, p in self._pods.items():
+                if name not in names and p.created < started:
+                    p.deleted = True
+            self._cond.notify_all()
+
+    # -- cleanup -------------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Delete every pod this process created in the run, finished ones included."""
+        with self._lock:
+            self._jobs = []
+            created, self._created_any = self._created_any, False
+            for p in self._pods.values():
+                if p.code is None and p.stop_code is None:
+                    p.stop_code = -signal.SIGKILL
+            watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+        with self._cond:
+            self._cond.notify_all()
+        if created and self._cluster is not None:
+            try:
+                _delete_pods(self._cluster, self.selector)
+            except BackendError as e:
+                log.warning("fiber: could not delete the pods of run %s: %s (remove them with "
+                            "`fiber clean --backend kubernetes --run %s`)", self.run_id, e, self.run_id)
+
+    @classmethod
+    def clean(cls, settings: Mapping[str, Any], run_id: str | None = None) -> list[str]:
+        """Delete the pods of ``run_id`` (or of every Fiber run) in the configured namespace."""
+        cluster = Cluster(settings)
+        try:
+            selector = f"fiber.run={label_value(run_id)}" if run_id else "fiber.run"
+            return [f"pod {cluster.namespace}/{name}" for name in _delete_pods(cluster, selector)]
+        finally:
+            cluster.close()
+
+
+def _delete_pods(cluster: Cluster, selector: str) -> list[str]:
+    """Delete the pods matching ``selector`` at once (grace 0); return their names.
+
+    One deletecollection call; without that verb, one delete per pod.
+    """
+    listed = cluster.list_pods(selector)
+    names = [p["metadata"]["name"] for p in listed.get("items") or []]
+    if not names:
+        return []
+    try:
+        cluster.delete_pods(selector, 0)
+    except BackendError as e:
+        if http_status(e) != 403:
+            raise
+        for name in names:
+            try:
+                cluster.delete_pod(name, 0)
+            except BackendError as e2:
+                if http_status(e2) != 404:
+                    raise
+    return names
+
+
+class _Watch:
+    """One watch on the pods of a backend's selector, feeding ``backend._on_event``.
+
+    :meth:`start` makes the first list and watch requests in the caller's thread, so a
+    missing permission is an error at the first ``create_job``. A thread then reads events,
+    resumes from the last resourceVersion when a request ends, and relists when that is too
+    old (410). If the API stays unreachable for ``4 * api_timeout``, polling the jobs raises.
+    """
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self.backend = backend
+        self.cluster = backend.cluster
+        self.selector = backend.selector
+        self.rv = ""
+        self.closed = False
+        self.resp: Any = None
+        self.error: str | None = None
+        self.down_since: float | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="fiber-k8s-watch")
+
+    def _list(self) -> None:
+        started = time.monotonic()
+        listed = self.cluster.list_pods(self.selector)
+        for pod in listed.get("items") or []:
+            self.backend._on_event("MODIFIED", pod)
+        self.backend._on_relist({p["metadata"]["name"] for p in listed.get("items") or []}, started)
+        self.rv = listed["metadata"]["resourceVersion"]
+
+    def _open(self) -> Any:
+        return self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
+
+    def start(self) -> None:
+        self._list()
+        self.resp = self._open()
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        delay = 0.1
+        while not self.closed:
+            try:
+                if not self.rv:
+                    self._list()
+                if self.resp is None:
+                    self.resp = self._open()
+                    if self.closed:
+                        break
+                self.down_since, self.error, delay = None, None, 0.1
+                expired = False
+                for line in iter_resp_lines(self.resp):
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        expired = obj.get("code") == 410
+                        if not expired:
+                            raise BackendError(f"watch error: {obj.get('message')}")
+                        break
+                    self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
+                    if event.get("type") != "BOOKMARK":
+                        self.backend._on_event(event["type"], obj)
+                self._release()
+                if expired:
+                    self.rv = ""
+            except Exception as e:
+                self._release()
+                if self.closed:
+                    return
+                if isinstance(e, BackendError) and http_status(e) == 410:
+                    self.rv = ""  # too old: the next round relists
+                if self.down_since is None:
+                    self.down_since = time.monotonic()
+                self.error = str(e)
+                log.debug("fiber: watch on %s interrupted: %s", self.selector, e)
+                time.sleep(delay)  # back off before reconnecting to a failing API server
+                delay = min(delay * 2, 5.0)
+
+    def _release(self) -> None:
+        resp, self.resp = self.resp, None
+        if resp is not None:
+            try:
+                resp.release_conn()
+            except Exception:
+                pass
+
+    def raise_if_lost(self) -> None:
+        since = self.down_since
+        if since is not None and time.monotonic() - since > 4 * self.cluster.timeout:
+            raise BackendError(f"lost the watch on the pods of run {self.backend.run_id} in namespace "
+                               f"{self.cluster.namespace} for {time.monotonic() - since:.0f}s: {self.error}")
+
+    def close(self) -> None:
+        self.closed = True
+        resp = self.resp
+        if resp is not None:
+            try:
+                resp.shutdown()  # unblocks the reading thread (urllib3 >= 2.3)
+            except Exception:
+                pass
+        self._thread.join(5.0)

@@ -1,0 +1,224 @@
+"""``fiber run``: launch a program on Kubernetes, where its processes become pods.
+
+``fiber run [--image IMG | --build] [--cpu N --memory MiB --gpu N] python app.py`` creates
+one *parent pod* running the command with ``FIBER_BACKEND=kubernetes`` and the ``fiber``
+service account (``rbac.yaml``), streams its logs until it ends, and exits with its exit
+code. In the cluster the program's processes are pods that the parent pod creates and
+owns. ``--build`` builds the project's Dockerfile with the docker SDK and pushes it to
+``registry``; ``--dry-run`` prints the parent pod's manifest instead of creating it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import uuid
+from typing import Any
+
+from fiber_core.backend import JobSpec
+from fiber_core.config import GLOBAL_OPTIONS, config
+from fiber_core.errors import BackendError, FiberError
+from fiber_core.runtime import ENV_RUN_ID
+
+from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend
+from fiber_k8s.rbac import SERVICE_ACCOUNT
+
+_NOT_FORWARDED = {"backend", "listen_host", "listen_port", "kubeconfig", "context", "registry", "image"}
+"""Settings of this machine that mean nothing in the parent pod. (``image``: the jobs use
+the parent pod's own image, the one of --image or --build.)"""
+
+
+def add_command(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``fiber run`` to the ``fiber`` command line."""
+    p = subparsers.add_parser(
+        "run", help="run a program on Kubernetes: it runs in a pod, its processes in pods",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", default="kubernetes", help="only kubernetes (alias k8s) is supported")
+    image = p.add_mutually_exclusive_group()
+    image.add_argument("--image", help="image of the parent pod and, by default, of its jobs")
+    image.add_argument("--build", action="store_true",
+                       help="build the image from the Dockerfile (docker SDK) and push it to the registry setting")
+    p.add_argument("--context", default=".", help="build context of --build (default: .)")
+    p.add_argument("--dockerfile", default="Dockerfile", help="Dockerfile of --build, relative to the context")
+    p.add_argument("--registry", help="where --build pushes (default: the kubernetes registry setting; none: no push)")
+    p.add_argument("--cpu", type=float, help="CPUs of the parent pod")
+    p.add_argument("--memory", type=int, help="memory of the parent pod, MiB")
+    p.add_argument("--gpu", type=int, help="GPUs of the parent pod")
+    p.add_argument("--gpu-type", help="GPU type of the parent pod (node label gpu_label)")
+    p.add_argument("--namespace", help="namespace (default: the kubernetes namespace setting, else the kubeconfig's)")
+    p.add_argument("--name", default="fiber-run", help="base of the parent pod's name")
+    p.add_argument("--service-account", default=SERVICE_ACCOUNT,
+                   help=f"service account of the parent pod (default: {SERVICE_ACCOUNT}, from rbac.yaml)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set in the parent pod")
+    p.add_argument("--volume", action="append", default=[], metavar="SOURCE:PATH[:ro]",
+                   help="mount in the parent pod: a claim name or a /host/path")
+    p.add_argument("--dry-run", action="store_true", help="print the parent pod's manifest and exit")
+    p.add_argument("--detach", action="store_true", help="create the pod, print its name and exit")
+    p.add_argument("--keep", action="store_true", help="keep the parent pod after it ends (for kubectl logs)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD...", help="the command the parent pod runs")
+    p.set_defaults(func=run)
+
+
+def _forwarded_env() -> dict[str, str]:
+    """The settings made on this machine (not defaults), as FIBER_* variables for the pod."""
+    env = {}
+    rows = [(o, o.name, "fiber") for o in GLOBAL_OPTIONS]
+    rows += [(o, f"kubernetes_{o.name}", "kubernetes") for o in OPTIONS]
+    for option, key, section in rows:
+        if option.name in _NOT_FORWARDED:
+            continue
+        value = config.lookup(option.name, section)
+        if value.source == "default" or value.value is None:
+            continue
+        v = value.value
+        env["FIBER_" + key.upper()] = (",".join(v) if isinstance(v, list)
+                                       else ("1" if v else "0") if isinstance(v, bool) else str(v))
+    return env
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, found, value = item.partition("=")
+        if not found or not key:
+            raise FiberError(f"--env {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _print_manifest(body: dict[str, Any]) -> None:
+    try:
+        import yaml
+    except ImportError:
+        print(json.dumps(body, indent=2))
+        return
+    print(yaml.safe_dump(body, sort_keys=False), end="")
+
+
+def image_repository(context: str, registry: str | None) -> str:
+    """``[registry/]name`` of the image built from ``context``: named after its directory."""
+    name = re.sub(r"[^a-z0-9._-]+", "-", os.path.basename(os.path.abspath(context)).lower()).strip("-._")
+    name = name or "fiber-app"
+    return f"{registry.rstrip('/')}/{name}" if registry else name
+
+
+def build_image(context: str, dockerfile: str, registry: str | None) -> str:
+    """Build ``context`` with the docker SDK, tag it by content, push it if ``registry``; return its name."""
+    try:
+        import docker
+        from docker.errors import APIError, DockerException
+    except ImportError:
+        raise FiberError("fiber run --build needs the docker SDK: pip install 'fiber-k8s[build]'") from None
+    if not os.path.isfile(os.path.join(context, dockerfile)):
+        raise FiberError(f"no {dockerfile} in {os.path.abspath(context)}: write one (FROM an image with "
+                         "Python; pip install fiber-core and your code), or give --image")
+    repo = image_repository(context, registry)
+    try:
+        client = docker.from_env()
+        image_id = None
+        print(f"fiber run: building {os.path.abspath(context)} ({dockerfile})", file=sys.stderr)
+        for chunk in client.api.build(path=context, dockerfile=dockerfile, rm=True, decode=True):
+            if "error" in chunk:
+                raise BackendError(f"docker build failed: {chunk['error'].strip()}")
+            if chunk.get("stream"):
+                sys.stderr.write(chunk["stream"])
+            image_id = (chunk.get("aux") or {}).get("ID", image_id)
+        if not image_id:
+            raise BackendError("docker build finished without an image id")
+        tag = image_id.split(":")[-1][:12]  # by content: the same build gives the same tag
+        client.api.tag(image_id, repo, tag)
+        if registry:
+            print(f"fiber run: pushing {repo}:{tag}", file=sys.stderr)
+            for line in client.api.push(repo, tag, stream=True, decode=True):
+                if "error" in line:
+                    raise BackendError(f"docker push {repo}:{tag} failed: {line['error']}. Log in to the "
+                                       f"registry (`docker login {registry.split('/')[0]}`) and check "
+                                       "that the cluster can pull from it.")
+        else:
+            print(f"fiber run: no registry setting: {repo}:{tag} is only in the local Docker, which "
+                  "works when the cluster's nodes use this Docker (minikube docker-env, Docker "
+                  "Desktop); else set FIBER_KUBERNETES_REGISTRY", file=sys.stderr)
+        return f"{repo}:{tag}"
+    except DockerException as e:  # includes APIError
+        kind = "build/push" if isinstance(e, APIError) else "connect to"
+        raise BackendError(f"docker {kind} failed: {e}. Is Docker running (DOCKER_HOST)?") from e
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``fiber run`` command; returns the parent pod's exit status."""
+    from fiber_core.registry import registry
+
+    if registry.canonical(args.backend) != KubernetesBackend.name:
+        raise FiberError(f"fiber run launches programs on Kubernetes only, not on {args.backend!r}; "
+                         f"for other backends run the program directly: FIBER_BACKEND={args.backend} CMD")
+    if not args.cmd:
+        raise FiberError("fiber run: give the command to run, e.g. fiber run --image IMG python app.py")
+    settings = config.backend_settings(KubernetesBackend.name)
+    if args.namespace:
+        settings["namespace"] = args.namespace
+    registry_name = args.registry if args.registry is not None else settings.get("registry")
+    options: dict[str, Any] = {"service_account": args.service_account,
+                               "volumes": [*settings.get("volumes", []), *args.volume]}
+    if args.build:
+        if args.dry_run:  # not built: the tag is the image id of a build
+            image = image_repository(args.context, registry_name) + ":dry-run"
+        else:
+            image = build_image(args.context, args.dockerfile, registry_name)
+        if not registry_name:
+            options["image_pull_policy"] = "IfNotPresent"  # only on this Docker: never pull it
+    else:
+        image = args.image or settings.get("image") or config.get("image")
+        if not image:
+            raise FiberError("fiber run needs an image: --image IMAGE, --build (from ./Dockerfile), or "
+                             "the image setting (FIBER_KUBERNETES_IMAGE)")
+    run_id = uuid.uuid4().hex[:12]
+    env = {**_forwarded_env(), "FIBER_BACKEND": KubernetesBackend.name, ENV_RUN_ID: run_id, **_pairs(args.env)}
+    spec = JobSpec(command=list(args.cmd), name=args.name, image=image, env=env, cpu=args.cpu,
+                   memory=args.memory, gpu=args.gpu, gpu_type=args.gpu_type,
+                   labels={"fiber.run": run_id, "fiber.role": "main"}, backend_options=options)
+    backend = KubernetesBackend(settings, run_id)
+    env["FIBER_KUBERNETES_NAMESPACE"] = backend.namespace  # the jobs go beside the parent pod
+    if args.dry_run:
+        _print_manifest(backend.manifest(spec))
+        return 0
+    job = backend.create_job(spec)
+    where = f"{backend.namespace}/{job.id}"
+    if args.detach:
+        print(where)
+        return 0
+    print(f"fiber run: pod {where} (image {image}, run {run_id})", file=sys.stderr)
+    try:
+        code = backend.wait_started(job)
+        if code is None:
+            _follow_logs(backend, job.id)
+            code = backend.wait_for_job(job)
+        why = backend.failure(job)
+        if why:
+            print(f"fiber run: {why}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"fiber run: interrupted: stopping pod {where}", file=sys.stderr)
+        backend.terminate_job(job)
+        backend.wait_for_job(job, int(settings.get("grace_period") or 0) + backend.cluster.timeout)
+        code = -signal.SIGINT
+    finally:
+        if not args.keep:
+            backend.cleanup()
+    assert code is not None
+    return code if code >= 0 else 128 - code
+
+
+def _follow_logs(backend: KubernetesBackend, name: str) -> None:
+    """Copy the pod's log to stdout until the container ends."""
+    cluster = backend.cluster
+    resp = cluster.pod_log(name, CONTAINER, follow=True)
+    out = sys.stdout.buffer
+    try:
+        for chunk in resp.stream(65536, decode_content=False):
+            out.write(chunk)
+            out.flush()
+    finally:
+        resp.release_conn()

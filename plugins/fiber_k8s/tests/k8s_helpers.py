@@ -1,0 +1,129 @@
+"""What the fiber-k8s tests share: the emulator handle and the files pods need.
+
+The emulator (``k8s_emulator/``) is a Kubernetes API server served over real HTTP plus a
+test kubelet that runs pods as host-network containers on the private test dockerd: the
+tests talk to it with the official client and the plugin through a kubeconfig, as they
+would to a cluster. Named ``k8s_helpers`` (not ``conftest``) so that test modules can
+import it: pytest loads several ``conftest`` modules under one name.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+PLUGIN = HERE.parent
+EMULATOR = HERE / "k8s_emulator"
+SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
+IMAGE = os.environ.get("FIBER_K8S_TEST_IMAGE", "fiber-test:latest")
+POD_PYTHON = (3, 11)
+"""The Python of the test image (Debian bookworm's python3)."""
+WAIT = 60
+"""Seconds: the upper bound of every wait on a pod (a test that needs it has failed)."""
+
+
+class Emu:
+    """The emulator in use: its kubeconfig, an API client, and its admin endpoints."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        from kubernetes import config
+
+        self.kubeconfig = kubeconfig
+        self.api_client = config.new_client_from_config(kubeconfig)
+        self.url = self.api_client.configuration.host
+
+    def admin(self, path: str, body: Any = None, method: str = "GET") -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + "/_emulator/" + path, data=data, method=method)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp)
+
+
+def answers(kubeconfig: Path) -> bool:
+    """The kubeconfig exists and its server answers /version."""
+    try:
+        url = next(line.split()[1] for line in kubeconfig.read_text().splitlines() if "server:" in line)
+        with urllib.request.urlopen(url + "/version", timeout=2):
+            return True
+    except (OSError, StopIteration, IndexError):
+        return False
+
+
+def start_emulator(tmp: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """A private emulator on a free port (``args``: e.g. ``--token T``); waits until it answers."""
+    kubeconfig = tmp / "kubeconfig"
+    docker = os.environ.get("FIBER_K8S_DOCKER_HOST") or f"unix://{SERVICES / 'docker' / 'docker.sock'}"
+    log = open(tmp / "emulator.log", "w")
+    proc = subprocess.Popen([sys.executable, str(EMULATOR), "--port", "0", "--docker-host", docker,
+                             "--kubeconfig", str(kubeconfig), *args], stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    deadline = time.monotonic() + 20
+    while not answers(kubeconfig):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("emulator did not answer in 20 s:\n" + (tmp / "emulator.log").read_text())
+        time.sleep(0.1)  # nothing to wait on but the port: poll it
+    return proc, kubeconfig
+
+
+def _requirements(dist: str) -> list[str]:
+    names = []
+    for req in importlib.metadata.requires(dist) or []:
+        if "extra ==" in req:
+            continue
+        m = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", req)
+        if m:
+            names.append(m.group(0))
+    return names
+
+
+def build_pod_site(target: Path) -> Path:
+    """A directory that gives a pod's Python the fiber-k8s plugin and its dependencies.
+
+    The test image ``fiber-test`` has Python 3.11 and fiber-core only. This copies the
+    files of ``kubernetes`` and everything it requires from this (3.11) environment, and
+    fiber_k8s with a dist-info holding its entry point, so that ``PYTHONPATH=<target>``
+    (or the image built from it) runs a parent process that starts pods.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    todo = ["kubernetes"]
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or []:
+            if ".." in f.parts or f.parts[0] == "__pycache__" or "__pycache__" in f.parts:
+                continue
+            src = Path(str(dist.locate_file(f)))
+            if src.is_file():
+                dst = target / f
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+        todo.extend(_requirements(name))
+    shutil.copytree(PLUGIN / "fiber_k8s", target / "fiber_k8s", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    dist = importlib.metadata.distribution("fiber-k8s")  # installed (editable) for the tests
+    info = target / f"fiber_k8s-{dist.version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fiber-k8s\nVersion: {dist.version}\n")
+    eps = [ep for ep in dist.entry_points if ep.group == "fiber"]
+    (info / "entry_points.txt").write_text("[fiber]\n" + "".join(f"{ep.name} = {ep.value}\n" for ep in eps))
+    (info / "top_level.txt").write_text("fiber_k8s\n")
+    return target

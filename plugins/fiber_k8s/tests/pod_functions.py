@@ -1,0 +1,17 @@
+"""Functions that jobs of the tests run in pods: standard library only, because the pods run
+the `fiber-test` image (Python and fiber-core). The tests directory is mounted in every pod
+at the same path (the ``volumes`` setting, a hostPath), so workers import this module by name.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def pod_name() -> str:
+    """The name of the pod this runs in (POD_NAME, set by the backend from the Downward API)."""
+    return os.environ.get("POD_NAME", "")

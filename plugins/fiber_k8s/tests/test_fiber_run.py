@@ -1,0 +1,250 @@
+"""``fiber run`` against the Kubernetes API emulator (a real HTTP API server whose test kubelet
+runs pods as host-network containers on the test dockerd; see ``k8s_emulator/README.md``).
+
+The parent pod runs the ``fiber-test`` image, which has fiber-core but not this plugin: the
+tests mount a directory holding fiber-k8s and its dependencies (``pod_site``) and put it on
+the pod's PYTHONPATH, with the emulator's kubeconfig (the emulator mounts no service account
+token). Children of the parent pod need neither.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from k8s_helpers import SERVICES, WAIT, Emu, start_emulator
+from kubernetes import client, watch
+
+pytestmark = pytest.mark.timeout(300)
+
+PROGRAM = """
+import sys
+import fiber_core as multiprocessing
+
+
+def square(x):
+    return x * x
+
+
+def hello(q):
+    q.put("hello from a child pod")
+
+
+if __name__ == "__main__":
+    q = multiprocessing.Queue()
+    p = multiprocessing.Process(target=hello, args=(q,))
+    p.start()
+    print(q.get(timeout=60), flush=True)
+    p.join(60)
+    with multiprocessing.Pool(2) as pool:
+        print("squares", pool.map(square, range(8)), flush=True)
+    sys.exit(3)
+"""
+
+
+def fiber(*args: str, env: dict[str, str], cwd: Path, timeout: float = 3 * WAIT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fiber_core.cli", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def env(k8s_env: dict[str, str]) -> dict[str, str]:
+    """This machine's environment for `fiber run`: the emulator's kubeconfig and namespace."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_") and k != "KUBERNETES_SERVICE_HOST"}
+    return {**base, **k8s_env}
+
+
+@pytest.fixture
+def pod_args(emu: Emu, pod_site: Path) -> list[str]:
+    """What the parent pod needs in this test setup: the plugin and a way to the API server."""
+    kubeconfig = Path(emu.kubeconfig)
+    return ["--volume", f"{pod_site}:{pod_site}:ro", "--env", f"PYTHONPATH={pod_site}",
+            "--volume", f"{kubeconfig.parent}:{kubeconfig.parent}:ro",
+            "--env", f"FIBER_KUBERNETES_KUBECONFIG={kubeconfig}"]
+
+
+class PodLog:
+    """Every pod of a namespace with a fiber.run label, as first seen, until the run's main pod is deleted."""
+
+    def __init__(self, v1: client.CoreV1Api, ns: str) -> None:
+        self.pods: dict[str, client.V1Pod] = {}
+        self.deleted: set[str] = set()
+        self.w = watch.Watch()
+        listed = v1.list_namespaced_pod(ns, label_selector="fiber.run")
+        self.stream = self.w.stream(v1.list_namespaced_pod, ns, label_selector="fiber.run",
+                                    resource_version=listed.metadata.resource_version,
+                                    timeout_seconds=3 * WAIT, _request_timeout=3 * WAIT + 5)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for ev in self.stream:
+            p = ev["object"]
+            self.pods.setdefault(p.metadata.name, p)
+            if ev["type"] == "DELETED":
+                self.deleted.add(p.metadata.name)
+                if (p.metadata.labels or {}).get("fiber.role") == "main":
+                    self.w.stop()
+                    return
+
+    def join(self) -> None:
+        self.thread.join(3 * WAIT + 10)
+        assert not self.thread.is_alive(), "the main pod was not deleted"
+
+
+def run_id(stderr: str) -> str:
+    m = re.search(r"run (\w+)\)", stderr)
+    assert m, stderr
+    return m.group(1)
+
+
+def check_family(log: PodLog, run: str, image: str) -> None:
+    """One main pod, children owned by it, everything labelled with the run and deleted."""
+    pods = [p for p in log.pods.values() if p.metadata.labels.get("fiber.run") == run]
+    mains = [p for p in pods if p.metadata.labels.get("fiber.role") == "main"]
+    assert len(mains) == 1
+    main = mains[0]
+    assert main.spec.service_account_name == "fiber"
+    env = {e.name: e.value for e in main.spec.containers[0].env}
+    assert env["FIBER_BACKEND"] == "kubernetes" and env["FIBER_RUN_ID"] == run
+    children = [p for p in pods if p is not main]
+    assert len(children) == 3  # the Process and two pool workers
+    for child in children:
+        assert [(o.kind, o.name, o.uid) for o in child.metadata.owner_references] == [
+            ("Pod", main.metadata.name, main.metadata.uid)]
+        assert child.metadata.labels["fiber.parent"] == main.metadata.name
+        assert child.spec.containers[0].image == image  # the parent pod's own image
+    assert {p.metadata.name for p in pods} <= log.deleted  # nothing left behind
+
+
+# -- --dry-run ------------------------------------------------------------------------------------
+
+
+DRY_RUN_ARGS = ["run", "--dry-run", "--image", "fiber-test:latest", "--cpu", "1", "--memory", "512",
+                "--gpu", "1", "--gpu-type", "a100", "--env", "A=B", "--volume", "data:/data",
+                "python3", "app.py", "--epochs", "3"]
+
+
+def test_dry_run_prints_a_pod_the_api_server_accepts(v1: client.CoreV1Api, ns: str, env: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    out = fiber(*DRY_RUN_ARGS, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    body = yaml.safe_load(out.stdout)
+    assert body["kind"] == "Pod" and body["apiVersion"] == "v1" and body["metadata"]["namespace"] == ns
+    spec = body["spec"]
+    container = spec["containers"][0]
+    assert container["command"][-4:] == ["python3", "app.py", "--epochs", "3"]
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "512Mi", "nvidia.com/gpu": "1"}
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "a100"}
+    assert spec["serviceAccountName"] == "fiber" and spec["restartPolicy"] == "Never"
+    env_in_pod = {e["name"]: e.get("value") for e in container["env"]}
+    assert env_in_pod["FIBER_BACKEND"] == "kubernetes" and env_in_pod["A"] == "B"
+    assert env_in_pod["FIBER_KUBERNETES_NAMESPACE"] == ns  # this machine's settings go along...
+    assert "FIBER_LISTEN_HOST" not in env_in_pod and "FIBER_KUBERNETES_KUBECONFIG" not in env_in_pod  # ...not these
+    # The API server validates and defaults it without creating it.
+    accepted = v1.create_namespaced_pod(ns, body, dry_run="All")
+    assert accepted.metadata.uid and accepted.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"
+    assert v1.list_namespaced_pod(ns, field_selector=f"metadata.name={body['metadata']['name']}").items == []
+
+
+def test_dry_run_manifest_passes_kubectl(env: dict[str, str], tmp_path: Path) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    # kubectl sends no bearer token over plain HTTP, so it gets an emulator that asks for none;
+    # it serves no OpenAPI document either, hence --validate=false (the API server check is above).
+    proc, kubeconfig = start_emulator(tmp_path, "--instance", "kubectl-" + uuid.uuid4().hex[:6])
+    try:
+        manifest = fiber(*DRY_RUN_ARGS, env=env, cwd=tmp_path).stdout
+        out = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "apply", "--dry-run=client",
+                              "--validate=false", "-f", "-"], input=manifest, capture_output=True, text=True,
+                             timeout=WAIT)
+        assert out.returncode == 0, out.stderr
+        assert re.fullmatch(r"pod/fiber-run-\w+-\w+ created \(dry run\)\n", out.stdout)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# -- running a program ----------------------------------------------------------------------------
+
+
+def test_fiber_run_image(v1: client.CoreV1Api, ns: str, env: dict[str, str], pod_args: list[str],
+                         image: str, tmp_path: Path) -> None:
+    log = PodLog(v1, ns)
+    out = fiber("run", "--image", image, *pod_args, "python3", "-c", PROGRAM, env=env, cwd=tmp_path)
+    assert out.returncode == 3, out.stdout + out.stderr  # the program's exit code
+    assert "hello from a child pod" in out.stdout
+    assert "squares [0, 1, 4, 9, 16, 25, 36, 49]" in out.stdout
+    log.join()
+    check_family(log, run_id(out.stderr), image)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[Path]:
+    """A project directory with a Dockerfile FROM the local test image (builds offline)."""
+    d = tmp_path / f"fiber-k8s-e2e-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    (d / "app.py").write_text(textwrap.dedent(PROGRAM))
+    (d / "Dockerfile").write_text("FROM fiber-test:latest\nWORKDIR /app\nCOPY app.py /app/app.py\n")
+    yield d
+    import docker
+
+    client_ = docker.DockerClient(base_url=docker_host())
+    for img in client_.images.list():  # built here, tagged <name>:<id> or <registry>/<name>:<id>
+        if any(d.name in tag for tag in img.tags):
+            try:
+                client_.images.remove(img.id, force=True)
+            except docker.errors.APIError:
+                pass
+
+
+def docker_host() -> str:
+    return os.environ.get("FIBER_K8S_DOCKER_HOST") or f"unix://{SERVICES / 'docker' / 'docker.sock'}"
+
+
+def test_fiber_run_build(v1: client.CoreV1Api, ns: str, env: dict[str, str], pod_args: list[str],
+                         image: str, project: Path) -> None:
+    # The test dockerd is the one the emulator's kubelet runs pods on, as with minikube's docker-env:
+    # the image is used where it was built, so nothing is pushed (no registry setting).
+    log = PodLog(v1, ns)
+    out = fiber("run", "--build", "--context", str(project), *pod_args, "python3", "app.py",
+                env={**env, "DOCKER_HOST": docker_host()}, cwd=project)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "squares [0, 1, 4, 9, 16, 25, 36, 49]" in out.stdout
+    built = re.search(rf"pod \S+ \(image ({project.name}:[0-9a-f]{{12}}),", out.stderr)
+    assert built, out.stderr
+    assert "no registry setting" in out.stderr
+    log.join()
+    check_family(log, run_id(out.stderr), built.group(1))
+
+
+def test_fiber_run_build_push_failure_is_clear(env: dict[str, str], image: str, project: Path) -> None:
+    # No registry runs here: a push to a closed port shows how a failed push is reported.
+    out = fiber("run", "--build", "--context", str(project), "--registry", "127.0.0.1:9/fiber",
+                "python3", "app.py", env={**env, "DOCKER_HOST": docker_host()}, cwd=project)
+    assert out.returncode == 2
+    assert f"docker push 127.0.0.1:9/fiber/{project.name}:" in out.stderr and "docker login 127.0.0.1:9" in out.stderr
+
+
+def test_fiber_run_missing_image_fails_promptly(env: dict[str, str], image: str, tmp_path: Path) -> None:
+    out = fiber("run", "--image", "fiber-no-such-image:3", "python3", "-c", "pass", env=env, cwd=tmp_path)
+    assert out.returncode == 1
+    assert "ErrImagePull" in out.stderr and "fiber-no-such-image:3" in out.stderr
+
+
+def test_fiber_run_is_for_kubernetes(env: dict[str, str], tmp_path: Path) -> None:
+    out = fiber("run", "--backend", "local", "--image", "x", "python3", env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "Kubernetes only" in out.stderr
+    out = fiber("run", env=env, cwd=tmp_path)
+    assert out.returncode == 2 and "give the command" in out.stderr

@@ -1,0 +1,481 @@
+"""The ``kubernetes`` backend against the Kubernetes API emulator (a real HTTP API server and a
+test kubelet running each pod as a host-network container on the test dockerd; see
+``k8s_emulator/README.md``). Nothing is mocked: the plugin talks to it through a kubeconfig.
+
+Jobs run the ``fiber-test`` image (Python 3.11 + fiber-core). Functions that pool workers
+import by name live in ``pod_functions.py``; the ``k8s_env`` fixture mounts the tests
+directory at the same path in every pod through the ``volumes`` setting (a hostPath), so
+they import there as here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fiber_core
+import pod_functions
+import pytest
+import yaml
+from fiber_core.backend import JobSpec
+from fiber_core.config import config
+from fiber_core.errors import BackendError
+from fiber_core.registry import registry
+from fiber_core.runtime import runtime
+from fiber_core.testing import BackendConformance
+from k8s_helpers import WAIT, Emu, start_emulator
+from kubernetes import client, watch
+
+from fiber_k8s import rbac
+from fiber_k8s.backend import KubernetesBackend, build_pod, label_value, pod_name
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class TestKubernetes(BackendConformance):
+    """The shared conformance suite, with every job a pod on the emulator."""
+
+    backend_name = "kubernetes"
+    python = "python3"
+    start_timeout = float(WAIT)
+
+    @pytest.fixture(autouse=True)
+    def _env(self, k8s_env: dict[str, str], image: str) -> None:
+        pass
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def settings(**overrides: Any) -> dict[str, Any]:
+    """The backend's settings as configured by ``k8s_env``, with ``overrides``."""
+    return {**config.backend_settings("kubernetes"), **overrides}
+
+
+@pytest.fixture
+def backend(k8s_env: dict[str, str], image: str) -> Iterator[KubernetesBackend]:
+    """A backend of its own run; the pods it starts can run (``image``)."""
+    b = KubernetesBackend(settings(), "t" + uuid.uuid4().hex[:10])
+    yield b
+    b.cleanup()
+
+
+def job_spec(code: str, **kw: Any) -> JobSpec:
+    kw.setdefault("name", "test-job")
+    return JobSpec(command=["python3", "-c", code], **kw)
+
+
+def run_pods(v1: client.CoreV1Api, ns: str, selector: str) -> list[client.V1Pod]:
+    return v1.list_namespaced_pod(ns, label_selector=selector).items
+
+
+def wait_pods(v1: client.CoreV1Api, ns: str, selector: str, until: Callable[[list[client.V1Pod]], bool],
+              what: str) -> list[client.V1Pod]:
+    """Watch the pods of ``selector`` until ``until(pods)`` holds; fail after WAIT seconds."""
+    listed = v1.list_namespaced_pod(ns, label_selector=selector)
+    pods = {p.metadata.name: p for p in listed.items}
+    if until(list(pods.values())):
+        return list(pods.values())
+    w = watch.Watch()
+    for ev in w.stream(v1.list_namespaced_pod, ns, label_selector=selector,
+                       resource_version=listed.metadata.resource_version, timeout_seconds=WAIT,
+                       _request_timeout=WAIT + 5):
+        p = ev["object"]
+        if ev["type"] == "DELETED":
+            pods.pop(p.metadata.name, None)
+        else:
+            pods[p.metadata.name] = p
+        if until(list(pods.values())):
+            w.stop()
+            return list(pods.values())
+    raise AssertionError(f"pods of {selector} did not get {what} in {WAIT} s: "
+                         f"{[(p.metadata.name, p.status.phase) for p in pods.values()]}")
+
+
+def script_env(k8s_env: dict[str, str], **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_") and k != "KUBERNETES_SERVICE_HOST"}
+    return {**env, **k8s_env, "FIBER_BACKEND": "kubernetes", **extra}
+
+
+# -- registration and selection -------------------------------------------------------------------
+
+
+def test_registered_as_kubernetes_and_k8s() -> None:
+    assert registry.get_class("kubernetes") is KubernetesBackend
+    assert registry.get_class("k8s") is KubernetesBackend
+    info = next(i for i in registry.backends() if i.name == "kubernetes")
+    assert info.package == "fiber-k8s" and info.aliases == ("k8s",)
+
+
+def test_selected_by_itself_in_a_pod(tmp_path: Path) -> None:
+    # The core registry picks kubernetes when KUBERNETES_SERVICE_HOST is set and nothing is configured.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
+    code = "from fiber_core.registry import selected_backend_name as s; print(s())"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "KUBERNETES_SERVICE_HOST": "10.0.0.1"},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=WAIT)
+    assert out.stdout.strip() == "kubernetes", out.stderr
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=WAIT)
+    assert out.stdout.strip() == "local", out.stderr
+
+
+def test_selected_by_itself_in_a_real_pod(backend: KubernetesBackend, pod_site: Path) -> None:
+    # A pod of the emulator has KUBERNETES_SERVICE_HOST from its kubelet, as on a cluster.
+    code = "from fiber_core.registry import selected_backend_name as s; print('backend', s())"
+    job = backend.start_job(job_spec(code, env={"PYTHONPATH": str(pod_site)},
+                                     backend_options={"volumes": [f"{pod_site}:{pod_site}:ro"]}))
+    assert backend.wait_for_job(job, WAIT) == 0, backend.get_job_logs(job)
+    assert "backend kubernetes" in backend.get_job_logs(job)
+
+
+# -- the pod manifest -----------------------------------------------------------------------------
+
+
+def test_gpu_resources_selector_and_labels_in_the_created_pod(
+        emu: Emu, v1: client.CoreV1Api, ns: str, backend: KubernetesBackend, restore_config: None) -> None:
+    spec = job_spec("print('on a gpu node')", name="Process-1:2 weird/name", cpu=0.5, memory=300, gpu=2,
+                    gpu_type="NVIDIA-A100-SXM4-40GB", labels={"fiber.run": backend.run_id, "fiber.name": "x"})
+    job = backend.start_job(spec)
+    created = v1.read_namespaced_pod(job.id, ns)  # read back what the API server stored
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", job.id) and len(job.id) <= 63
+    assert job.id.startswith("process-1-2-weird-name-" + backend.run_id + "-")
+    res = created.spec.containers[0].resources
+    assert res.limits == {"cpu": "500m", "memory": "300Mi", "nvidia.com/gpu": "2"}
+    assert res.requests == {"cpu": "500m", "memory": "300Mi", "nvidia.com/gpu": "2"}  # GPU: defaulted
+    assert created.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}
+    assert any(t.key == "nvidia.com/gpu" and t.operator == "Exists" for t in created.spec.tolerations)
+    assert created.spec.restart_policy == "Never"
+    assert created.metadata.labels["fiber.run"] == backend.run_id
+    assert created.metadata.labels["fiber.parent"] == backend.selector.split("fiber.parent=")[1]
+    assert created.metadata.labels["fiber.name"] == "Process-1_2_weird_name"
+    assert created.metadata.annotations["fiber.name"] == "Process-1:2 weird/name"
+    assert created.metadata.owner_references is None  # this parent is not a pod
+    # No node has GPUs: the pod waits. A node with the label and two GPUs takes it.
+    assert backend.wait_for_job(job, 0.5) is None
+    nodes = emu.admin("config")["nodes"]
+    emu.admin("config", {"nodes": nodes + [{"name": "a100", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, "allocatable": {"nvidia.com/gpu": 2}}]}, "PUT")
+    assert backend.wait_for_job(job, WAIT) == 0, backend.get_job_logs(job)
+    assert job.host == "a100"
+
+
+def test_gpu_label_setting_and_other_options() -> None:
+    spec = JobSpec(command=["python3", "-c", "print('$(HOME)')"], name="p", gpu_type="nvidia-tesla-t4",
+                   env={"A": "1"}, volumes={"/data": "/mnt/data"})
+    body = build_pod(spec, {"gpu_label": "cloud.google.com/gke-accelerator", "tolerations": ["dedicated=ml:NoSchedule"],
+                            "service_account": "runner", "image_pull_secrets": ["regcred"],
+                            "volumes": ["results:/results", "/tmp:/host-tmp:ro"], "extra_env": ["B=2"],
+                            "node_selector": ["pool=ml"], "grace_period": 10, "signal_shell": False},
+                     name="p-1", namespace="ns", image="img:1", labels={"fiber.run": "r"})
+    pod = body["spec"]
+    c = pod["containers"][0]
+    assert pod["nodeSelector"] == {"pool": "ml", "cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # gpu_type alone asks for one GPU
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["serviceAccountName"] == "runner" and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["volumes"] == [
+        {"name": "vol-0", "persistentVolumeClaim": {"claimName": "results", "readOnly": False}},
+        {"name": "vol-1", "hostPath": {"path": "/tmp"}}, {"name": "vol-2", "hostPath": {"path": "/data"}}]
+    assert c["volumeMounts"] == [{"name": "vol-0", "mountPath": "/results"},
+                                 {"name": "vol-1", "mountPath": "/host-tmp", "readOnly": True},
+                                 {"name": "vol-2", "mountPath": "/mnt/data"}]
+    assert c["command"] == ["python3", "-c", "print('$$(HOME)')"]  # no $(VAR) expansion by Kubernetes
+    env = {e["name"]: e for e in c["env"]}
+    assert env["A"]["value"] == "1" and env["B"]["value"] == "2"
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    with pytest.raises(BackendError, match="gpu=-1"):
+        build_pod(JobSpec(command=["x"], gpu=-1), {}, name="p", namespace="n", image="i", labels={})
+
+
+def test_names_and_label_values_are_valid() -> None:
+    names = {pod_name("Process-1:2 weird/name" * 5, "conf0123abcd") for _ in range(50)}
+    assert len(names) == 50
+    for name in names:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
+    assert pod_name("___", "RUN") .startswith("fiber-run-")
+    assert label_value("-Process-1:2 x/y-") == "Process-1_2_x_y"
+    assert len(label_value("x" * 100)) == 63
+
+
+# -- failures that must not hang ------------------------------------------------------------------
+
+
+def test_image_pull_failure_fails_the_job_with_the_reason(v1: client.CoreV1Api, ns: str,
+                                                          backend: KubernetesBackend) -> None:
+    job = backend.start_job(job_spec("pass", image="fiber-no-such-image:1"))
+    assert backend.wait_for_job(job, WAIT) == 1
+    logs = backend.get_job_logs(job)
+    assert "ErrImagePull" in logs and "fiber-no-such-image:1" in logs
+    # The pod is deleted, so the kubelet stops retrying the pull.
+    wait_pods(v1, ns, f"fiber.run={backend.run_id}", lambda pods: not pods, "deleted")
+
+
+def test_image_pull_failure_of_a_process(k8s_env: dict[str, str], image: str, caplog: pytest.LogCaptureFixture) -> None:
+    p = fiber_core.Process(target=pod_functions.square, args=(2,), backend="kubernetes",
+                           image="fiber-no-such-image:2")
+    with caplog.at_level(logging.WARNING, logger="fiber"):
+        p.start()
+        p.join(WAIT)
+    assert p.exitcode == 1
+    assert "ErrImagePull" in caplog.text and "fiber-no-such-image:2" in caplog.text
+
+
+def test_image_without_python_fails_with_its_log(backend: KubernetesBackend) -> None:
+    job = backend.start_job(job_spec("pass", image="fiber-test-nopython:latest"))
+    assert backend.wait_for_job(job, WAIT) == 127  # sh: python3: not found
+    assert "python3" in backend.get_job_logs(job)
+
+
+def test_out_of_memory_is_sigkill_with_the_reason(backend: KubernetesBackend) -> None:
+    job = backend.start_job(job_spec("x = bytearray(400 * 2**20); print('survived')", memory=64))
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGKILL
+    logs = backend.get_job_logs(job)
+    assert "OOMKilled" in logs and "survived" not in logs
+
+
+def test_unschedulable_pod_fails_after_schedule_timeout(v1: client.CoreV1Api, ns: str,
+                                                        k8s_env: dict[str, str]) -> None:
+    b = KubernetesBackend(settings(schedule_timeout=1.0), "t" + uuid.uuid4().hex[:10])
+    try:
+        job = b.start_job(job_spec("pass", gpu=1))
+        assert b.wait_for_job(job, WAIT) == 1
+        logs = b.get_job_logs(job)
+        assert "schedule_timeout=1s" in logs and "Insufficient nvidia.com/gpu" in logs
+        wait_pods(v1, ns, f"fiber.run={b.run_id}", lambda pods: not pods, "deleted")
+    finally:
+        b.cleanup()
+
+
+def test_lost_api_server_fails_polls_instead_of_hanging(k8s_env: dict[str, str], tmp_path: Path) -> None:
+    proc, kubeconfig = start_emulator(tmp_path, "--instance", "lost-" + uuid.uuid4().hex[:6])
+    try:
+        b = KubernetesBackend(settings(kubeconfig=str(kubeconfig), namespace="default", api_timeout=0.5,
+                                       node_selector=["nowhere=1"], schedule_timeout=0.0), "lost")
+        job = b.start_job(job_spec("pass"))  # never scheduled: it waits as long as the API answers
+        assert b.wait_for_job(job, 0.5) is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    with pytest.raises(BackendError, match="lost the watch on the pods of run lost"):
+        b.wait_for_job(job, WAIT)
+    with pytest.raises(BackendError, match="cannot reach the Kubernetes API server"):
+        b.terminate_job(job)
+    b.cleanup()  # stops the watch's reconnection attempts (and warns that it cannot delete)
+
+
+def test_no_kubeconfig_and_not_in_a_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            k8s_env: dict[str, str]) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    b = KubernetesBackend(settings(kubeconfig=None), "r1")
+    with pytest.raises(BackendError) as e:
+        b.start_job(job_spec("pass"))
+    msg = str(e.value)
+    assert "no Kubernetes cluster configured" in msg and "KUBERNETES_SERVICE_HOST is not set" in msg
+    assert str(tmp_path / "missing") in msg and "FIBER_KUBERNETES_KUBECONFIG" in msg
+
+
+def test_listen_address_outside_a_cluster_must_be_configured(k8s_env: dict[str, str], tmp_path: Path) -> None:
+    env = script_env(k8s_env)
+    del env["FIBER_LISTEN_HOST"]
+    code = textwrap.dedent("""
+        import fiber_core
+        p = fiber_core.Process(target=print)
+        try:
+            p.start()
+        except fiber_core.ProcessError as e:
+            print(type(e).__name__, e)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=WAIT)
+    assert out.stdout.startswith("BackendError"), out.stdout + out.stderr
+    assert "FIBER_LISTEN_HOST" in out.stdout and "fiber run" in out.stdout
+
+
+# -- RBAC -----------------------------------------------------------------------------------------
+
+
+def role_rules() -> dict[str, list[str]]:
+    """The Role of rbac.yaml as the emulator's RBAC config ({resource: verbs})."""
+    docs = list(yaml.safe_load_all(rbac.render("ns1")))
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding"]
+    role = docs[1]
+    rules: dict[str, list[str]] = {}
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == [""]
+        for resource in rule["resources"]:
+            rules[resource] = rule["verbs"]
+    assert all(d["metadata"]["namespace"] == "ns1" for d in docs)
+    assert docs[2]["subjects"] == [{"kind": "ServiceAccount", "name": "fiber", "namespace": "ns1"}]
+    return rules
+
+
+def test_rbac_manifest_is_namespaced_least_privilege() -> None:
+    assert role_rules() == {"pods": ["create", "get", "list", "watch", "delete", "deletecollection"],
+                            "pods/log": ["get"]}
+    assert subprocess.run([sys.executable, "-m", "fiber_k8s.rbac", "-n", "x"], capture_output=True,
+                          text=True, timeout=WAIT).stdout == rbac.render("x")
+
+
+def test_rbac_manifest_is_enough(emu: Emu, v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
+                                 image: str, restore_config: None) -> None:
+    emu.admin("config", {"rbac": role_rules()}, "PUT")
+    b = KubernetesBackend(settings(), "t" + uuid.uuid4().hex[:10])
+    job = b.start_job(job_spec("import time; print('up', flush=True); time.sleep(60)"))
+    done = b.start_job(job_spec("print('done')"))
+    assert b.wait_for_job(done, WAIT) == 0 and "done" in b.get_job_logs(done)
+    b.terminate_job(job)
+    assert b.wait_for_job(job, WAIT) == -signal.SIGTERM
+    b.cleanup()
+    wait_pods(v1, ns, f"fiber.run={b.run_id}", lambda pods: not pods, "deleted")
+
+
+@pytest.mark.parametrize("resource, verb", [("pods", "create"), ("pods", "list"), ("pods", "watch")])
+def test_forbidden_names_the_missing_verb(emu: Emu, k8s_env: dict[str, str], restore_config: None,
+                                          resource: str, verb: str) -> None:
+    rules = role_rules()
+    rules[resource] = [v for v in rules[resource] if v != verb]
+    emu.admin("config", {"rbac": rules}, "PUT")
+    b = KubernetesBackend(settings(), "t" + uuid.uuid4().hex[:10])
+    try:
+        with pytest.raises(BackendError) as e:
+            b.start_job(job_spec("pass"))
+        assert f"lacks the '{verb}' verb on '{resource}'" in str(e.value)
+        assert "rbac.yaml" in str(e.value) and "forbidden" in str(e.value)
+    finally:
+        b.cleanup()
+
+
+def test_without_log_or_deletecollection_permission(emu: Emu, v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
+                                                    image: str, restore_config: None) -> None:
+    rules = role_rules()
+    rules["pods"].remove("deletecollection")
+    del rules["pods/log"]
+    emu.admin("config", {"rbac": rules}, "PUT")
+    b = KubernetesBackend(settings(), "t" + uuid.uuid4().hex[:10])
+    job = b.start_job(job_spec("print('hi')"))
+    assert b.wait_for_job(job, WAIT) == 0
+    assert "lacks the 'get' verb on 'pods/log'" in b.get_job_logs(job)
+    b.cleanup()  # falls back to one delete per pod
+    wait_pods(v1, ns, f"fiber.run={b.run_id}", lambda pods: not pods, "deleted")
+
+
+# -- processes and pools of pods ------------------------------------------------------------------
+
+
+def test_pool_of_pods(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], image: str) -> None:
+    with fiber_core.Pool(3, backend="kubernetes") as pool:
+        assert pool.map(pod_functions.square, range(50)) == [x * x for x in range(50)]
+        where = pool.apply(pod_functions.pod_name)
+        workers = {p.metadata.name for p in run_pods(v1, ns, f"fiber.run={runtime().run_id}")
+                   if p.metadata.name.startswith("poolworker-")}
+        assert len(workers) == 3  # one pod per worker (the pool does not wait for all to run)
+        assert where in workers  # a task ran in one of the pool's pods
+
+
+def test_process_roundtrip_and_cleanup_after_normal_exit(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
+                                                         image: str, tmp_path: Path) -> None:
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import fiber_core
+        from fiber_core.runtime import runtime
+
+        def put(q, x):
+            q.put(x + 1)
+
+        if __name__ == "__main__":
+            print("run", runtime().run_id, flush=True)
+            q = fiber_core.Queue()
+            ps = [fiber_core.Process(target=put, args=(q, i)) for i in range(2)]
+            for p in ps:
+                p.start()
+            print("got", sorted(q.get(timeout=60) for _ in ps), flush=True)
+            for p in ps:
+                p.join(60)
+            print("codes", [p.exitcode for p in ps], flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], env=script_env(k8s_env), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=2 * WAIT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = re.search(r"run (\w+)", out.stdout).group(1)
+    assert "got [1, 2]" in out.stdout and "codes [0, 0]" in out.stdout
+    # The finished pods were deleted when the program exited.
+    wait_pods(v1, ns, f"fiber.run={run}", lambda pods: not pods, "deleted")
+
+
+def test_parent_killed_workers_exit_and_fiber_clean_removes_pods(
+        v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], image: str, tmp_path: Path) -> None:
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import fiber_core
+        from fiber_core.runtime import runtime
+
+        def forever(q):
+            q.put("up")
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=forever, args=(q,))
+            p.start()
+            assert q.get(timeout=60) == "up"
+            print("run", runtime().run_id, flush=True)
+            time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], env=script_env(k8s_env), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        timer = threading.Timer(2 * WAIT, proc.kill)  # bounds the read below
+        timer.start()
+        line = proc.stdout.readline()
+        timer.cancel()
+        assert line.startswith("run "), line + proc.stderr.read()
+        run = line.split()[1]
+        assert len(run_pods(v1, ns, f"fiber.run={run}")) == 1
+        proc.send_signal(signal.SIGKILL)  # no cleanup can run
+        proc.wait(WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT)
+    # The worker lost its parent's connection and exited; its pod stays, finished.
+    pods = wait_pods(v1, ns, f"fiber.run={run}",
+                     lambda pods: bool(pods) and all(p.status.phase in ("Succeeded", "Failed") for p in pods),
+                     "finished")
+    assert len(pods) == 1
+    out = subprocess.run([sys.executable, "-m", "fiber_core.cli", "clean", "--backend", "kubernetes", "--run", run],
+                         env=script_env(k8s_env), cwd=tmp_path, capture_output=True, text=True, timeout=WAIT)
+    assert out.returncode == 0, out.stderr
+    assert f"removed pod {ns}/{pods[0].metadata.name}" in out.stdout
+    wait_pods(v1, ns, f"fiber.run={run}", lambda pods: not pods, "deleted")
+
+
+def test_status_comes_from_one_watch(backend: KubernetesBackend) -> None:
+    jobs = [backend.start_job(job_spec("import time; time.sleep(60)")) for _ in range(3)]
+    cluster = backend.cluster
+    calls: list[tuple] = []
+    real = cluster.request
+
+    def counting(*args: Any, **kw: Any) -> Any:  # the real request, counted
+        calls.append(args[:4])
+        return real(*args, **kw)
+
+    cluster.request = counting  # type: ignore[method-assign]
+    for _ in range(100):
+        assert all(backend.poll_job(j) is None for j in jobs)
+    assert calls == []  # polls answer from the watch's state
+    for j in jobs:
+        backend.kill_job(j)
+    assert [backend.wait_for_job(j, WAIT) for j in jobs] == [-signal.SIGKILL] * 3
+
