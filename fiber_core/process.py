@@ -460,7 +460,7 @@ class _JobRun:
             conn = Connection(self.sock)
             printer = _OutputPrinter(self.process.name)
             conn_done = threading.Event()
-            if False:
+            if self.sock.family != socket.AF_UNIX:
                 threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,
                                  name=f"fiber-unstick-{self.process.name}").start()
             try:

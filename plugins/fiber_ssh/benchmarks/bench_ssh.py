@@ -1,0 +1,251 @@
+"""fiber-ssh against the local backend: job start latency, and the Fiber paper's overhead workload.
+
+Both backends are measured in the same run, in alternating repetitions (the order flips
+every repetition), and every figure is the median over the repetitions' samples.
+
+1. Job start. At the backend level, for a job running ``python -c`` whose first
+   statement reads the clock: how long ``create_job`` blocks, *start -> first
+   instruction* (the parent reads the clock just before ``create_job``; the hosts share
+   this machine's clock) and *start -> exit code known*. At the Fiber level:
+   ``Process.start()`` to the first line of the target, and ``start()`` + ``join()`` of
+   a no-op. For SSH also the cost of one bare command on an open connection
+   (``exec true``): what the host's login shell alone takes.
+2. The overhead workload of the Fiber paper (Figure 9): ``Pool(5)``; tasks that sleep
+   1 s, 100 ms, 10 ms, 1 ms, in batches of 5, 50, 500, 5000 (ideal: 1 s each);
+   ``pool.map`` with the default chunksize is timed. Each repetition, each backend gets
+   a fresh pool, timed to its first result, warmed up (every worker has answered),
+   then the four batches run on it.
+
+The SSH side runs on the hosts of ``[ssh] hosts`` (``FIBER_SSH_*``); with nothing
+configured, on the test hosts of ``scripts/services/ssh.sh`` (start them with
+``bash scripts/test-services.sh up ssh``), 2 slots each, so that the 5 workers spread
+over the 3 hosts. Usage::
+
+    python plugins/fiber_ssh/benchmarks/bench_ssh.py            # about 3 minutes
+    python plugins/fiber_ssh/benchmarks/bench_ssh.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+WORKERS = 5
+CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)
+WAIT = 120.0
+BACKENDS = ("local", "ssh")
+FIRST_LINE = "import time; t = time.time(); print('t', repr(t), flush=True)"
+
+
+def configure_test_hosts() -> str:
+    """Point FIBER_SSH_* at the test hosts unless hosts are configured; describe them."""
+    if os.environ.get("FIBER_SSH_HOSTS"):
+        return os.environ["FIBER_SSH_HOSTS"]
+    services = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
+    env_file = services / "ssh" / "hosts.env"
+    if not env_file.exists():
+        sys.exit(f"no [ssh] hosts configured and no test hosts ({env_file} is missing): "
+                 "run `bash scripts/test-services.sh up ssh` or set FIBER_SSH_HOSTS")
+    facts = {}
+    for line in env_file.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            facts[key] = shlex.split(value)[0] if value.strip() else ""
+    os.environ.update({
+        "FIBER_SSH_HOSTS": ", ".join(f"{h}*2" for h in facts["FIBER_SSH_HOSTS"].split()),
+        "FIBER_SSH_USER": facts["FIBER_SSH_USER"],
+        "FIBER_SSH_KEY": facts["FIBER_SSH_KEY"],
+        "FIBER_SSH_KNOWN_HOSTS": facts["FIBER_SSH_KNOWN_HOSTS"],
+        "FIBER_SSH_SSH_CONFIG": "",
+    })
+    os.environ.setdefault("FIBER_SSH_PYTHON", sys.executable)
+    return os.environ["FIBER_SSH_HOSTS"]
+
+
+def noop() -> None:
+    pass
+
+
+def first_line(q: Any) -> None:
+    q.put(time.time())
+
+
+# -- job start -------------------------------------------------------------------------------
+
+
+def job_start(backend: Any, python: str, results: dict, name: str) -> None:
+    from fiber_core.backend import JobSpec
+
+    t0 = time.time()
+    job = backend.start_job(JobSpec(command=[python, "-c", FIRST_LINE], name="bench"))
+    t1 = time.time()
+    code = backend.wait_for_job(job, WAIT)
+    t2 = time.time()
+    if code != 0:
+        raise RuntimeError(f"{name} job failed ({code}): {backend.get_job_logs(job)}")
+    started = next(float(line.split()[1]) for line in backend.get_job_logs(job).splitlines()
+                   if line.startswith("t "))
+    results[("job", "create_job() returns (ms)")][name].append((t1 - t0) * 1e3)
+    results[("job", "start -> first instruction (ms)")][name].append((started - t0) * 1e3)
+    results[("job", "start -> exit code known (ms)")][name].append((t2 - t0) * 1e3)
+
+
+def process_start(results: dict, name: str) -> None:
+    import fiber_core
+
+    q = fiber_core.Queue()
+    t0 = time.time()
+    p = fiber_core.Process(target=first_line, args=(q,), backend=name)
+    p.start()
+    started = q.get(timeout=WAIT)
+    p.join(WAIT)
+    results[("job", "Process.start() -> target's first line (ms)")][name].append((started - t0) * 1e3)
+    t0 = time.perf_counter()
+    p = fiber_core.Process(target=noop, backend=name)
+    p.start()
+    p.join(WAIT)
+    if p.exitcode != 0:
+        raise RuntimeError(f"a no-op Process on {name} exited with {p.exitcode}")
+    results[("job", "Process start() + join(), no-op (ms)")][name].append((time.perf_counter() - t0) * 1e3)
+
+
+def bare_command(backend: Any, results: dict) -> None:
+    """One ``exec true`` on an open connection to each host: the login shell's own cost."""
+    for host in backend._hosts:
+        t = next(x for x in host.transports if x.is_active())
+        t0 = time.perf_counter()
+        backend._run(host, t, "true")
+        results[("job", "exec `true` on an open connection (ms)")]["ssh"].append(
+            (time.perf_counter() - t0) * 1e3)
+
+
+# -- the overhead workload ---------------------------------------------------------------------
+
+
+def pool_turn(name: str, results: dict) -> None:
+    import fiber_core
+
+    t0 = time.perf_counter()
+    pool = fiber_core.Pool(WORKERS, backend=name)
+    try:
+        pool.apply(noop)
+        results[("pool", "Pool(5) -> first result (s)")][name].append(time.perf_counter() - t0)
+        seen: set[Any] = set()
+        deadline = time.monotonic() + WAIT
+        while len(seen) < WORKERS:  # warm-up: every worker has answered
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(seen)} of {WORKERS} {name} workers answered")
+            seen.update(pool.map(_who, [0.02] * (2 * WORKERS), 1))
+        pool.map(time.sleep, [0.0] * (2 * WORKERS))
+        for seconds, batch in CASES:
+            t = time.perf_counter()
+            out = pool.map_async(time.sleep, [seconds] * batch).get(WAIT * 5)
+            results[("sleep", seconds)][name].append(time.perf_counter() - t)
+            assert len(out) == batch
+        if name == "ssh":
+            results[("pool", "hosts the 5 workers ran on")]["ssh"].append(len({h for h, _ in seen}))
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _who(seconds: float) -> tuple[str, int]:
+    import socket
+
+    time.sleep(seconds)
+    return socket.gethostname(), os.getpid()
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+def run(reps: int, jobs_per_rep: int) -> dict:
+    from fiber_core.registry import create_backend
+
+    results: dict = defaultdict(lambda: defaultdict(list))
+    backends = {name: create_backend(name, f"bench-{name}") for name in BACKENDS}
+    pythons = {"local": sys.executable, "ssh": os.environ["FIBER_SSH_PYTHON"]}
+    try:
+        for name, b in backends.items():  # connect, and a job and a Process each, before measuring
+            scratch: dict = defaultdict(lambda: defaultdict(list))
+            job_start(b, pythons[name], scratch, name)
+            process_start(scratch, name)
+        for r in range(reps):
+            t = time.perf_counter()
+            order = BACKENDS if r % 2 == 0 else BACKENDS[::-1]
+            for name in order:
+                for _ in range(jobs_per_rep):
+                    job_start(backends[name], pythons[name], results, name)
+                process_start(results, name)
+                if name == "ssh":
+                    bare_command(backends["ssh"], results)
+                pool_turn(name, results)
+            print(f"repetition {r + 1}/{reps}: {time.perf_counter() - t:.1f} s "
+                  f"(load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
+    finally:
+        for b in backends.values():
+            b.cleanup()
+    return results
+
+
+def report(results: dict, hosts: str, reps: int) -> str:
+    lines = [
+        f"`bench_ssh.py`, {reps} repetitions; Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end; "
+        f"SSH hosts: {hosts}",
+        "",
+        "| what | local | ssh | ssh / local |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def row(label: str, key: tuple, fmt: str) -> None:
+        vals = {n: statistics.median(results[key][n]) if results[key][n] else None for n in BACKENDS}
+        shown = [fmt.format(vals[n]) if vals[n] is not None else "" for n in BACKENDS]
+        ratio = f"{vals['ssh'] / vals['local']:.2f}" if vals["ssh"] and vals["local"] else ""
+        lines.append(f"| {label} | {shown[0]} | {shown[1]} | {ratio} |")
+
+    for key in sorted((k for k in results if k[0] == "job"), key=lambda k: _JOB_ORDER.index(k[1])):
+        row(key[1], key, "{:.0f}")
+    row("Pool(5) -> first result (s)", ("pool", "Pool(5) -> first result (s)"), "{:.2f}")
+    for seconds, batch in CASES:
+        row(f"map: {batch} x sleep {seconds * 1000:g} ms (s; ideal 1.00)", ("sleep", seconds), "{:.3f}")
+    spread = results[("pool", "hosts the 5 workers ran on")]["ssh"]
+    if spread:
+        lines.append("")
+        lines.append(f"The 5 SSH workers ran on {min(spread)} to {max(spread)} hosts.")
+    return "\n".join(lines)
+
+
+_JOB_ORDER = [
+    "create_job() returns (ms)",
+    "start -> first instruction (ms)",
+    "start -> exit code known (ms)",
+    "exec `true` on an open connection (ms)",
+    "Process.start() -> target's first line (ms)",
+    "Process start() + join(), no-op (ms)",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, 2 jobs")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5)")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs started per repetition and backend (default 5)")
+    args = parser.parse_args(argv)
+    reps = args.reps or (1 if args.quick else 5)
+    jobs = args.jobs or (2 if args.quick else 5)
+    hosts = configure_test_hosts()
+    print(report(run(reps, jobs), hosts, reps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1001 @@
+"""The ``ssh`` backend: every Fiber job is a process on one of a list of SSH hosts.
+
+How a job starts, whole: :meth:`SshBackend.create_job` places the job on the live host
+with the most free slots (GPU jobs only on hosts that declare GPUs, see
+:mod:`fiber_ssh.hosts`), opens a channel on the one SSH connection it keeps to that host
+(a paramiko ``Transport``, opened the first time with the host key checked, a key
+login, and a probe of the remote Python), and execs the job supervisor
+(:mod:`fiber_ssh.supervisor`) there. The job itself (argv, environment, working
+directory) travels over the channel's stdin; the supervisor starts it in a new
+session and reports its process group and, at the end, its exit code on stdout.
+
+One thread per backend watches every channel (paramiko signals a channel through a
+pipe when data arrives or it closes): it keeps each job's log (the channel's stderr),
+records exit codes as they arrive, so :meth:`~SshBackend.poll_job` never makes a
+round trip, and sends each supervisor a heartbeat. ``terminate_job`` and ``kill_job``
+write ``T`` or ``K`` to the supervisor, which signals the whole process group.
+
+A host that stops answering (keepalives every ``keepalive`` seconds, and the kernel
+gives up on the connection after ``keepalive_count`` of them go unanswered) is *lost*:
+its jobs end with ``-1`` (SIGHUP: the line to them hung up), placement skips it, and
+it is tried again after ``retry_lost`` seconds. Its supervisors, cut off from the
+parent, kill their jobs after ``orphan_timeout`` seconds without a heartbeat.
+
+paramiko is imported when a backend is created, never when the plugin is loaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import getpass
+import hashlib
+import itertools
+import json
+import logging
+import math
+import os
+import selectors
+import shlex
+import signal
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fiber_core.backend import Backend, Job, JobSpec, exitcode_from_status
+from fiber_core.config import Option
+from fiber_core.errors import BackendError, ConfigError
+
+from fiber_ssh.hosts import HostSpec, Placement, Slots, parse_hosts, place, release
+
+if TYPE_CHECKING:
+    import paramiko
+
+log = logging.getLogger("fiber")
+
+DEFAULT_EXCLUDE = [".git", ".hg", ".svn", "__pycache__", "*.pyc", ".venv", "venv", ".tox",
+                   ".mypy_cache", ".pytest_cache", ".ruff_cache", "node_modules", ".fiberconfig"]
+
+OPTIONS: tuple[Option, ...] = (
+    Option("hosts", str, None,
+           "hosts that run the jobs, comma- or space-separated: "
+           "[user@]host[:port][*slots][[gpu=N,gpu_type=T]]"),
+    Option("user", str, None, "login for hosts that name none (default: ~/.ssh/config, then the local user)"),
+    Option("port", int, None, "SSH port for hosts that name none (default: ~/.ssh/config, then 22)"),
+    Option("key", str, None,
+           "private key file to log in with (default: ~/.ssh/config's IdentityFile, then ~/.ssh/id_*)"),
+    Option("agent", bool, True, "also try the keys of a running ssh-agent (SSH_AUTH_SOCK)"),
+    Option("known_hosts", str, "~/.ssh/known_hosts", "known_hosts file that host keys are checked against"),
+    Option("host_key_policy", str, "strict",
+           "strict: an unknown or changed host key is an error; accept-new: unknown keys are "
+           "added to known_hosts (a changed key is still an error)", choices=("strict", "accept-new")),
+    Option("ssh_config", str, "~/.ssh/config",
+           "OpenSSH client configuration read for HostName, User, Port, IdentityFile (empty: none)"),
+    Option("python", str, "python3",
+           "Python on the hosts, with fiber-core installed: give a full path (login shells change PATH)"),
+    Option("workdir", str, None,
+           "working directory of the jobs on the hosts (default: the upload directory, else the home)"),
+    Option("upload", bool, False, "copy this process's working directory to every host (sftp) before its first job"),
+    Option("upload_exclude", list, DEFAULT_EXCLUDE, "names and glob patterns that upload skips"),
+    Option("upload_max_mb", float, 100.0, "refuse to upload a working directory larger than this (MiB)"),
+    Option("timeout", float, 15.0,
+           "seconds to connect, log in and run the first command on a host before it counts as unreachable"),
+    Option("keepalive", float, 1.0, "seconds between keepalives on each connection, and heartbeats to each job"),
+    Option("keepalive_count", int, 3, "keepalive intervals without an answer before a host is lost"),
+    Option("retry_lost", float, 60.0, "seconds before a lost host is tried again (0: never)"),
+    Option("orphan_timeout", float, 30.0,
+           "seconds a remote job lives on without a heartbeat from this process (0: forever)"),
+)
+
+LOST = -signal.SIGHUP
+"""Exit code of a job whose host was lost: the line to it hung up."""
+
+_LOG_LIMIT = 1 << 20  # bytes of each job's log kept (the end)
+_EXIT_GRACE = 2.0  # seconds to wait for the rest of a job's log after its exit code
+_SUPERVISOR = Path(__file__).with_name("supervisor.py").read_text().split('"""\n', 1)[1].lstrip()
+"""The supervisor's code without its docstring: it is on the command line of every job."""
+_PROBE = r"""
+import json, os, socket, sys, tempfile
+info = {"python": sys.version.split()[0], "new_enough": sys.version_info >= (3, 10),
+        "cpus": os.cpu_count() or 1, "tmp": tempfile.gettempdir(), "hostname": socket.gethostname()}
+try:
+    import fiber_core
+    info["fiber_core"] = getattr(fiber_core, "__version__", "?")
+except Exception as e:
+    info["fiber_core_error"] = f"{type(e).__name__}: {e}"
+if sys.argv[1:]:
+    info["workdir"] = os.path.isdir(os.path.expanduser(sys.argv[1]))
+print("\n@fiber probe " + json.dumps(info), flush=True)
+"""
+
+
+class _Unreachable(Exception):
+    """The host did not answer (network, sshd down): it is lost, another may do."""
+
+
+@dataclass(eq=False)
+class _Host:
+    """One host of the list: how to reach it and the connections to it."""
+
+    spec: HostSpec
+    addr: str
+    port: int
+    user: str
+    key_files: list[str]
+    name: str
+    """``user@addr:port`` as far as it differs from the defaults: for messages."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    transports: list[paramiko.Transport] = field(default_factory=list)
+    info: dict[str, Any] | None = None
+    """What the probe found: python version, cpus, tmp, hostname."""
+    error: BackendError | None = None
+    """A configuration problem (host key, login, Python): raised on every use."""
+    lost_reason: str = ""
+    lost_at: float = 0.0
+    reviving: bool = False
+    workdir: str | None = None
+    uploaded: bool = False
+    created_dir: str | None = None
+    """A directory this run created there (the upload), removed by cleanup()."""
+
+    @property
+    def hostname(self) -> str:
+        return (self.info or {}).get("hostname") or self.addr
+
+
+@dataclass(eq=False)
+class _Run:
+    """One job's channel and what the watcher thread learnt of it (``Job.handle``)."""
+
+    host: _Host
+    index: int
+    placement: Placement
+    transport: paramiko.Transport
+    chan: paramiko.Channel
+    done: threading.Event = field(default_factory=threading.Event)
+    code: int | None = None
+    pgid: int | None = None
+    reported: int | None = None
+    reported_at: float = 0.0
+    out: bytes = b""
+    log: bytearray = field(default_factory=bytearray)
+    note: str = ""
+
+    def feed_out(self, data: bytes) -> None:
+        self.out += data
+        *lines, self.out = self.out.split(b"\n")
+        for line in lines:
+            if not line.startswith(b"@fiber "):
+                continue  # a login shell's chatter
+            kind, _, value = line[7:].decode("utf-8", "replace").partition(" ")
+            try:
+                if kind == "pid":
+                    self.pgid = int(value)
+                elif kind == "exit":
+                    self.reported = int(value)
+                    self.reported_at = time.monotonic()
+            except ValueError:
+                pass
+
+    def feed_log(self, data: bytes) -> None:
+        self.log += data
+        if len(self.log) > _LOG_LIMIT:
+            del self.log[: len(self.log) - _LOG_LIMIT]
+
+    def send(self, command: bytes) -> None:
+        try:
+            self.chan.send(command)
+        except Exception:  # the channel or its connection is gone: nothing to signal
+            pass
+
+
+class SshBackend(Backend):
+    """Jobs are processes on SSH hosts: one connection per host, one channel per job."""
+
+    name = "ssh"
+    package = "fiber-ssh"
+    options = OPTIONS
+
+    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "") -> None:
+        super().__init__(settings, run_id)
+        import paramiko  # noqa: F401  (fail here, clearly, if it is missing)
+
+        for o in OPTIONS:
+            self.settings.setdefault(o.name, o.default)
+        self._lock = threading.RLock()
+        self._hosts: list[_Host] = []
+        self._slots: list[Slots] = []
+        self._start_lock = threading.Lock()
+        self._watcher: _Watcher | None = None
+        self._count = itertools.count(1)
+        self._known_lock = threading.Lock()
+        self._known: tuple[paramiko.HostKeys, paramiko.HostKeys] | None = None
+        self._pkeys: dict[str, Any] = {}
+        self._warned_full = False
+        self._closing = False
+        self._listen_addr: str | None = None
+
+    # -- settings -----------------------------------------------------------------------
+
+    @property
+    def _timeout(self) -> float:
+        return float(self.settings["timeout"])
+
+    def worker_command(self) -> list[str]:
+        return [self.settings["python"] or "python3"]
+
+    def _resolve(self, spec: HostSpec, ssh_config: Any) -> _Host:
+        """Apply ~/.ssh/config and the defaults to one host entry."""
+        cfg: dict[str, Any] = dict(ssh_config.lookup(spec.host)) if ssh_config is not None else {}
+        addr = cfg.get("hostname") or spec.host
+        port = spec.port or self.settings["port"] or int(cfg.get("port") or 22)
+        user = spec.user or self.settings["user"] or cfg.get("user") or getpass.getuser()
+        if self.settings["key"]:
+            keys = [self.settings["key"]]
+        else:
+            keys = list(cfg.get("identityfile") or [])
+            keys += [f"~/.ssh/id_{kind}" for kind in ("ed25519", "ecdsa", "rsa")]
+        keys = [os.path.expanduser(k) for k in keys]
+        if not self.settings["key"]:
+            keys = [k for k in keys if os.path.exists(k)]
+        name = f"{user}@{addr}" + (f":{port}" if port != 22 else "")
+        return _Host(spec=spec, addr=addr, port=port, user=user, key_files=keys, name=name)
+
+    def _load_hosts(self) -> list[_Host]:
+        specs = parse_hosts(self.settings["hosts"])
+        ssh_config = None
+        path = os.path.expanduser(self.settings["ssh_config"] or "")
+        if path and os.path.isfile(path):
+            import paramiko
+
+            try:
+                ssh_config = paramiko.SSHConfig.from_path(path)
+            except Exception as e:
+                raise ConfigError(f"cannot read the SSH client configuration {path}: {e}") from e
+        return [self._resolve(s, ssh_config) for s in specs]
+
+    # -- the contract -------------------------------------------------------------------
+
+    def get_listen_addr(self) -> str:
+        """This machine's address on the route to the first host (what the hosts can reach)."""
+        if self._listen_addr is not None:
+            return self._listen_addr
+        host = self._load_hosts()[0]
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(host.addr, host.port, type=socket.SOCK_DGRAM)[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)  # a route lookup: UDP sends nothing on connect
+                self._listen_addr = str(s.getsockname()[0])
+                return self._listen_addr
+        except OSError as e:
+            raise BackendError(
+                f"cannot find this machine's address on the route to {host.addr} ({e}); "
+                "set listen_host (FIBER_LISTEN_HOST) to an address the SSH hosts can reach"
+            ) from e
+
+    def create_job(self, spec: JobSpec) -> Job:
+        if spec.volumes:
+            raise BackendError(
+                f"the ssh backend cannot mount volumes ({', '.join(spec.volumes)}) for {spec.name}: "
+                "use a filesystem the hosts share, or [ssh] upload"
+            )
+        self._start()
+        for _ in range(len(self._hosts) + 1):
+            with self._lock:
+                self._revive_due()
+                try:
+                    gpu = spec.gpu or (1 if spec.gpu_type else 0)  # a type alone means one GPU
+                    placement = place(self._slots, spec.cpu, gpu, spec.gpu_type)
+                except BackendError as e:
+                    raise BackendError(f"{e}{self._lost_summary()}") from None
+                self._warn_if_full(placement)
+            host = self._hosts[placement.index]
+            try:
+                return self._launch(host, placement, spec)
+            except _Unreachable as e:
+                with self._lock:
+                    release(self._slots, placement)
+                self._lose(host, str(e))
+            except BaseException:
+                with self._lock:
+                    release(self._slots, placement)
+                raise
+        raise BackendError(f"could not start {spec.name} on any SSH host{self._lost_summary()}")
+
+    def poll_job(self, job: Job) -> int | None:
+        run: _Run = job.handle
+        return run.code if run.done.is_set() else None
+
+    def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
+        run: _Run = job.handle
+        if run.done.wait(timeout):
+            job.exitcode = run.code
+            return run.code
+        return None
+
+    def terminate_job(self, job: Job) -> None:
+        run: _Run = job.handle
+        if not run.done.is_set():
+            run.send(b"T\n")
+
+    def kill_job(self, job: Job) -> None:
+        run: _Run = job.handle
+        if not run.done.is_set():
+            run.send(b"K\n")
+
+    def get_job_logs(self, job: Job) -> str:
+        run: _Run = job.handle
+        text = bytes(run.log).decode("utf-8", "replace")
+        return text + (("\n" if text and not text.endswith("\n") else "") + run.note if run.note else "")
+
+    def cleanup(self) -> None:
+        """Kill the jobs still running, remove uploaded directories, close the connections."""
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
+        self._closing = True
+        running = [j for j in jobs if not j.handle.done.is_set()]
+        for job in running:
+            self.kill_job(job)
+        deadline = time.monotonic() + max(5.0, self._timeout)
+        for job in running:
+            job.handle.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._start_lock:
+            hosts, self._hosts = self._hosts, []
+            with self._lock:
+                self._slots = []
+            watcher, self._watcher = self._watcher, None
+        dirs = [h for h in hosts if h.created_dir and any(t.is_active() for t in h.transports)]
+        if dirs:
+            with ThreadPoolExecutor(len(dirs)) as pool:
+                list(pool.map(self._remove_upload, dirs))
+        for host in hosts:
+            for t in host.transports:
+                t.close()
+        if watcher is not None:
+            watcher.stop()  # it finishes the jobs whose channels just closed
+        self._closing = False
+
+    # -- hosts: connecting, losing, reviving ---------------------------------------------
+
+    def _start(self) -> None:
+        """Connect to every host at once, the first time a job is created."""
+        with self._start_lock:
+            if self._hosts:
+                return
+            hosts = self._load_hosts()
+            with ThreadPoolExecutor(min(len(hosts), 32)) as pool:
+                results = list(pool.map(self._first_connect, hosts))
+            errors = [h.error for h in hosts if h.error is not None]
+            if errors:
+                for h in hosts:
+                    for t in h.transports:
+                        t.close()
+                if len(errors) == 1:
+                    raise errors[0]
+                raise BackendError("; ".join(str(e) for e in errors))
+            slots = []
+            for h, reason in zip(hosts, results):
+                n = h.spec.slots or (h.info or {}).get("cpus") or 1
+                slots.append(Slots(h.name, n, h.spec.gpu, h.spec.gpu_type, alive=reason is None))
+                if reason is not None:
+                    h.lost_reason, h.lost_at = reason, time.monotonic()
+                    log.warning("fiber-ssh: host %s is unreachable: %s", h.name, reason)
+            if all(r is not None for r in results):
+                raise BackendError(
+                    "no SSH host is reachable: "
+                    + "; ".join(f"{h.name}: {r}" for h, r in zip(hosts, results))
+                )
+            with self._lock:
+                self._slots = slots
+            self._watcher = _Watcher(self)
+            self._hosts = hosts
+
+    def _first_connect(self, host: _Host) -> str | None:
+        """Connect, check and probe one host; return why it is unreachable, or None."""
+        try:
+            t = self._connect(host)
+        except _Unreachable as e:
+            return str(e)
+        except BackendError as e:
+            host.error = e
+            return None
+        host.transports.append(t)
+        return None
+
+    def _connect(self, host: _Host) -> paramiko.Transport:
+        import paramiko
+
+        timeout = self._timeout
+        try:
+            sock = socket.create_connection((host.addr, host.port), timeout=timeout)
+        except OSError as e:
+            raise _Unreachable(f"cannot connect to {host.addr} port {host.port}: {e}") from e
+        self._tune(sock)
+        t = paramiko.Transport(sock)
+        t.banner_timeout = t.handshake_timeout = t.auth_timeout = timeout
+        try:
+            known = self._known_types(host)
+            if known:
+                options = t.get_security_options()
+                options.key_types = [k for k in options.key_types if k in known] + [
+                    k for k in options.key_types if k not in known]
+            try:
+                t.start_client(timeout=timeout)
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise _Unreachable(f"the SSH handshake with {host.name} failed: {e or type(e).__name__}") from e
+            self._check_host_key(host, t.get_remote_server_key())
+            self._authenticate(host, t)
+            t.set_keepalive(self.settings["keepalive"])
+            if host.info is None:
+                host.info = self._probe(host, t)
+                host.workdir = self._workdir(host)
+            return t
+        except BaseException:
+            t.close()
+            raise
+
+    def _tune(self, sock: socket.socket) -> None:
+        """Make the kernel give up on a connection whose keepalives go unanswered."""
+        interval = max(1, math.ceil(self.settings["keepalive"]))
+        count = max(1, self.settings["keepalive_count"])
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", interval), ("TCP_KEEPINTVL", interval),
+                            ("TCP_KEEPCNT", count), ("TCP_USER_TIMEOUT", interval * count * 1000)):
+            opt = getattr(socket, name, None)
+            if opt is not None:
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+                except OSError:
+                    pass
+
+    def _lose(self, host: _Host, reason: str) -> None:
+        """Mark a host lost: placement skips it until it is revived."""
+        index = self._hosts.index(host) if host in self._hosts else -1
+        with self._lock:
+            if index < 0 or not self._slots[index].alive:
+                return
+            self._slots[index].alive = False
+            host.lost_reason, host.lost_at = reason, time.monotonic()
+        log.warning("fiber-ssh: lost host %s (%s); its jobs end with %d", host.name, reason, LOST)
+
+    def _revive_due(self) -> None:
+        """Start reconnecting, in the background, to lost hosts whose retry time came. Holds _lock."""
+        retry = self.settings["retry_lost"]
+        if not retry:
+            return
+        now = time.monotonic()
+        for i, host in enumerate(self._hosts):
+            if not self._slots[i].alive and not host.reviving and now - host.lost_at >= retry:
+                host.reviving = True
+                threading.Thread(target=self._revive, args=(i, host), daemon=True,
+                                 name=f"fiber-ssh-revive-{host.addr}").start()
+
+    def _revive(self, index: int, host: _Host) -> None:
+        try:
+            t = self._connect(host)
+        except (_Unreachable, BackendError) as e:
+            with self._lock:
+                host.lost_reason, host.lost_at, host.reviving = str(e), time.monotonic(), False
+            return
+        with host.lock:
+            host.transports = [x for x in host.transports if x.is_active()] + [t]
+        with self._lock:
+            if index < len(self._slots) and self._hosts[index] is host:
+                if host.spec.slots is None and host.info:  # unreachable at start: now we know
+                    self._slots[index].slots = host.info.get("cpus") or 1
+                self._slots[index].alive = True
+            host.reviving = False
+        log.warning("fiber-ssh: host %s is back", host.name)
+
+    def _lost_summary(self) -> str:
+        with self._lock:
+            lost = [f"{h.name}: {h.lost_reason}" for h, s in zip(self._hosts, self._slots) if not s.alive]
+        return f" (lost hosts: {'; '.join(lost)})" if lost else ""
+
+    def _warn_if_full(self, placement: Placement) -> None:
+        s = self._slots[placement.index]
+        if s.free < 0 and not self._warned_full:
+            self._warned_full = True
+            total = sum(x.slots for x in self._slots if x.alive)
+            log.warning("fiber-ssh: every host is full (%d slots); placing jobs over the limit", total)
+
+    # -- host keys and login ---------------------------------------------------------------
+
+    def _known_hosts(self) -> tuple[paramiko.HostKeys, paramiko.HostKeys]:
+        """(this user's known_hosts, the system's), loaded once."""
+        import paramiko
+
+        with self._known_lock:
+            if self._known is None:
+                user, system = paramiko.HostKeys(), paramiko.HostKeys()
+                path = os.path.expanduser(self.settings["known_hosts"])
+                for keys, file in ((user, path), (system, "/etc/ssh/ssh_known_hosts")):
+                    if os.path.isfile(file):
+                        try:
+                            keys.load(file)
+                        except (OSError, paramiko.SSHException) as e:
+                            raise ConfigError(f"cannot read known_hosts file {file}: {e}") from e
+                self._known = (user, system)
+            return self._known
+
+    @staticmethod
+    def _key_name(host: _Host) -> str:
+        return host.addr if host.port == 22 else f"[{host.addr}]:{host.port}"
+
+    def _known_types(self, host: _Host) -> list[str]:
+        out: list[str] = []
+        for keys in self._known_hosts():
+            entry = keys.lookup(self._key_name(host))
+            if entry:
+                out += [t for t in entry.keys() if t not in out]
+        if "ssh-rsa" in out:
+            out += ["rsa-sha2-512", "rsa-sha2-256"]
+        return out
+
+    def _check_host_key(self, host: _Host, key: paramiko.PKey) -> None:
+        name, keytype = self._key_name(host), key.get_name()
+        path = os.path.expanduser(self.settings["known_hosts"])
+        shown = f"{keytype} {_fingerprint(key)}"
+        known = [k for keys in self._known_hosts() if (entry := keys.lookup(name)) for k in entry.values()]
+        if any(k == key for k in known):
+            return
+        if known:
+            raise BackendError(
+                f"the host key of {host.name} has CHANGED: it presented {shown}, which is not the "
+                f"key known for {name} in {path}. If the host was reinstalled, remove the old key "
+                f"(ssh-keygen -R '{name}' -f {path}); otherwise someone may be intercepting the connection"
+            )
+        if self.settings["host_key_policy"] != "accept-new":
+            raise BackendError(
+                f"the host key of {host.name} is unknown: {name} is not in {path} (it presented "
+                f"{shown}). Check the key and add it (ssh-keyscan -p {host.port} {host.addr} >> {path}), "
+                "or set [ssh] host_key_policy = accept-new to add new keys automatically"
+            )
+        with self._known_lock:
+            assert self._known is not None
+            entry = self._known[0].lookup(name)
+            if entry is not None and entry.get(keytype) == key:
+                return  # another connection to the host added it meanwhile
+            self._known[0].add(name, keytype, key)
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                f.write(f"{name} {keytype} {key.get_base64()}\n")
+        log.warning("fiber-ssh: added the host key of %s (%s) to %s", host.name, shown, path)
+
+    def _keys(self, host: _Host) -> Iterator[tuple[str, Any]]:
+        """(description, key) pairs to offer: the key files, then the agent's keys."""
+        import paramiko
+
+        for path in host.key_files:
+            with self._known_lock:
+                pkey = self._pkeys.get(path)
+            if pkey is None:
+                try:
+                    pkey = paramiko.PKey.from_path(path)
+                except FileNotFoundError as e:
+                    raise BackendError(f"the key file {path} for {host.name} does not exist; fix [ssh] key") from e
+                except paramiko.PasswordRequiredException:
+                    log.warning("fiber-ssh: skipping %s: it needs a passphrase (load it into ssh-agent)", path)
+                    continue
+                except (OSError, paramiko.SSHException, ValueError) as e:
+                    raise BackendError(f"cannot read the key file {path} for {host.name}: {e}") from e
+                with self._known_lock:
+                    self._pkeys[path] = pkey
+            yield path, pkey
+        if self.settings["agent"] and os.environ.get("SSH_AUTH_SOCK"):
+            try:
+                agent_keys = paramiko.Agent().get_keys()
+            except Exception:
+                agent_keys = ()
+            for i, key in enumerate(agent_keys):
+                yield f"ssh-agent key {i + 1} ({key.get_name()})", key
+
+    def _authenticate(self, host: _Host, t: paramiko.Transport) -> None:
+        import paramiko
+
+        tried = []
+        for desc, key in self._keys(host):
+            try:
+                t.auth_publickey(host.user, key)
+            except paramiko.BadAuthenticationType as e:
+                raise BackendError(
+                    f"{host.name} does not accept key login (it allows: {', '.join(e.allowed_types)}); "
+                    "fiber-ssh logs in with keys only"
+                ) from e
+            except paramiko.AuthenticationException:
+                tried.append(desc)
+                continue
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise _Unreachable(f"the connection to {host.name} broke during login: {e}") from e
+            if t.is_authenticated():
+                return
+        raise BackendError(
+            f"{host.name} refused the login as {host.user!r} (tried: {', '.join(tried) or 'no key at all'}). "
+            "Check the user ([ssh] user, or user@ in [ssh] hosts), the key ([ssh] key or ssh-agent), "
+            f"and that the key is in ~{host.user}/.ssh/authorized_keys there"
+        )
+
+    # -- commands on a host -----------------------------------------------------------------
+
+    def _run(self, host: _Host, t: paramiko.Transport, command: str) -> tuple[int, str, str]:
+        """Run ``command`` and return (exit status, stdout, stderr), within ``timeout``."""
+        import paramiko
+
+        deadline = time.monotonic() + self._timeout
+        try:
+            chan = t.open_session(timeout=self._timeout)
+            chan.exec_command(command)
+            chan.shutdown_write()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise _Unreachable(f"{host.name} did not run a command: {e}") from e
+        out, err = bytearray(), bytearray()
+        with selectors.DefaultSelector() as sel:
+            sel.register(chan, selectors.EVENT_READ)
+            while True:
+                closed = chan.closed
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                if closed:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    chan.close()
+                    raise _Unreachable(f"{host.name} did not finish {command[:60]!r}... within "
+                                       f"{self._timeout:g} s (see [ssh] timeout)")
+                sel.select(left)
+        status = chan.exit_status if chan.status_event.is_set() else -1
+        chan.close()
+        return status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def _probe(self, host: _Host, t: paramiko.Transport) -> dict[str, Any]:
+        """Check the remote Python and fiber-core; learn the CPU count and temp directory."""
+        python = self.settings["python"] or "python3"
+        workdir = self.settings["workdir"]
+        command = f"exec {shlex.quote(python)} -c {shlex.quote(_PROBE)}"
+        if workdir and not self.settings["upload"]:
+            command += " " + shlex.quote(workdir)
+        status, out, err = self._run(host, t, command)
+        info = None
+        for line in out.splitlines():
+            if line.startswith("@fiber probe "):
+                info = json.loads(line[len("@fiber probe "):])
+        said = " ".join(err.strip().splitlines()[-3:])[-300:]
+        if info is None:
+            if status in (126, 127):
+                why = "not found" if status == 127 else "not executable"
+                raise BackendError(
+                    f"Python {python!r} is {why} on {host.name} (the shell said: {said or 'nothing'}). "
+                    "Set [ssh] python to the full path of a Python that has fiber-core installed"
+                )
+            raise BackendError(f"{python} failed on {host.name} (exit status {status}): {said or 'no output'}")
+        if not info.get("new_enough"):
+            raise BackendError(f"{python} on {host.name} is Python {info.get('python')}; fiber-core needs 3.10+")
+        if "fiber_core_error" in info:
+            raise BackendError(
+                f"fiber-core is not installed for {python} on {host.name} ({info['fiber_core_error']}); "
+                f"install it there: {python} -m pip install fiber-core"
+            )
+        if info.get("workdir") is False:
+            raise BackendError(f"the working directory {workdir!r} does not exist on {host.name}; "
+                               "create it or fix [ssh] workdir")
+        from fiber_core import __version__ as here
+
+        if info.get("fiber_core") not in (here, "?"):
+            log.warning("fiber-ssh: %s has fiber-core %s, this process %s", host.name,
+                        info.get("fiber_core"), here)
+        return info
+
+    def _workdir(self, host: _Host) -> str | None:
+        if self.settings["workdir"]:
+            return self.settings["workdir"]
+        if self.settings["upload"]:
+            assert host.info is not None
+            return f"{host.info['tmp']}/fiber-{self.run_id or 'run'}-{os.getpid()}"
+        return None
+
+    # -- starting a job ---------------------------------------------------------------------
+
+    def _channel(self, host: _Host) -> tuple[paramiko.Transport, paramiko.Channel]:
+        """A new session channel to ``host``, on a shared connection (a new one if needed)."""
+        import paramiko
+
+        with host.lock:
+            host.transports = [t for t in host.transports if t.is_active()]
+            transports = list(host.transports)
+        problem: Exception | None = None
+        for t in reversed(transports):
+            try:
+                return t, t.open_session(timeout=self._timeout)
+            except paramiko.ChannelException as e:  # sshd's MaxSessions: another connection
+                problem = e
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                problem = e
+                t.close()
+        if transports and not isinstance(problem, paramiko.ChannelException):
+            raise _Unreachable(f"no new channel on the connection to {host.name}: {problem}")
+        with host.lock:
+            t = self._connect(host)
+            host.transports.append(t)
+        try:
+            return t, t.open_session(timeout=self._timeout)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise _Unreachable(f"{host.name} opens no channel: {e}") from e
+
+    def _launch(self, host: _Host, placement: Placement, spec: JobSpec) -> Job:
+        import paramiko
+
+        if host.error is not None:
+            raise host.error
+        if self.settings["upload"] and not host.uploaded:
+            self._upload(host)
+        t, chan = self._channel(host)
+        env = dict(spec.env)
+        if placement.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
+        job_line = json.dumps({
+            "argv": spec.command,
+            "env": env,
+            "cwd": spec.cwd or host.workdir,
+            "orphan_timeout": self.settings["orphan_timeout"] or None,
+        })
+        python = self.settings["python"] or "python3"
+        command = (f"exec {shlex.quote(python)} -I -S -c {shlex.quote(_SUPERVISOR)} "
+                   f"fiber-ssh {shlex.quote(self.run_id or '-')}")
+        try:
+            chan.exec_command(command)
+            chan.sendall(job_line.encode() + b"\n")
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            chan.close()
+            raise _Unreachable(f"{host.name} did not start the job: {e}") from e
+        run = _Run(host=host, index=placement.index, placement=placement, transport=t, chan=chan)
+        job = Job(id=f"{host.addr}#{next(self._count)}", spec=spec, handle=run, host=host.hostname)
+        assert self._watcher is not None
+        self._watcher.add(run)
+        return job
+
+    def _finish(self, run: _Run) -> None:
+        """Called by the watcher once a job's channel closed, or its exit code is in."""
+        code = run.reported
+        if code is None:
+            if self._closing:
+                code = LOST
+                run.note = f"fiber-ssh: the connection to {run.host.name} was closed by cleanup()"
+            elif not run.transport.is_active():
+                exc = run.transport.get_exception()
+                reason = f"the connection broke ({exc or 'closed'})"
+                run.note = f"fiber-ssh: lost {run.host.name}: {reason}"
+                code = LOST
+                self._lose(run.host, reason)
+            elif run.chan.status_event.is_set() and run.chan.exit_status >= 0:
+                code = exitcode_from_status(run.chan.exit_status)
+                run.note = f"fiber-ssh: the job supervisor on {run.host.name} exited with status {code}"
+            else:
+                code = LOST
+                run.note = f"fiber-ssh: the channel to {run.host.name} closed without an exit status"
+        try:
+            run.chan.close()
+        except Exception:
+            pass
+        with self._lock:
+            if self._slots and run.index < len(self._slots) and self._hosts[run.index] is run.host:
+                release(self._slots, run.placement)
+        run.code = code
+        run.done.set()
+
+    # -- upload ---------------------------------------------------------------------------
+
+    def _upload(self, host: _Host) -> None:
+        """Copy this process's working directory to the host's workdir (once per host)."""
+        import paramiko
+
+        with host.lock:
+            if host.uploaded:
+                return
+            files = _upload_list(Path.cwd(), self.settings["upload_exclude"] or [])
+            total = sum(size for _, _, size in files)
+            limit = self.settings["upload_max_mb"] * 2**20
+            if total > limit:
+                raise BackendError(
+                    f"the working directory {Path.cwd()} holds {total / 2**20:.1f} MiB to upload, over "
+                    f"[ssh] upload_max_mb = {self.settings['upload_max_mb']:g}; exclude more "
+                    "([ssh] upload_exclude) or raise the limit"
+                )
+            target = host.workdir
+            assert target is not None
+            t = next((x for x in host.transports if x.is_active()), None)
+            if t is None:
+                raise _Unreachable(f"no connection to {host.name} to upload over")
+            try:
+                sftp = paramiko.SFTPClient.from_transport(t)
+                assert sftp is not None
+                try:
+                    home = sftp.normalize(".")
+                    if not target.startswith("/"):
+                        target = f"{home}/{target[2:] if target.startswith('~/') else target}"
+                    created = _sftp_makedirs(sftp, target)
+                    for rel, path, _ in files:
+                        remote = f"{target}/{rel}"
+                        if path is None:
+                            _sftp_makedirs(sftp, remote)
+                        else:
+                            sftp.put(str(path), remote)
+                            sftp.chmod(remote, stat.S_IMODE(path.stat().st_mode))
+                finally:
+                    sftp.close()
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise BackendError(f"uploading {Path.cwd()} to {host.name}:{target} failed: {e}") from e
+            if created and not self.settings["workdir"]:
+                host.created_dir = target
+            host.workdir = target
+            host.uploaded = True
+
+    def _remove_upload(self, host: _Host) -> None:
+        t = next((x for x in host.transports if x.is_active()), None)
+        if t is None or not host.created_dir:
+            return
+        try:
+            self._run(host, t, f"rm -rf -- {shlex.quote(host.created_dir)}")
+        except Exception as e:
+            log.warning("fiber-ssh: could not remove %s on %s: %s", host.created_dir, host.name, e)
+
+
+class _Watcher:
+    """The one thread that reads every job's channel and sends the heartbeats."""
+
+    def __init__(self, backend: SshBackend) -> None:
+        self.backend = backend
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_w.setblocking(False)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
+        self.lock = threading.Lock()
+        self.incoming: list[_Run] = []
+        self.runs: set[_Run] = set()
+        self.stopped = False
+        self.interval = max(0.1, float(backend.settings["keepalive"]))
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="fiber-ssh-watch")
+        self.thread.start()
+
+    def add(self, run: _Run) -> None:
+        with self.lock:
+            self.incoming.append(run)
+        self._wake()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._wake()
+        self.thread.join(10)
+
+    def _wake(self) -> None:
+        try:
+            self.wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def _loop(self) -> None:
+        next_beat = time.monotonic() + self.interval
+        try:
+            while not self.stopped:
+                timeout = next_beat - time.monotonic()
+                if any(r.reported is not None for r in self.runs):
+                    timeout = min(timeout, _EXIT_GRACE / 4)
+                for key, _ in self.sel.select(max(0.0, timeout)):
+                    if key.data is None:
+                        try:
+                            self.wake_r.recv(4096)
+                        except OSError:
+                            pass
+                    else:
+                        self._read(key.data)
+                with self.lock:
+                    incoming, self.incoming = self.incoming, []
+                for run in incoming:
+                    self.runs.add(run)
+                    self.sel.register(run.chan, selectors.EVENT_READ, run)
+                    self._read(run)
+                now = time.monotonic()
+                for run in [r for r in self.runs if r.reported is not None
+                            and now - r.reported_at > _EXIT_GRACE]:
+                    self._close(run)  # its exit code is in; something holds its output open
+                if now >= next_beat:
+                    next_beat = now + self.interval
+                    for run in self.runs:
+                        if run.chan.send_ready():
+                            run.send(b"h\n")
+        except Exception:
+            log.exception("fiber-ssh: the channel watcher failed")
+        finally:
+            for run in list(self.runs):
+                self._read(run)
+                if run in self.runs:
+                    self._close(run)
+            self.sel.close()
+            self.wake_r.close()
+            self.wake_w.close()
+
+    def _read(self, run: _Run) -> None:
+        if run not in self.runs:
+            return
+        chan = run.chan
+        closed = chan.closed
+        while chan.recv_ready():
+            data = chan.recv(65536)
+            if not data:
+                break
+            run.feed_out(data)
+        while chan.recv_stderr_ready():
+            data = chan.recv_stderr(65536)
+            if not data:
+                break
+            run.feed_log(data)
+        if closed:
+            self._close(run)
+
+    def _close(self, run: _Run) -> None:
+        self.runs.discard(run)
+        try:
+            self.sel.unregister(run.chan)
+        except (KeyError, ValueError):
+            pass
+        self.backend._finish(run)
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _fingerprint(key: Any) -> str:
+    fp = getattr(key, "fingerprint", None)
+    if isinstance(fp, str):
+        return fp
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _excluded(name: str, rel: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(rel, p) for p in patterns)
+
+
+def _upload_list(root: Path, exclude: list[str]) -> list[tuple[str, Path | None, int]]:
+    """(relative path, local path or None for a directory, size) of what upload copies."""
+    out: list[tuple[str, Path | None, int]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        rel_base = base.relative_to(root).as_posix()
+        keep = []
+        for d in sorted(dirnames):
+            rel = d if rel_base == "." else f"{rel_base}/{d}"
+            if not _excluded(d, rel, exclude) and not (base / d).is_symlink():
+                keep.append(d)
+                out.append((rel, None, 0))
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            rel = f if rel_base == "." else f"{rel_base}/{f}"
+            path = base / f
+            if _excluded(f, rel, exclude) or not path.is_file():
+                continue
+            out.append((rel, path, path.stat().st_size))
+    return out
+
+
+def _sftp_makedirs(sftp: Any, path: str) -> bool:
+    """``mkdir -p`` over sftp; return whether the last directory was created."""
+    try:
+        sftp.stat(path)
+        return False
+    except OSError:
+        pass
+    parent = path.rsplit("/", 1)[0]
+    if parent and parent != path:
+        _sftp_makedirs(sftp, parent)
+    sftp.mkdir(path)
+    return True

@@ -1,0 +1,231 @@
+"""The host list: parsing ``[ssh] hosts`` and choosing a host for each job.
+
+Syntax of one host (hosts are separated by commas or spaces)::
+
+    [user@]host[:port][*slots][[key=value,...]]
+
+    alice@gpu1:2222*8[gpu=2,gpu_type=a10g]
+    gpu2*4
+    [fe80::1%eth0]:22          (an IPv6 address goes in brackets)
+
+``slots`` is how many jobs the host runs at once before it counts as full
+(default: its CPU count, read when Fiber connects). Keys in brackets: ``gpu``
+(number of GPUs), ``gpu_type`` (their model, matched case-insensitively against
+``meta(gpu_type=...)``) and ``slots``.
+
+Placement (:func:`place`) is pure bookkeeping, kept apart from SSH so that it can be
+read and tested alone.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from fiber_core.errors import BackendError, ConfigError
+
+_HOST = re.compile(
+    r"""^(?:(?P<user>[^@\s\[\]]+)@)?
+        (?P<host>\[[^\]]+\]|[^:*\[\]@\s]+)
+        (?::(?P<port>\d+))?
+        (?:\*(?P<slots>\d+))?
+        (?:\[(?P<opts>[^\]]*)\])?$""",
+    re.X,
+)
+_OPTION_KEYS = ("gpu", "gpu_type", "slots")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One entry of the host list, as written (``user``/``port`` ``None`` when not given)."""
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+    slots: int | None = None
+    gpu: int = 0
+    gpu_type: str | None = None
+    text: str = ""
+    """The entry as written, for messages."""
+
+
+def split_hosts(text: str) -> list[str]:
+    """Split a host list at commas and spaces that are not inside brackets."""
+    out: list[str] = []
+    depth = 0
+    current = ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        if depth == 0 and (ch == "," or ch.isspace()):
+            if current:
+                out.append(current)
+            current = ""
+        else:
+            current += ch
+    if current:
+        out.append(current)
+    return out
+
+
+def parse_host(text: str) -> HostSpec:
+    """Parse one host entry; raise :class:`ConfigError` that shows the syntax."""
+    m = _HOST.match(text.strip())
+    if not m:
+        raise ConfigError(
+            f"bad host {text!r} in [ssh] hosts: expected [user@]host[:port][*slots]"
+            "[[gpu=N,gpu_type=T]], e.g. alice@gpu1:22*8[gpu=2,gpu_type=a10g]"
+        )
+    host = m["host"]
+    if host.startswith("["):
+        host = host[1:-1]
+    slots = int(m["slots"]) if m["slots"] else None
+    gpu, gpu_type = 0, None
+    for item in filter(None, (part.strip() for part in (m["opts"] or "").split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or key not in _OPTION_KEYS or not value:
+            raise ConfigError(
+                f"bad option {item!r} of host {text!r} in [ssh] hosts: expected key=value "
+                f"with key one of {', '.join(_OPTION_KEYS)}"
+            )
+        if key == "gpu_type":
+            gpu_type = value
+            continue
+        if not value.isdigit():
+            raise ConfigError(f"bad option {item!r} of host {text!r} in [ssh] hosts: {key} is a count")
+        if key == "gpu":
+            gpu = int(value)
+        else:
+            slots = int(value)
+    if slots is not None and slots < 1:
+        raise ConfigError(f"bad host {text!r} in [ssh] hosts: slots must be at least 1")
+    if gpu_type and not gpu:
+        raise ConfigError(f"bad host {text!r} in [ssh] hosts: gpu_type needs gpu=N (how many)")
+    port = int(m["port"]) if m["port"] else None
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"bad port in host {text!r} of [ssh] hosts")
+    return HostSpec(host=host, user=m["user"], port=port, slots=slots, gpu=gpu,
+                    gpu_type=gpu_type, text=text.strip())
+
+
+def parse_hosts(text: str | None) -> list[HostSpec]:
+    """Parse the whole ``[ssh] hosts`` setting; an empty one is an error that says what to set."""
+    entries = split_hosts(text or "")
+    if not entries:
+        raise ConfigError(
+            "no SSH hosts configured: set [ssh] hosts in .fiberconfig, FIBER_SSH_HOSTS or "
+            "fiber_core.init(ssh_hosts=...), e.g. 'alice@gpu1*8, gpu2*4'"
+        )
+    specs = [parse_host(e) for e in entries]
+    seen: set[tuple[str, int | None, str | None]] = set()
+    for s in specs:
+        key = (s.host, s.port, s.user)
+        if key in seen:
+            raise ConfigError(f"host {s.text!r} is listed twice in [ssh] hosts: give it more slots instead")
+        seen.add(key)
+    return specs
+
+
+@dataclass
+class Slots:
+    """What one host has and what the jobs placed on it use. Guarded by the backend's lock."""
+
+    name: str
+    slots: int
+    gpus: int = 0
+    gpu_type: str | None = None
+    used: int = 0
+    gpu_used: list[int] = field(default_factory=list)
+    """Jobs using each GPU, by index."""
+    alive: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.gpu_used) != self.gpus:
+            self.gpu_used = [0] * self.gpus
+
+    @property
+    def free(self) -> int:
+        return self.slots - self.used
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(1 for n in self.gpu_used if n == 0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job goes: the host's index, the slots it takes, the GPU indices it gets."""
+
+    index: int
+    slots: int
+    gpus: tuple[int, ...] = ()
+
+
+def job_slots(cpu: float | None) -> int:
+    """Slots a job takes: its CPU request rounded up, at least one."""
+    return max(1, math.ceil(cpu)) if cpu else 1
+
+
+def place(hosts: Sequence[Slots], cpu: float | None = None, gpu: int | None = None,
+          gpu_type: str | None = None) -> Placement:
+    """Choose a live host for a job and reserve what it takes there.
+
+    CPU jobs go to the live host with the most free slots (the first listed on a tie),
+    over its limit when every host is full. A GPU job (``gpu`` > 0, or ``-1`` for every
+    GPU of the host) goes only to hosts that declare enough GPUs of ``gpu_type``: the
+    one with the most free GPUs, then the most free slots; it gets the least used GPUs.
+    Raise :class:`BackendError` when no host can ever take the job, or none is alive.
+    """
+    need = job_slots(cpu)
+    candidates: Iterable[int] = range(len(hosts))
+    if gpu:
+        fits = [i for i, h in enumerate(hosts) if _gpu_fits(h, gpu, gpu_type)]
+        if not fits:
+            declared = ", ".join(
+                f"{h.name} ({h.gpus}x {h.gpu_type or 'any type'})" for h in hosts if h.gpus
+            ) or "none"
+            want = "every GPU of a host" if gpu < 0 else f"{gpu} GPU(s)"
+            raise BackendError(
+                f"no SSH host can run a job that asks for {want}"
+                + (f" of type {gpu_type!r}" if gpu_type else "")
+                + f"; hosts that declare GPUs: {declared}. Declare them in [ssh] hosts, "
+                "e.g. 'gpu1*8[gpu=2,gpu_type=a10g]'"
+            )
+        candidates = fits
+    alive = [i for i in candidates if hosts[i].alive]
+    if not alive:
+        names = ", ".join(hosts[i].name for i in candidates)
+        raise BackendError(f"no SSH host is reachable to run the job (lost: {names})")
+    if gpu:
+        best = max(alive, key=lambda i: (hosts[i].free_gpus, hosts[i].free, -i))
+    else:
+        best = max(alive, key=lambda i: (hosts[i].free, -i))
+    h = hosts[best]
+    gpus: tuple[int, ...] = ()
+    if gpu:
+        count = h.gpus if gpu < 0 else gpu
+        order = sorted(range(h.gpus), key=lambda g: (h.gpu_used[g], g))
+        gpus = tuple(sorted(order[:count]))
+        for g in gpus:
+            h.gpu_used[g] += 1
+    h.used += need
+    return Placement(best, need, gpus)
+
+
+def release(hosts: Sequence[Slots], placement: Placement) -> None:
+    """Give back what :func:`place` reserved."""
+    h = hosts[placement.index]
+    h.used -= placement.slots
+    for g in placement.gpus:
+        h.gpu_used[g] -= 1
+
+
+def _gpu_fits(h: Slots, gpu: int, gpu_type: str | None) -> bool:
+    if not h.gpus or (gpu > 0 and h.gpus < gpu):
+        return False
+    return not gpu_type or (h.gpu_type or "").lower() == gpu_type.lower()

@@ -1,0 +1,14 @@
+"""Registers the ``ssh`` backend with Fiber (entry point ``fiber``: ``ssh = "fiber_ssh.plugin"``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fiber_core import hookimpl
+
+from fiber_ssh.backend import SshBackend
+
+
+@hookimpl
+def fiber_register_backends(register: Any) -> None:
+    register(SshBackend)

@@ -1,0 +1,561 @@
+"""fiber-ssh against real sshd hosts: three network namespaces made by scripts/services/ssh.sh.
+
+Each host (fiber-h1..3 on 10.231.77.0/24) runs its own sshd with its own host key and
+hostname, and has its own /tmp; this machine is 10.231.77.1 on their bridge. Nothing is
+mocked: paramiko logs in over TCP, the jobs are real processes in the namespaces and reach
+this process over the bridge. The namespaces share the rest of the filesystem, so the
+remote Python is this test's own interpreter (``sys.executable``).
+
+The hosts are started by ``bash scripts/test-services.sh up ssh`` (CI does it); when they
+are not up and this process is root, the tests start them and stop them at the end.
+Without root they cannot exist, and the tests skip saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing.process
+import os
+import re
+import select
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fiber_core
+import fiber_core.runtime
+import pytest
+from fiber_core.backend import Backend, JobSpec
+from fiber_core.config import config
+from fiber_core.errors import BackendError, ConfigError
+from fiber_core.registry import create_backend, registry
+from fiber_core.testing import BackendConformance
+
+from fiber_ssh.backend import LOST, SshBackend
+
+REPO = Path(__file__).resolve().parents[3]
+SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
+ENV_FILE = SERVICES / "ssh" / "hosts.env"
+NAMES = ["fiber-h1", "fiber-h2", "fiber-h3"]
+T = 60.0
+"""Bound of every wait (a test that needs it has failed: it is never a measure of speed)."""
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = shlex.split(value)[0] if value.strip() else ""
+    return out
+
+
+@pytest.fixture(scope="session")
+def hosts() -> Iterator[dict[str, str]]:
+    """The facts of hosts.env, the hosts brought up first if they are not."""
+    if os.geteuid() != 0:
+        pytest.skip("the SSH test hosts are network namespaces: creating them needs root")
+    started = False
+    if not ENV_FILE.exists():
+        up = subprocess.run(["bash", str(REPO / "scripts/test-services.sh"), "up", "ssh"],
+                            capture_output=True, text=True, timeout=600)
+        if up.returncode != 0:
+            pytest.fail(f"could not start the SSH test hosts:\n{up.stdout}\n{up.stderr}")
+        started = True
+    try:
+        yield _read_env(ENV_FILE)
+    finally:
+        if started:
+            subprocess.run(["bash", str(REPO / "scripts/test-services.sh"), "down", "ssh"],
+                           capture_output=True, timeout=120)
+
+
+def ssh_env(hosts: dict[str, str], slots: int = 2, **extra: str) -> dict[str, str]:
+    """FIBER_* variables that select the ssh backend on the test hosts."""
+    env = {
+        "FIBER_BACKEND": "ssh",
+        "FIBER_SSH_HOSTS": ", ".join(f"{h}*{slots}" for h in hosts["FIBER_SSH_HOSTS"].split()),
+        "FIBER_SSH_USER": hosts["FIBER_SSH_USER"],
+        "FIBER_SSH_KEY": hosts["FIBER_SSH_KEY"],
+        "FIBER_SSH_KNOWN_HOSTS": hosts["FIBER_SSH_KNOWN_HOSTS"],
+        "FIBER_SSH_PYTHON": sys.executable,
+        "FIBER_SSH_SSH_CONFIG": "",
+    }
+    env.update({f"FIBER_SSH_{k.upper()}": v for k, v in extra.items()})
+    return env
+
+
+@contextlib.contextmanager
+def fresh_runtime(env: dict[str, str]) -> Iterator[fiber_core.runtime.Runtime]:
+    """A new Fiber runtime whose default backend is ssh, configured by ``env``.
+
+    A runtime keeps one instance of each backend for the life of the process: its
+    settings, its connections and the hosts it lost. The tests that start Fiber
+    processes each get a runtime of their own, so that what one test configures or
+    breaks does not reach the next; the previous runtime is put back afterwards.
+    """
+    saved = fiber_core.runtime._runtime
+    saved_key = multiprocessing.process.current_process().authkey
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [k for k in os.environ if k.startswith("FIBER_")]:
+            mp.delenv(key)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        config.reset()
+        fiber_core.runtime._runtime = None
+        rt = fiber_core.runtime.runtime()
+        try:
+            yield rt
+        finally:
+            rt.shutdown()
+            fiber_core.runtime._runtime = saved
+            multiprocessing.process.current_process().authkey = saved_key
+            config.reset()
+
+
+@pytest.fixture(scope="module")
+def ssh_runtime(hosts: dict[str, str]) -> Iterator[fiber_core.runtime.Runtime]:
+    with fresh_runtime(ssh_env(hosts)) as rt:
+        yield rt
+
+
+def settings(facts: dict[str, str], **overrides: Any) -> dict[str, Any]:
+    """Resolved ssh settings for the test hosts, with ``overrides``."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in ssh_env(facts).items():
+            mp.setenv(key, value)
+        config.reset()
+        registry.backends()
+        out = config.backend_settings("ssh")
+    config.reset()
+    out.update(overrides)
+    return out
+
+
+@pytest.fixture
+def make_backend(hosts: dict[str, str]) -> Iterator[Any]:
+    """``make_backend(**settings)``: an SshBackend on the test hosts, cleaned up after the test."""
+    made: list[SshBackend] = []
+
+    def make(**overrides: Any) -> SshBackend:
+        b = SshBackend(settings(hosts, **overrides), "t" + os.urandom(4).hex())
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.cleanup()
+
+
+def ctl(hosts: dict[str, str], action: str, host: str) -> None:
+    subprocess.run(["bash", hosts["FIBER_SSH_CTL"], action, host], check=True, timeout=60)
+
+
+def py(code: str, **kw: Any) -> JobSpec:
+    return JobSpec(command=[sys.executable, "-c", textwrap.dedent(code)], name="test", **kw)
+
+
+def run_processes(netns: str, run_id: str) -> list[str]:
+    """``pid command`` of every process in ``netns`` that belongs to the Fiber run ``run_id``."""
+    out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    found = []
+    for pid in out.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        if f"FIBER_RUN_ID={run_id}".encode() in environ.split(b"\0") or \
+                b"\0fiber-ssh\0" + run_id.encode() in cmdline:
+            shown = cmdline.replace(b"\0", b" ").decode(errors="replace")[:100]
+            found.append(f"{pid} {shown}")
+    return found
+
+
+def wait_until_gone(run_id: str, netns: list[str] = NAMES) -> list[str]:
+    """Wait (bounded) until no process of the run is left on the hosts; return what is left."""
+    deadline = time.monotonic() + T
+    while True:
+        left = [f"{ns}: {p}" for ns in netns for p in run_processes(ns, run_id)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+# -- the shared contract ------------------------------------------------------------------
+
+
+class TestSsh(BackendConformance):
+    backend_name = "ssh"
+    python = sys.executable
+    start_timeout = T
+
+    @pytest.fixture
+    def backend(self, ssh_runtime: fiber_core.runtime.Runtime) -> Iterator[Backend]:
+        b = create_backend("ssh", "conf" + os.urandom(4).hex())
+        try:
+            yield b
+        finally:
+            b.cleanup()
+
+
+def test_installed_and_registered() -> None:
+    info = {b.name: b for b in registry.backends()}["ssh"]
+    assert info.cls is SshBackend
+    assert info.package == "fiber-ssh"
+
+
+# -- jobs on hosts ----------------------------------------------------------------------------
+
+
+def test_jobs_run_in_their_own_group_on_the_host_that_has_most_free_slots(make_backend: Any) -> None:
+    b = make_backend()
+    code = """
+        import os, socket, subprocess, time
+        child = subprocess.Popen(["/bin/sleep", "600"])
+        print("up", socket.gethostname(), os.getpid(), os.getpgid(0), os.getsid(0),
+              os.getpgid(child.pid), flush=True)
+        time.sleep(600)
+    """
+    jobs = [b.start_job(py(code)) for _ in range(3)]
+    facts = []
+    for job in jobs:
+        deadline = time.monotonic() + T
+        while not re.search(r"^up .*\n", b.get_job_logs(job), re.M):
+            assert b.poll_job(job) is None, b.get_job_logs(job)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        facts.append(b.get_job_logs(job).split()[1:])
+    assert sorted(f[0] for f in facts) == NAMES  # one per host: each had the most free slots
+    for job, (host, pid, pgid, sid, child_pgid) in zip(jobs, facts):
+        assert pid == pgid == sid == child_pgid == str(job.handle.pgid)
+        assert job.host == host
+    b.kill_job(jobs[0])
+    assert b.wait_for_job(jobs[0], T) == -signal.SIGKILL
+
+
+def test_exit_codes_of_signals_from_inside(make_backend: Any) -> None:
+    b = make_backend()
+    job = b.start_job(py("import os, signal; os.kill(os.getpid(), signal.SIGUSR1)"))
+    assert b.wait_for_job(job, T) == -signal.SIGUSR1
+    job = b.start_job(JobSpec(command=["/nonexistent/program"], name="x"))
+    assert b.wait_for_job(job, T) == 127
+    assert "cannot start '/nonexistent/program'" in b.get_job_logs(job)
+
+
+def test_pool_spreads_over_the_three_hosts(ssh_runtime: Any) -> None:
+    arrived, go = fiber_core.Queue(), fiber_core.Queue()
+    with fiber_core.Pool(6) as pool:
+        result = pool.map_async(functools.partial(_meet, arrived=arrived, go=go), range(6), chunksize=1)
+        # Every task waits for the others: six tasks hold the six workers at once.
+        met = sorted(arrived.get(timeout=T) for _ in range(6))
+        for _ in range(6):
+            go.put(None)
+        names = result.get(T)
+    assert sorted(set(met)) == NAMES
+    assert sorted(names) == met
+    many = fiber_core.Pool(6)
+    try:
+        assert many.map(_square, range(500)) == [x * x for x in range(500)]
+    finally:
+        many.terminate()
+
+
+def _meet(x: int, arrived: Any, go: Any) -> str:
+    arrived.put(socket.gethostname())
+    go.get(timeout=T)
+    return socket.gethostname()
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_gpu_jobs_get_their_gpus_and_impossible_ones_fail_clearly(make_backend: Any,
+                                                                   hosts: dict[str, str]) -> None:
+    h1, h2, _ = hosts["FIBER_SSH_HOSTS"].split()
+    b = make_backend(hosts=f"{h1}*4[gpu=2,gpu_type=a10g], {h2}*8")
+    show = "import os, socket; print(socket.gethostname(), os.environ.get('CUDA_VISIBLE_DEVICES'))"
+    jobs = [b.start_job(py(show, gpu=1, gpu_type="a10g")) for _ in range(2)]
+    jobs.append(b.start_job(py(show, gpu=-1)))
+    jobs.append(b.start_job(py(show)))
+    for job in jobs:
+        assert b.wait_for_job(job, T) == 0, b.get_job_logs(job)
+    assert [b.get_job_logs(j).split() for j in jobs] == [
+        ["fiber-h1", "0"], ["fiber-h1", "1"], ["fiber-h1", "0,1"], ["fiber-h2", "None"]]
+    with pytest.raises(BackendError, match=rf"1 GPU\(s\) of type 'v100'.*root@{re.escape(h1)} \(2x a10g\)"):
+        b.start_job(py(show, gpu=1, gpu_type="v100"))
+
+
+def test_upload_copies_the_working_directory(make_backend: Any, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "helper_mod.py").write_text("VALUE = 42\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("payload")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "junk.pyc").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    b = make_backend(upload=True)
+    job = b.start_job(py("""
+        import os, helper_mod
+        print(helper_mod.VALUE, open("data/x.txt").read(), os.path.exists("__pycache__/junk.pyc"), os.getcwd())
+    """))
+    assert b.wait_for_job(job, T) == 0, b.get_job_logs(job)
+    value, text, junk, cwd = b.get_job_logs(job).split()
+    assert (value, text, junk) == ("42", "payload", "False")
+    assert cwd != str(tmp_path) and not Path(cwd).exists()  # it is on the host's own /tmp
+    host = job.handle.host
+    b.cleanup()
+    check = make_backend()
+    probe = check.start_job(py(f"import os; print(os.path.exists({cwd!r}))"))
+    assert check.wait_for_job(probe, T) == 0
+    assert probe.host == host.hostname  # both went to the first host: it had the most free slots
+    assert check.get_job_logs(probe).split() == ["False"]
+
+
+def test_more_connections_when_sshd_limits_sessions(make_backend: Any, hosts: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    """OpenSSH allows 10 sessions per connection by default: past that, another connection."""
+    keydir = SERVICES / "ssh" / "fiber-h1"
+    config_file = tmp_path / "sshd_config"
+    pidfile = tmp_path / "sshd.pid"
+    addr = hosts["FIBER_SSH_HOSTS"].split()[0]
+    config_file.write_text(textwrap.dedent(f"""
+        ListenAddress {addr}:2222
+        HostKey {keydir}/ssh_host_ed25519_key
+        PidFile {pidfile}
+        AuthorizedKeysFile {SERVICES}/ssh/authorized_keys
+        PermitRootLogin prohibit-password
+        PasswordAuthentication no
+        KbdInteractiveAuthentication no
+        UsePAM no
+        StrictModes no
+        UseDNS no
+        MaxSessions 2
+    """))
+    subprocess.run(["ip", "netns", "exec", "fiber-h1", "/usr/sbin/sshd", "-f", str(config_file),
+                    "-E", str(tmp_path / "sshd.log")], check=True, timeout=30)
+    try:
+        b = make_backend(hosts=f"{addr}:2222*8", known_hosts=str(tmp_path / "known_hosts"),
+                         host_key_policy="accept-new")
+        jobs = [b.start_job(py("import time; print('up', flush=True); time.sleep(600)"))
+                for _ in range(5)]
+        for job in jobs:
+            deadline = time.monotonic() + T
+            while "up" not in b.get_job_logs(job):
+                assert b.poll_job(job) is None, b.get_job_logs(job)
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert len({id(j.handle.transport) for j in jobs}) >= 3
+        assert f"[{addr}]:2222 ssh-ed25519" in (tmp_path / "known_hosts").read_text()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+
+
+# -- clear errors -------------------------------------------------------------------------------
+
+
+def test_changed_host_key_is_an_error_naming_the_host(make_backend: Any, hosts: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")],
+                   check=True)
+    other = (tmp_path / "other.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    lines = Path(hosts["FIBER_SSH_KNOWN_HOSTS"]).read_text().splitlines()
+    first = hosts["FIBER_SSH_HOSTS"].split()[0]
+    known.write_text("\n".join(f"{first} {' '.join(other)}" if line.startswith(first + " ") else line
+                               for line in lines) + "\n")
+    b = make_backend(known_hosts=str(known), host_key_policy="accept-new")
+    with pytest.raises(BackendError, match=rf"host key of root@{re.escape(first)} has CHANGED"):
+        b.start_job(py("pass"))
+
+
+def test_unknown_host_key_strict_by_default_accepted_on_request(make_backend: Any, hosts: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    with pytest.raises(BackendError, match=r"host key of root@10\.231\.77\.1\d is unknown.*accept-new"):
+        make_backend(known_hosts=str(known)).start_job(py("pass"))
+    b = make_backend(known_hosts=str(known), host_key_policy="accept-new")
+    assert b.wait_for_job(b.start_job(py("pass")), T) == 0
+    assert len(known.read_text().splitlines()) == 3
+    strict = make_backend(known_hosts=str(known))
+    assert strict.wait_for_job(strict.start_job(py("pass")), T) == 0
+
+
+def test_refused_login_names_user_and_host(make_backend: Any) -> None:
+    with pytest.raises(BackendError, match=r"refused the login as 'nobody-here'.*tried: /"):
+        make_backend(user="nobody-here").start_job(py("pass"))
+
+
+def test_missing_python_or_fiber_core(make_backend: Any) -> None:
+    with pytest.raises(BackendError, match=r"Python '/opt/no/python3' is not found on root@10\.231\.77"):
+        make_backend(python="/opt/no/python3").start_job(py("pass"))
+    with pytest.raises(BackendError, match=r"fiber-core is not installed for /usr/bin/python3 on root@"):
+        make_backend(python="/usr/bin/python3").start_job(py("pass"))
+
+
+def test_process_start_raises_the_clear_error(hosts: dict[str, str]) -> None:
+    with fresh_runtime(ssh_env(hosts, python="/opt/no/python3")):
+        p = fiber_core.Process(target=_square, args=(2,))
+        with pytest.raises(BackendError, match="Python '/opt/no/python3' is not found"):
+            p.start()
+    with fresh_runtime({**ssh_env(hosts), "FIBER_SSH_HOSTS": ""}):
+        with pytest.raises(ConfigError, match="no SSH hosts configured"):
+            fiber_core.Process(target=_square, args=(2,)).start()
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def heal(hosts: dict[str, str]) -> Iterator[list[tuple[str, str]]]:
+    """Undo at the end whatever the test did to a host: ``heal.append(("heal", "h1"))``."""
+    undo: list[tuple[str, str]] = []
+    yield undo
+    for action, host in undo:
+        ctl(hosts, action, host)
+
+
+def _hold_on_h1(x: int, started: Any, gate: Any) -> tuple[int, str]:
+    name = socket.gethostname()
+    if name == "fiber-h1":
+        started.put(x)
+        time.sleep(600)  # until the cut host's supervisor kills it
+    else:  # wait until the test opens the gate (after a task started on fiber-h1)
+        gate.put(gate.get(timeout=T))
+    return x, name
+
+
+def test_host_cut_off_mid_map_every_result_once(hosts: dict[str, str], heal: list) -> None:
+    env = ssh_env(hosts, orphan_timeout="5")
+    with fresh_runtime(env) as rt:
+        started, gate = fiber_core.Queue(), fiber_core.Queue()
+        pool = fiber_core.Pool(6)
+        try:
+            # The workers of fiber-h2 and -h3 hold their first task at the gate, so fiber-h1's
+            # workers get tasks too, whenever they come up; those tasks never end there.
+            task = functools.partial(_hold_on_h1, started=started, gate=gate)
+            results = pool.imap_unordered(task, range(60), chunksize=1)
+            started.get(timeout=T)  # a task is running on fiber-h1
+            heal.append(("heal", "fiber-h1"))
+            ctl(hosts, "cut", "fiber-h1")
+            gate.put(True)
+            got = [results.next(T) for _ in range(60)]
+        finally:
+            pool.terminate()
+        assert sorted(x for x, _ in got) == list(range(60))
+        assert {name for _, name in got} <= {"fiber-h2", "fiber-h3"}
+        run_id = rt.run_id
+    # Cut off from this process, the supervisors on fiber-h1 end their jobs by themselves.
+    assert wait_until_gone(run_id, ["fiber-h1"]) == []
+
+
+def test_host_whose_sshd_is_down_is_skipped(hosts: dict[str, str], heal: list, make_backend: Any) -> None:
+    heal.append(("start-sshd", "fiber-h2"))
+    ctl(hosts, "kill-sshd", "fiber-h2")
+    b = make_backend()
+    jobs = [b.start_job(py("import socket; print(socket.gethostname())")) for _ in range(4)]
+    for job in jobs:
+        assert b.wait_for_job(job, T) == 0
+    assert sorted(b.get_job_logs(j).strip() for j in jobs) == ["fiber-h1", "fiber-h1", "fiber-h3", "fiber-h3"]
+    assert "fiber-h2" not in {j.host for j in jobs}
+
+
+def kill_all_sshd(netns: str) -> None:
+    """Kill every sshd of a host, the sessions too: as if sshd crashed or the host shut down."""
+    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd"):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["cut", "sshd dies"])
+def test_lost_host_ends_its_jobs_is_skipped_then_revived(hosts: dict[str, str], heal: list,
+                                                         make_backend: Any, how: str) -> None:
+    b = make_backend(hosts=", ".join(f"{h}*1" for h in hosts["FIBER_SSH_HOSTS"].split()),
+                     retry_lost=1.0, orphan_timeout=5.0)
+    env = {"FIBER_RUN_ID": b.run_id}  # so that run_processes() finds the jobs
+    jobs = [b.start_job(py("import time; print('up', flush=True); time.sleep(600)", env=env))
+            for _ in range(3)]
+    for job in jobs:
+        deadline = time.monotonic() + T
+        while "up" not in b.get_job_logs(job):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    on_h3 = next(j for j in jobs if j.host == "fiber-h3")
+    if how == "cut":
+        heal.append(("heal", "fiber-h3"))
+        ctl(hosts, "cut", "fiber-h3")
+    else:
+        heal.append(("start-sshd", "fiber-h3"))
+        kill_all_sshd("fiber-h3")
+    assert b.wait_for_job(on_h3, T) == LOST
+    assert "lost root@" in b.get_job_logs(on_h3)
+    again = b.start_job(py("import socket; print(socket.gethostname())"))
+    assert b.wait_for_job(again, T) == 0
+    assert again.host != "fiber-h3"
+    assert [b.poll_job(j) for j in jobs if j is not on_h3] == [None, None]
+    # Cut off or left without sshd, the job's supervisor ends it; then the host comes back.
+    assert wait_until_gone(b.run_id, ["fiber-h3"]) == []
+    ctl(hosts, *heal.pop())
+    deadline = time.monotonic() + T
+    while True:
+        job = b.start_job(py("pass"))
+        assert b.wait_for_job(job, T) == 0
+        if job.host == "fiber-h3":
+            break
+        assert time.monotonic() < deadline, "fiber-h3 was not used again"
+        time.sleep(0.2)
+
+
+def test_parent_killed_leaves_no_remote_process(hosts: dict[str, str], tmp_path: Path) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""
+        import os, subprocess, sys, time
+        import fiber_core
+        from fiber_core.runtime import runtime
+
+        def target(q):
+            subprocess.Popen(["/bin/sleep", "600"])  # something the job started
+            q.put(os.getpid())
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            q = fiber_core.Queue()
+            for _ in range(3):
+                fiber_core.Process(target=target, args=(q,)).start()
+            for _ in range(3):
+                q.get(timeout=120)
+            print(runtime().run_id, flush=True)
+            time.sleep(600)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
+    env.update(ssh_env(hosts, slots=1))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=tmp_path)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 2 * T)
+        assert ready, "the script did not start its jobs"
+        run_id = proc.stdout.readline().decode().strip()
+        assert run_id, proc.stderr.read().decode()
+        before = {ns: run_processes(ns, run_id) for ns in NAMES}
+        assert all(len(found) >= 3 for found in before.values()), before  # supervisor, job, sleep
+        proc.kill()
+        proc.wait(T)
+        assert wait_until_gone(run_id) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(T)
