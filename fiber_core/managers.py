@@ -28,7 +28,9 @@ import multiprocessing.managers as _std
 import multiprocessing.process as _std_process
 import os
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -68,16 +70,25 @@ def _reachable_host(parent_hub: str) -> str:
 
 
 def _serve(cls: type, registry: dict, authkey: bytes, serializer: str, writer: Any,
-           initializer: Callable | None, initargs: tuple) -> None:
-    """The manager job: create the server on all interfaces, report its address, serve."""
+           initializer: Callable | None, initargs: tuple, same_host: bool) -> None:
+    """The manager job: create the server, report its address, serve.
+
+    On the local backend every client shares this host: a Unix socket, as the
+    standard library uses. Elsewhere: TCP on all interfaces, reported as the
+    address this host has on the route to the parent.
+    """
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     share_run_key()
     if initializer is not None:
         initializer(*initargs)
-    server = cls._Server(registry, ("0.0.0.0", 0), authkey, serializer)
-    writer.send((_reachable_host(os.environ[ENV_HUB]), server.address[1]))
+    if same_host:
+        server = cls._Server(registry, None, authkey, serializer)
+        writer.send(server.address)
+    else:
+        server = cls._Server(registry, ("0.0.0.0", 0), authkey, serializer)
+        writer.send((_reachable_host(os.environ[ENV_HUB]), server.address[1]))
     writer.close()
     server.serve_forever()
 
@@ -128,7 +139,7 @@ class BaseManager(_std.BaseManager):
         self._process = Process(
             target=_serve, backend=self._backend,
             args=(type(self), self._registry, bytes(self._authkey), self._serializer, writer,
-                  initializer, initargs))
+                  initializer, initargs, runtime().get_backend(self._backend).name == "local"))
         self._process.name = f"{type(self).__name__}-{':'.join(map(str, self._process._identity))}"
         self._process.start()
         try:
@@ -145,11 +156,11 @@ class BaseManager(_std.BaseManager):
         finally:
             reader.close()
         self._state.value = State.STARTED
-        self.shutdown = _std.util.Finalize(
-            self, type(self)._finalize_manager,
-            args=(self._process, self._address, self._authkey, self._state, self._Client,
-                  self._shutdown_timeout),
-            exitpriority=0)
+        args = (self._process, self._address, self._authkey, self._state, self._Client)
+        if sys.version_info >= (3, 11):  # the stdlib's finalizer gained shutdown_timeout
+            args += (self._shutdown_timeout,)
+        self.shutdown = _std.util.Finalize(self, type(self)._finalize_manager, args=args,
+                                           exitpriority=0)
 
     def get_server(self) -> Any:
         raise NotImplementedError(
@@ -197,26 +208,31 @@ def Manager(*, backend: str | None = None) -> SyncManager:  # noqa: N802
 class AsyncHandle:
     """The pending result of one asynchronous method call."""
 
-    __slots__ = ("_event", "_ok", "_value")
+    __slots__ = ("_event", "_ok", "_value", "_pipeline")
 
-    def __init__(self) -> None:
+    def __init__(self, pipeline: _Pipeline | None = None) -> None:
         self._event = threading.Event()
         self._ok = False
         self._value: Any = None
+        self._pipeline = pipeline
 
     def _set(self, ok: bool, value: Any) -> None:
         self._ok, self._value = ok, value
+        self._pipeline = None
         self._event.set()
 
     def ready(self) -> bool:
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        pipeline = self._pipeline
+        if pipeline is not None:
+            pipeline.wait_for(self, timeout)
+        return self._event.is_set()
 
     def get(self, timeout: float | None = None) -> Any:
         """The call's result; raises its exception, or TimeoutError after ``timeout`` s."""
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(f"no reply within {timeout}s")
         if self._ok:
             return self._value
@@ -224,19 +240,24 @@ class AsyncHandle:
 
 
 class _Pipeline:
-    """One connection per async proxy: requests go out at once, replies resolve in order."""
+    """One connection per async proxy: requests go out at once, replies come back in order.
+
+    There is no reader thread: whoever waits for a handle reads replies off the
+    connection (under ``recv_lock``) and resolves the handles they belong to, in
+    order, until its own is resolved. That saves a thread hand-off per call.
+    """
 
     def __init__(self, proxy: AsyncProxy) -> None:
         self.conn = proxy._Client(proxy._token.address, authkey=proxy._authkey)
         _std.dispatch(self.conn, None, "accept_connection", (f"async-{proxy._id}",))
-        self.lock = threading.Lock()
+        self.send_lock = threading.Lock()
+        self.recv_lock = threading.Lock()
         self.waiting: collections.deque[AsyncHandle] = collections.deque()
         self.proxy = proxy
-        threading.Thread(target=self._read, daemon=True, name="fiber-async-proxy").start()
 
     def call(self, methodname: str, args: tuple, kwds: dict) -> AsyncHandle:
-        handle = AsyncHandle()
-        with self.lock:
+        handle = AsyncHandle(self)
+        with self.send_lock:
             self.waiting.append(handle)
             try:
                 self.conn.send((self.proxy._id, methodname, args, kwds))
@@ -245,25 +266,42 @@ class _Pipeline:
                 raise FiberError(f"the manager serving this object is gone: {e}") from e
         return handle
 
-    def _read(self) -> None:
+    def wait_for(self, handle: AsyncHandle, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not handle._event.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            # Another thread may be reading: it resolves our handle too if it comes first.
+            if not self.recv_lock.acquire(timeout=0.005 if left is None else min(left, 0.005)):
+                continue
+            try:
+                if handle._event.is_set():
+                    return
+                if left is not None and not self.conn.poll(left):
+                    return
+                self._read_one()
+            finally:
+                self.recv_lock.release()
+
+    def _read_one(self) -> None:
         try:
-            while True:
-                kind, result = self.conn.recv()
-                with self.lock:
-                    handle = self.waiting.popleft()
-                if kind == "#RETURN":
-                    handle._set(True, result)
-                elif kind == "#PROXY":
-                    handle._set(True, self.proxy._rebuild_child(*result))
-                else:
-                    handle._set(False, _std.convert_to_error(kind, result))
+            kind, result = self.conn.recv()
         except Exception as e:
             err = FiberError(f"the manager serving this object is gone: {e!r}")
-            with self.lock:
+            with self.send_lock:
                 pending, self.waiting = list(self.waiting), collections.deque()
                 self.proxy._pipeline = None
-            for handle in pending:
-                handle._set(False, err)
+            for h in pending:
+                h._set(False, err)
+            return
+        handle = self.waiting.popleft()
+        if kind == "#RETURN":
+            handle._set(True, result)
+        elif kind == "#PROXY":
+            handle._set(True, self.proxy._rebuild_child(*result))
+        else:
+            handle._set(False, _std.convert_to_error(kind, result))
 
 
 class AsyncProxy(BaseProxy):

@@ -23,4 +23,5 @@ trap 'scripts/test-services.sh down' EXIT
   fiber_core/backend.py fiber_core/hookspecs.py fiber_core/config.py fiber_core/registry.py fiber_core/errors.py
 paths=(tests)
 for d in plugins/*/tests; do [ -d "$d" ] && paths+=("$d"); done
+bash scripts/test-pythons.sh
 "$VPY" -m pytest -q "${paths[@]}" "$@"

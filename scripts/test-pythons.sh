@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run the core's version-sensitive tests (managers, the local backend's conformance)
+# on every other Python from 3.10 to 3.13 that pyenv provides.
+# Usage: bash scripts/test-pythons.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=${PYENV_ROOT:-$HOME/.pyenv}
+ran=0
+for v in 3.10 3.12 3.13; do
+  py=$(ls -d "$root"/versions/"$v".*/bin/python 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -z "$py" ]; then
+    echo "test-pythons: no Python $v under $root/versions; skipped"
+    continue
+  fi
+  venv=.venv-$v
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q -e . pytest pytest-timeout
+  echo "test-pythons: $("$venv/bin/python" --version)"
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_managers.py \
+    tests/test_conformance_local.py -k "not torch"
+  ran=$((ran + 1))
+done
+echo "test-pythons: ran on $ran other Python version(s)"
