@@ -15,8 +15,11 @@ every figure is the median over the repetitions. Also measured:
   targets compare against, but it groups 3 of the fifty 100 ms tasks per chunk,
   which costs it time there;
 * tiny-task throughput: 20,000 no-op tasks through ``map``, with the default
-  chunksize and with ``chunksize=1``;
-* pool start to first result: ``Pool(5)`` then ``apply`` of a no-op, timed together;
+  chunksize (5 maps per repetition: one takes a few milliseconds) and with
+  ``chunksize=1`` (one map);
+* pool start to first result: ``Pool(5)`` then ``apply`` of a no-op, timed together,
+  in this process (where the library is imported and a pool ran before: *warm*),
+  and in a fresh interpreter (*cold*: the clock starts before the library's import);
 * a scale run: a pool of many workers (256 by default) on this machine, with the
   start (``Pool()`` returns, first result, every worker has run a task) measured
   apart from the throughput (no-op tasks, and 10 ms sleeps whose ideal rate is
@@ -30,7 +33,7 @@ closed and joined before the other library's turn.
 
 Usage::
 
-    python benchmarks/overhead.py                 # about 3-4 minutes
+    python benchmarks/overhead.py                 # about 2-3 minutes (5 repetitions)
     python benchmarks/overhead.py --quick         # smoke run, under a minute
     python benchmarks/overhead.py --reps 9 --skip-scale
 
@@ -50,6 +53,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -59,11 +63,28 @@ from typing import Any
 WORKERS = 5
 CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)
 TINY_TASKS = 20_000
+TINY_SAMPLES = {None: 5, 1: 1}  # maps per repetition: the default-chunksize one takes milliseconds
 FLOOR_BUDGET = 0.25  # seconds of sleeps sampled per duration and repetition
 READY_TIMEOUT = 300.0
 MAP_TIMEOUT = 600.0
 
 FIBER, MP = "fiber", "multiprocessing"
+
+COLD_START = """
+import sys, time
+t0 = time.perf_counter()
+if sys.argv[1] == "fiber":
+    import fiber_core
+    pool = fiber_core.Pool(int(sys.argv[2]))
+else:
+    import multiprocessing
+    pool = multiprocessing.get_context("spawn").Pool(int(sys.argv[2]))
+pool.apply(abs, (-1,))
+print(time.perf_counter() - t0, flush=True)
+pool.terminate()
+"""
+"""A fresh interpreter: import the library, start a pool, get one result (a builtin: ``-c``
+has no main module to import)."""
 
 
 # -- what the workers run (module level: spawn needs to import them) -------------------
@@ -160,6 +181,12 @@ def sleep_floor(seconds: float, batch: int) -> float:
 # -- one repetition -----------------------------------------------------------------------
 
 
+def cold_start(lib: str) -> float:
+    out = subprocess.run([sys.executable, "-c", COLD_START, lib, str(WORKERS)], check=True,
+                         capture_output=True, text=True, timeout=READY_TIMEOUT)
+    return float(out.stdout.split()[0])
+
+
 def one_turn(lib: str, results: dict) -> None:
     """One library's turn in a repetition: start, warm-up, the sleep batches, throughput."""
     t0 = time.perf_counter()
@@ -175,9 +202,10 @@ def one_turn(lib: str, results: dict) -> None:
             results[("sleep", seconds)][lib].append(timed_map(pool, sleep_task, items))
             if lib == MP:
                 results[("sleep", seconds)]["mp-c1"].append(timed_map(pool, sleep_task, items, 1))
-        for chunksize in (None, 1):
-            dt = timed_map(pool, noop, list(range(TINY_TASKS)), chunksize)
-            results[("tiny", chunksize)][lib].append(TINY_TASKS / dt)
+        for chunksize, samples in TINY_SAMPLES.items():
+            for _ in range(samples):
+                dt = timed_map(pool, noop, list(range(TINY_TASKS)), chunksize)
+                results[("tiny", chunksize)][lib].append(TINY_TASKS / dt)
     finally:
         close_pool(pool)
 
@@ -187,6 +215,7 @@ def run_reps(reps: int, results: dict) -> None:
         t = time.perf_counter()
         for i, lib in enumerate(order(r)):
             one_turn(lib, results)
+            results[("start", "cold")][lib].append(cold_start(lib))
             if i == 0:  # the floor between the two turns, so that it shares their conditions
                 for seconds, batch in CASES:
                     results[("sleep", seconds)]["floor"].append(sleep_floor(seconds, batch))
@@ -242,7 +271,8 @@ def duration_label(seconds: float) -> str:
 
 
 def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[str, str],
-           n_scale: int, command: str, reps: int, elapsed: float, load: tuple[float, float]) -> None:
+           n_scale: int, command: str, reps: int, elapsed: float, load: tuple[float, float],
+           stale: list[str]) -> None:
     checks: list[tuple[str, bool]] = []
     print()
     print(f"Command: `{command}`")
@@ -252,6 +282,11 @@ def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[s
           f"`{_backend_name()}`; multiprocessing start method `spawn`; {WORKERS} workers; medians "
           f"over {reps} interleaved repetitions; load average {load[0]:.2f} at the start, "
           f"{load[1]:.2f} at the end; {elapsed:.0f} s in all.")
+    if stale and sys.dont_write_bytecode:
+        print()
+        print(f"Note: PYTHONDONTWRITEBYTECODE is set and {len(stale)} fiber_core module(s) have "
+              f"stale bytecode ({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}): every "
+              f"fiber worker compiled them at start. `python -m compileall fiber_core` first.")
     print()
     print("### Framework overhead: time to finish a batch whose ideal time is 1 s")
     print()
@@ -261,10 +296,10 @@ def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[s
     for seconds, batch in CASES:
         row = results[("sleep", seconds)]
         fl, f, m, c1 = (med(row[k]) for k in ("floor", FIBER, MP, "mp-c1"))
-        print(f"| {duration_label(seconds)} | {batch} | {fl:.3f} | {f:.3f} | {m:.3f} | {f / m:.2f} "
-              f"| {f / fl:.3f} | {m / fl:.3f} | {c1:.3f} | {spread(row[FIBER])} | {spread(row[MP])} |")
+        print(f"| {duration_label(seconds)} | {batch} | {fl:.4f} | {f:.4f} | {m:.4f} | {f / m:.3f} "
+              f"| {f / fl:.3f} | {m / fl:.3f} | {c1:.4f} | {spread(row[FIBER])} | {spread(row[MP])} |")
         checks.append((f"{duration_label(seconds)} tasks: fiber median <= multiprocessing median "
-                       f"({f:.3f} s vs {m:.3f} s)", f <= m))
+                       f"({f:.4f} s vs {m:.4f} s)", f <= m))
     print()
     print("sleep floor = one process's time for the whole batch of sleeps / 5 workers. "
           "Ratios are medians' ratios.")
@@ -287,12 +322,14 @@ def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[s
     print()
     print("| | fiber (ms) | multiprocessing (ms) | fiber / mp | fiber range | mp range |")
     print("|---|---:|---:|---:|---:|---:|")
-    row = results[("start", "first result")]
-    f, m = med(row[FIBER]), med(row[MP])
-    print(f"| start to first result | {f * 1e3:.1f} | {m * 1e3:.1f} | {f / m:.2f} "
-          f"| {spread(row[FIBER], 1e3, 1)} | {spread(row[MP], 1e3, 1)} |")
-    checks.append((f"pool start to first result: fiber no slower than multiprocessing "
-                   f"({f * 1e3:.1f} vs {m * 1e3:.1f} ms)", f <= m))
+    for key, label in (("first result", "warm: in this process"),
+                       ("cold", "cold: fresh interpreter, import included")):
+        row = results[("start", key)]
+        f, m = med(row[FIBER]), med(row[MP])
+        print(f"| {label} | {f * 1e3:.1f} | {m * 1e3:.1f} | {f / m:.2f} "
+              f"| {spread(row[FIBER], 1e3, 1)} | {spread(row[MP], 1e3, 1)} |")
+        checks.append((f"pool start to first result, {label.split(':')[0]}: fiber no slower than "
+                       f"multiprocessing ({f * 1e3:.1f} vs {m * 1e3:.1f} ms)", f <= m))
     if scale or scale_errors:
         print()
         print(f"### Scale: {n_scale} local workers, one master (one run each)")
@@ -315,6 +352,27 @@ def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[s
     print("Targets:")
     for what, ok in checks:
         print(f"- {'PASS' if ok else 'FAIL'} {what}")
+
+
+def stale_bytecode() -> list[str]:
+    """fiber_core modules whose cached bytecode is missing or older than the source.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set, every new process (each worker) compiles those
+    again, which inflates fiber's start times; an installed package has fresh bytecode.
+    """
+    import importlib.util
+
+    import fiber_core
+
+    stale = []
+    for folder, _dirs, files in os.walk(os.path.dirname(fiber_core.__file__)):
+        for name in files:
+            if name.endswith(".py"):
+                src = os.path.join(folder, name)
+                pyc = importlib.util.cache_from_source(src)
+                if not os.path.exists(pyc) or os.path.getmtime(pyc) < os.path.getmtime(src):
+                    stale.append(os.path.relpath(src, os.path.dirname(os.path.dirname(src))))
+    return sorted(stale)
 
 
 def _backend_name() -> str:
@@ -342,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[tuple[str, Any], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     load0 = os.getloadavg()[0]
+    stale = stale_bytecode()
     started = time.perf_counter()
     run_reps(reps, results)
     scale: dict[str, dict[str, Any]] = {}
@@ -355,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                 scale_errors[lib] = f"{type(e).__name__}: {e}"
             print(f"scale run, {lib}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
     command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    stale = sorted(set(stale) | set(stale_bytecode()))
     report(results, scale, scale_errors, n_scale, command, reps, time.perf_counter() - started,
-           (load0, os.getloadavg()[0]))
+           (load0, os.getloadavg()[0]), stale)
     return 0
 
 

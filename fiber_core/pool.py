@@ -25,20 +25,30 @@ results, only how work is grouped). When ``map``/``starmap`` get no
 ``chunksize``, the input is cut into ``AUTO_UNITS_PER_WORKER * processes``
 units of equal size (give or take one item; one item each for short inputs):
 fine enough that the last units balance well, coarse enough that per-unit costs
-vanish for tiny tasks; ``imap`` and
-``imap_unordered`` default to one item, as in the stdlib. The master sends a
-worker as many units per message as fit in :data:`TARGET_BATCH_SECONDS` of
-measured work (at least one, at most :data:`MAX_BATCH_UNITS`, and no more than
-half a fair share of what is left among the pool's workers, unless that is less
-than :data:`MIN_SPLIT_SECONDS` of work, too little to be worth a message of its
-own, or so little that the messages of the busy workers would keep the master
-thread busy more than a quarter of the time: then up to a full fair share), and
-keeps a second
-message in flight (prefetch) only while batches are shorter than
-:data:`PREFETCH_BELOW_SECONDS`, so that long tasks are never queued behind a busy
-worker. Every ready worker gets a message before any gets a second. Task times
-are measured per job (a ``map``, an ``apply``...): until a job's first batch is
-back, its messages carry one unit and are not prefetched.
+vanish for tiny tasks. When an earlier job timed the same function, fewer units
+if that leaves each :data:`MIN_UNIT_SECONDS` of work (never fewer than 4 per
+worker, multiprocessing's default). ``imap`` and ``imap_unordered`` default to
+one item, as in the stdlib.
+
+The master sends a worker as many units per message as fit in
+:data:`TARGET_BATCH_SECONDS` of measured work (:data:`MAP_BATCH_SECONDS` for
+``map``/``starmap``, whose results are only seen at the end), at least one, at
+most :data:`MAX_BATCH_UNITS`, and no more than half a fair share of what is
+queued (queue / (2 * processes)), unless that is less than
+:data:`MIN_SPLIT_SECONDS` of work, too little to be worth a message of its own:
+then up to a full fair share. Task times are measured per job (a ``map``, an
+``apply``...); until a job's first batch is back, the same function's time per
+item in an earlier job stands in, or else its messages carry one unit.
+
+Every ready worker gets a message before any gets a second. A second message in
+flight (prefetch) needs a measured or known time, and is sent for a ``map`` while
+the queue holds two units per worker, otherwise only while batches are shorter
+than :data:`PREFETCH_BELOW_SECONDS`, so that long tasks are never queued behind a
+busy worker; and never with more than :data:`PREFETCH_MAX_BYTES`: a worker reads
+its socket between batches only (no reader thread to hand messages over), so a
+prefetch waits in the socket buffer. The caller's thread sends the first batches
+of new work itself; after that the master sends a worker its next batch when its
+results come in, looking at that worker only.
 
 Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool.
 """
@@ -76,6 +86,7 @@ PREFETCH_BELOW_SECONDS = 0.05
 PREFETCH_MAX_BYTES = 32 * 1024
 MIN_SPLIT_SECONDS = 0.001
 AUTO_UNITS_PER_WORKER = 64
+MIN_UNIT_SECONDS = 0.001
 MAX_TASK_ATTEMPTS = 3
 MAX_START_FAILURES = 3
 _FUNC_CACHE = 64
@@ -137,9 +148,9 @@ def _rebuild_exc(exc: BaseException, tb: str) -> BaseException:
 def _run_unit(func: Callable, kind: int, items: list) -> tuple[bool, Any]:
     try:
         if kind == _MAP:
-            return True, [func(x) for x in items]
+            return True, list(map(func, items))
         if kind == _STARMAP:
-            return True, [func(*x) for x in items]
+            return True, list(itertools.starmap(func, items))
         args, kwds = items[0]
         return True, [func(*args, **kwds)]
     except Exception as e:
@@ -422,7 +433,8 @@ class Pool:
         self._start_failures = 0
         self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
         # per pickled function: the last job's mean time per item, to size a new job's first batches
-        self._item_seconds: collections.OrderedDict[bytes, float] = collections.OrderedDict()
+        # (keyed by the hash of the pickle: no big closure is kept alive for this)
+        self._item_seconds: collections.OrderedDict[int, float] = collections.OrderedDict()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._sel = selectors.DefaultSelector()
@@ -430,7 +442,6 @@ class Pool:
         self._incoming: _queue.SimpleQueue[tuple[int, socket.socket]] = _queue.SimpleQueue()
         self._done = threading.Event()
         self._requeued = False  # the master must offer re-queued work to every worker
-        self._msg_seconds = 0.0  # running mean of the master's time per worker message
         hub = runtime().hub
         # What the workers' backend reaches this process at (also put in pickled queues).
         self._hub = runtime().addresses_for(runtime().get_backend(backend))
@@ -458,8 +469,20 @@ class Pool:
         p.start()
         w = _Worker(wid, p)
         self._workers[wid] = w
-        self._sel.register(p.sentinel, selectors.EVENT_READ, ("exit", w))
+        self._watch(p.sentinel, ("exit", w))
         return w
+
+    def _watch(self, fileobj: Any, data: tuple) -> None:
+        """Add a descriptor to the master's selector.
+
+        A descriptor number can only be registered twice if an earlier owner closed it
+        without unregistering; the new owner wins rather than crashing the master.
+        """
+        try:
+            self._sel.register(fileobj, selectors.EVENT_READ, data)
+        except KeyError:
+            self._sel.unregister(fileobj)
+            self._sel.register(fileobj, selectors.EVENT_READ, data)
 
     def _on_connect(self, target: str, sock: socket.socket) -> None:
         # Runs in a hub thread: read the hello, hand the socket to the master.
@@ -487,9 +510,7 @@ class Pool:
                 # it alone keeps a message's cost independent of the pool's size. Anything
                 # else (new work, re-queued work, a resize, a quiet second) looks at all.
                 events = self._sel.select(1.0)
-                started = time.perf_counter()
                 touched: list[_Worker] | None = [] if events else None
-                messages = 0
                 for key, _ in events:
                     kind, w = key.data
                     if kind == "wake":
@@ -500,7 +521,6 @@ class Pool:
                         touched = None
                     elif kind == "conn":
                         self._on_message(w)
-                        messages += 1
                         if touched is not None:
                             touched.append(w)
                     elif kind == "exit":
@@ -515,9 +535,6 @@ class Pool:
                     if self._state == "TERMINATE":
                         break
                     self._dispatch(touched)
-                    if messages:  # what one worker message costs the master, sent included
-                        cost = (time.perf_counter() - started) / messages
-                        self._msg_seconds = 0.9 * self._msg_seconds + 0.1 * cost
                     if self._state == "CLOSE" and not self._jobs and not self._queue:
                         self._retire_all()
                         if not self._workers:
@@ -535,7 +552,7 @@ class Pool:
             sock.close()
             return
         w.conn = Connection(sock)
-        self._sel.register(sock, selectors.EVENT_READ, ("conn", w))
+        self._watch(sock, ("conn", w))
         if w.retiring:
             try:
                 w.conn.send_bytes(b"Q")
@@ -567,9 +584,9 @@ class Pool:
                 per_unit = elapsed / len(units)
                 est = self._unit_seconds.get(job_id)
                 self._unit_seconds[job_id] = per_unit if est is None else 0.8 * est + 0.2 * per_unit
-                func_bytes = units[0].func_bytes
-                self._item_seconds[func_bytes] = elapsed / max(1, sum(u.count for u in units))
-                self._item_seconds.move_to_end(func_bytes)
+                key = hash(units[0].func_bytes)
+                self._item_seconds[key] = elapsed / max(1, sum(u.count for u in units))
+                self._item_seconds.move_to_end(key)
                 if len(self._item_seconds) > _FUNC_CACHE:
                     self._item_seconds.popitem(last=False)
             for unit, (ok, value) in zip(units, results):
@@ -664,7 +681,6 @@ class Pool:
             return
         # A fair share counts the workers still starting too: they will want work soon.
         sharers = 2 * max(len(ready), self._processes)
-        busy = sum(1 for w in self._workers.values() if w.pending)
         # Breadth first: every idle worker gets a batch before any gets a second.
         for level in (0, 1):
             for w in ready:
@@ -676,7 +692,7 @@ class Pool:
                 est = self._unit_seconds.get(front.func_id)
                 measured = est is not None
                 if not measured:  # this job's task times are not known yet: the function's?
-                    per_item = self._item_seconds.get(front.func_bytes)
+                    per_item = self._item_seconds.get(hash(front.func_bytes))
                     est = None if per_item is None else per_item * front.count
                 if est is None:
                     if level:
@@ -689,11 +705,10 @@ class Pool:
                     est = max(est, 1e-7)
                     share = len(self._queue) // sharers
                     if measured:
-                        # Not worth a message below MIN_SPLIT_SECONDS; nor below what keeps
-                        # the master (one thread for all workers) busy a quarter of the time.
-                        # Never more than a full fair share, though: that would leave others idle.
-                        floor = max(MIN_SPLIT_SECONDS, 4 * (busy + 1) * self._msg_seconds)
-                        share = max(share, min(int(floor / est), 2 * len(self._queue) // sharers))
+                        # Not worth a message below MIN_SPLIT_SECONDS of work: then up to a
+                        # full fair share (more would leave others idle).
+                        share = max(share, min(int(MIN_SPLIT_SECONDS / est),
+                                               2 * len(self._queue) // sharers))
                     # map's results are only seen at the end: bigger batches, fewer messages,
                     # and a prefetch as long as every worker can still get two batches.
                     is_map = type(front.job) is MapResult
@@ -784,11 +799,13 @@ class Pool:
         if self._state != "RUN":
             raise ValueError("Pool not running")
 
-    def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list]) -> int:
+    def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list],
+                func_bytes: bytes | None = None) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
         chunks = list(chunks)
         with sending_to(self._hub):
-            func_bytes = dumps(func)
+            if func_bytes is None:
+                func_bytes = dumps(func)
             units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
                      for i, (chunk, data) in enumerate(zip(chunks, _dumps_each(chunks)))]
         with self._lock:
@@ -819,10 +836,19 @@ class Pool:
                    callback: Callable | None, error_callback: Callable | None) -> MapResult:
         self._check_running()
         items = list(iterable)
+        with sending_to(self._hub):
+            func_bytes = dumps(func)
         if chunksize is None:
             # Units fine enough to balance, coarse enough to be cheap: as many as
-            # AUTO_UNITS_PER_WORKER per worker, their sizes differing by one item at most.
-            nunits = min(len(items), AUTO_UNITS_PER_WORKER * self._processes)
+            # AUTO_UNITS_PER_WORKER per worker, their sizes differing by one item at most;
+            # fewer if this function's tasks are known to be tiny, so that a unit holds
+            # MIN_UNIT_SECONDS of work, but never fewer than multiprocessing's 4 per worker.
+            nunits = AUTO_UNITS_PER_WORKER * self._processes
+            per_item = self._item_seconds.get(hash(func_bytes))
+            if per_item is not None:
+                nunits = min(nunits, max(4 * self._processes,
+                                         int(per_item * len(items) / MIN_UNIT_SECONDS)))
+            nunits = min(len(items), nunits)
             q, r = divmod(len(items), nunits or 1)
             bounds = [i * q + min(i, r) for i in range(nunits + 1)]
             chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -833,7 +859,7 @@ class Pool:
             chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
         result = MapResult(self, len(chunks), chunksize, len(items), callback, error_callback)
         if chunks:
-            self._submit(result, func, kind, chunks)
+            self._submit(result, func, kind, chunks, func_bytes)
         return result
 
     def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
