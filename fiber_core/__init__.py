@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fiber_core.backend import Backend, Job, JobSpec
 from fiber_core.config import Option, config
 from fiber_core.connection import Pipe
 from fiber_core.context import FiberContext, cpu_count, get_context
@@ -19,7 +18,6 @@ from fiber_core.errors import (
     ProcessError,
     TimeoutError,
 )
-from fiber_core.hookspecs import hookimpl
 from fiber_core.process import Process, active_children, current_process, parent_process
 from fiber_core.queues import JoinableQueue, Queue, SimpleQueue
 from fiber_core.util import get_logger, log_to_stderr
@@ -60,7 +58,16 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
 
 
 def __getattr__(name: str) -> Any:
-    # The heavier parts are imported on first use, so `import fiber_core` stays fast.
+    # The heavier parts are imported on first use, so `import fiber_core` (and so the
+    # start of every job) stays fast.
+    if name in ("Backend", "Job", "JobSpec"):
+        from fiber_core import backend
+
+        return getattr(backend, name)
+    if name == "hookimpl":
+        from fiber_core.hookspecs import hookimpl
+
+        return hookimpl
     if name == "Pool":
         from fiber_core.pool import Pool
 

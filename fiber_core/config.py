@@ -17,8 +17,7 @@ import configparser
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from fiber_core.errors import ConfigError
 
@@ -49,8 +48,7 @@ _PARSERS: dict[type, Callable[[str], Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One configuration key: its name, type, default and a line of help.
 
     ``type`` is one of ``bool``, ``int``, ``float``, ``str``, ``list`` (a
@@ -108,8 +106,7 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class Value:
+class Value(NamedTuple):
     """A resolved value and where it came from (for ``fiber config``)."""
 
     value: Any

@@ -24,8 +24,6 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-import cloudpickle
-
 from fiber_core.errors import AuthenticationError, PicklingError
 
 _MAGIC = b"FIBR\x01"
@@ -64,6 +62,8 @@ def dumps(obj: Any) -> bytes:
     """Pickle ``obj`` for another process (cloudpickle: lambdas and ``__main__`` work)."""
     if _small_plain(obj):
         return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    import cloudpickle  # on first use: a job that sends only plain data starts without it
+
     try:
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:

@@ -70,8 +70,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import cloudpickle
-
 from fiber_core.connection import Connection, dial, dumps, loads, resolve_main
 from fiber_core.errors import FiberError, JobStartError, TimeoutError
 from fiber_core.process import Process
@@ -119,6 +117,8 @@ class MaybeEncodingError(FiberError):
 
 def _dumps_each(objs: Iterable[Any]) -> list[bytes]:
     """``[dumps(obj) for obj in objs]``, with one pickler: several times cheaper per object."""
+    import cloudpickle  # the parent's side only: workers start without it
+
     buf = io.BytesIO()
     pickler = cloudpickle.CloudPickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
     out = []

@@ -20,13 +20,15 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fiber_core.backend import Backend, Job, JobSpec
 from fiber_core.config import config
 from fiber_core.connection import Connection, dumps
 from fiber_core.errors import FiberError, JobStartError
 from fiber_core.runtime import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN, runtime, sending_to
+
+if TYPE_CHECKING:  # the job side never needs the backend contract: keep its start light
+    from fiber_core.backend import Backend, Job, JobSpec
 
 log = logging.getLogger("fiber")
 
@@ -357,6 +359,8 @@ class _JobRun:
         self._on_finish: list[Callable[[], None]] = []
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
+        from fiber_core.backend import JobSpec
+
         p = self.process
         rt = runtime()
         target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}

@@ -10,9 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable
@@ -171,6 +169,8 @@ class Runtime:
     def rundir(self) -> str:
         with self._lock:
             if self._rundir is None:
+                import tempfile
+
                 self._rundir = tempfile.mkdtemp(prefix=f"fiber-{self.run_id}-")
                 os.chmod(self._rundir, 0o700)
             return self._rundir
@@ -227,6 +227,8 @@ class Runtime:
             if self._hub is not None:
                 self._hub.close()
             if self._rundir is not None:
+                import shutil
+
                 shutil.rmtree(self._rundir, ignore_errors=True)
 
 
