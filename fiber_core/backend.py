@@ -140,6 +140,10 @@ class Backend(ABC):
         the environment. Resolved values arrive in :attr:`settings`.
     ``package``
         The distribution that provides it, shown by ``fiber backends``.
+    ``shares_this_machine``
+        True when jobs run on this machine's CPUs (the local backend). A Pool then
+        starts its workers at most one per CPU at a time, so the first is ready
+        sooner instead of all of them sharing the CPUs while they start.
     ``config_section``
         Where its options live when the name cannot be used (``aws-batch`` has a
         dash, which environment variable names cannot hold): ``"aws"`` gives
@@ -151,6 +155,7 @@ class Backend(ABC):
     options: ClassVar[tuple[Option, ...]] = ()
     package: ClassVar[str | None] = None
     config_section: ClassVar[str | None] = None
+    shares_this_machine: ClassVar[bool] = False
 
     @classmethod
     def settings_section(cls) -> str:

@@ -25,6 +25,7 @@ class LocalBackend(Backend):
 
     name = "local"
     package = "fiber-core"
+    shares_this_machine = True
 
     def __init__(self, settings=None, run_id: str = "") -> None:  # noqa: ANN001
         super().__init__(settings, run_id)

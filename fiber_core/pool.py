@@ -444,12 +444,14 @@ class Pool:
         self._requeued = False  # the master must offer re-queued work to every worker
         hub = runtime().hub
         # What the workers' backend reaches this process at (also put in pickled queues).
-        self._hub = runtime().addresses_for(runtime().get_backend(backend))
+        workers_backend = runtime().get_backend(backend)
+        self._hub = runtime().addresses_for(workers_backend)
+        # Workers that start on this machine's CPUs start a few at a time (see _top_up).
+        self._burst = cpu_count() if workers_backend.shares_this_machine else None
         hub.register(f"pool:{self._id}", self._on_connect)
         try:
             with self._lock:
-                for _ in range(processes):
-                    self._start_worker()
+                self._top_up()
         except BaseException:
             self._state = "TERMINATE"
             for w in self._workers.values():
@@ -598,6 +600,9 @@ class Pool:
         elif op == b"R":
             w.ready = True
             self._start_failures = 0
+            with self._lock:
+                if self._state == "RUN" or self._queue:
+                    self._top_up()
 
     def _retire_if_done(self, w: _Worker) -> None:
         if w.retiring and not w.pending and w.conn is not None:
@@ -668,8 +673,22 @@ class Pool:
             elif code not in (0, None) and not w.retiring:
                 log.warning("fiber: pool worker %s died (exit code %s); its tasks were re-queued",
                             w.process.name, code)
-            if len(self._workers) < self._processes:
-                self._start_worker()
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Start workers until the pool has its size; called with the lock held.
+
+        On a backend whose jobs share this machine's CPUs, at most one worker per
+        CPU is starting at any time: the rest start as those become ready, so the
+        first result comes after one start, not after all of them shared the CPUs.
+        """
+        active = [w for w in self._workers.values() if not w.retiring and not w.lost]
+        starting = sum(1 for w in active if not w.ready)
+        for _ in range(self._processes - len(active)):
+            if self._burst is not None and starting >= self._burst:
+                break
+            self._start_worker()
+            starting += 1
 
     def _dispatch(self, only: list[_Worker] | None = None) -> None:
         """Hand batches to ready workers (all, or ``only``) that have room. Called with the lock held."""
@@ -925,7 +944,8 @@ class Pool:
     def resize(self, processes: int) -> None:
         """Grow or shrink the pool to ``processes`` workers (Fiber extension).
 
-        Growing starts new jobs at once. Shrinking retires idle workers first and
+        Growing starts new jobs at once (local ones one per CPU at a time, as at
+        start). Shrinking retires idle workers first and
         busy ones once their current batch is done; no task is lost.
         """
         if not isinstance(processes, int) or processes < 1:
@@ -934,8 +954,7 @@ class Pool:
             self._check_running()
             self._processes = processes
             active = [w for w in self._workers.values() if not w.retiring and not w.lost]
-            for _ in range(processes - len(active)):
-                self._start_worker()
+            self._top_up()
             extra = len(active) - processes
             for w in sorted(active, key=lambda w: (len(w.pending), not w.ready))[:max(0, extra)]:
                 w.retiring = True
