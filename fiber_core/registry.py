@@ -131,8 +131,13 @@ class Registry:
         return out
 
     def get_class(self, name: str) -> type[Backend]:
-        reg = self._load()
         key = name.strip().lower()
+        if key == "local" and self._registrar is None:
+            # The built-in backend needs no plugin: do not import every installed one.
+            from fiber_core.local import LocalBackend
+
+            return LocalBackend
+        reg = self._load()
         cls = reg._by_name.get(key)
         if cls is None:
             installed = ", ".join(sorted(n for n in reg._by_name if reg._canonical[n] == n))
