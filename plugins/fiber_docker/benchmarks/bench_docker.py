@@ -1,0 +1,174 @@
+"""The docker backend next to the local one: job start latency and the Fiber paper's overhead.
+
+Both backends are measured in the same run, in alternating repetitions (the order
+flips every repetition); every figure is the median over all samples.
+
+1. Start latency, *start -> first instruction*:
+   - a bare job: ``backend.start_job()`` of ``python3 -c "print(time.time())"``; the
+     clock is read before the call and by the job's first statement (containers share
+     this machine's clock);
+   - a ``fiber_core.Process``: the clock before ``start()`` and at the first line of its
+     target, sent home through a ``Queue`` (its travel time is not counted). This adds
+     Fiber's worker bootstrap: connect back, authenticate, unpickle.
+   Also *start() returns*: how long ``Process.start()`` blocks the caller.
+2. The overhead workload of the Fiber paper (Figure 9): ``Pool(5)``; tasks that sleep
+   1 s, 100 ms, 10 ms, 1 ms; 5, 50, 500, 5000 of them, so that the ideal time of each
+   batch is 1 s; ``pool.map`` is timed on a pool whose workers have all run a task.
+   *Pool start*: ``Pool(5)`` until every worker has run a task.
+
+Usage (from the repository root, with the test dockerd up)::
+
+    bash scripts/test-services.sh up docker
+    DOCKER_HOST=unix:///tmp/fiber-services/docker/docker.sock FIBER_DOCKER_IMAGE=fiber-test:latest \\
+        python plugins/fiber_docker/benchmarks/bench_docker.py [--reps 5] [--quick]
+
+Only the stdlib and fiber_core are imported at the top: the workers import this file
+as their main module (the backend mounts the working directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+import fiber_core
+from fiber_core.backend import JobSpec
+from fiber_core.runtime import runtime
+
+WORKERS = 5
+CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)
+BACKENDS = ("docker", "local")
+TIMEOUT = 600.0
+
+
+def first_instruction(q: Any) -> None:
+    q.put(time.time())
+
+
+def sleep_task(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def whoami(seconds: float) -> str:
+    time.sleep(seconds)
+    return os.environ["FIBER_PROCESS_TOKEN"]  # one per job (pids repeat across containers)
+
+
+def job_start(backend: str) -> float:
+    b = runtime().get_backend(backend)
+    python = "python3" if backend == "docker" else sys.executable
+    t0 = time.time()
+    job = b.start_job(JobSpec(command=[python, "-c", "import time; print(repr(time.time()))"],
+                              name="bench-start"))
+    if b.wait_for_job(job, TIMEOUT) != 0:
+        raise RuntimeError(f"bare job failed: {b.get_job_logs(job)}")
+    deadline = time.monotonic() + 10
+    while not (logs := b.get_job_logs(job).strip()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return float(logs.split()[-1]) - t0
+
+
+def process_start(backend: str) -> tuple[float, float]:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=first_instruction, args=(q,), backend=backend)
+    t0 = time.time()
+    p.start()
+    returned = time.time() - t0
+    first = q.get(timeout=TIMEOUT) - t0
+    p.join(TIMEOUT)
+    if p.exitcode != 0:
+        raise RuntimeError(f"process exited with {p.exitcode}")
+    return first, returned
+
+
+def pool_turn(backend: str, results: dict) -> None:
+    t0 = time.perf_counter()
+    pool = fiber_core.Pool(WORKERS, backend=backend)
+    try:
+        seen: set[str] = set()
+        while len(seen) < WORKERS:
+            if time.perf_counter() - t0 > TIMEOUT:
+                raise RuntimeError(f"only {len(seen)} of {WORKERS} workers ran a task in {TIMEOUT:.0f} s")
+            seen.update(pool.map(whoami, [0.05] * (2 * WORKERS), 1))
+        results[("pool", "start")][backend].append(time.perf_counter() - t0)
+        pool.map(sleep_task, [0.0] * (2 * WORKERS))
+        for seconds, batch in CASES:
+            t = time.perf_counter()
+            pool.map_async(sleep_task, [seconds] * batch).get(TIMEOUT)
+            results[("sleep", seconds)][backend].append(time.perf_counter() - t)
+    finally:
+        pool.close()
+        pool.join()
+
+
+def run(reps: int, starts: int) -> dict:
+    results: dict = defaultdict(lambda: defaultdict(list))
+    for backend in BACKENDS:  # warm-up: image check, first container, imports; not measured
+        job_start(backend)
+        process_start(backend)
+    for r in range(reps):
+        t = time.perf_counter()
+        for backend in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
+            for _ in range(starts):
+                results[("start", "job")][backend].append(job_start(backend))
+                first, returned = process_start(backend)
+                results[("start", "process")][backend].append(first)
+                results[("start", "returns")][backend].append(returned)
+            pool_turn(backend, results)
+        print(f"repetition {r + 1}/{reps}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return results
+
+
+def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[float, float]) -> None:
+    med = statistics.median
+    cmd = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    print(f"Command: `{cmd}`\n")
+    print(f"Python {platform.python_version()}, {os.cpu_count()} CPUs; docker image "
+          f"`{os.environ.get('FIBER_DOCKER_IMAGE', '-')}`; {reps} interleaved repetitions "
+          f"({starts} starts of each kind per repetition and backend); medians; load average "
+          f"{load[0]:.2f} at the start, {load[1]:.2f} at the end; {elapsed:.0f} s in all.\n")
+    print("### Start latency (ms)\n")
+    print("| | docker | local | docker - local | docker range |")
+    print("|---|---:|---:|---:|---:|")
+    for key, label in (("job", "bare job: `start_job()` -> first instruction"),
+                       ("process", "`Process.start()` -> first instruction of the target"),
+                       ("returns", "`Process.start()` returns")):
+        d, lo = results[("start", key)]["docker"], results[("start", key)]["local"]
+        print(f"| {label} | {med(d) * 1e3:.0f} | {med(lo) * 1e3:.0f} | {(med(d) - med(lo)) * 1e3:.0f} "
+              f"| {min(d) * 1e3:.0f}-{max(d) * 1e3:.0f} |")
+    print(f"\n### Fiber paper overhead workload: Pool({WORKERS}), ideal time 1 s per batch (s)\n")
+    print("| task | batch | docker | local | docker / local | docker range | local range |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for seconds, batch in CASES:
+        d, lo = results[("sleep", seconds)]["docker"], results[("sleep", seconds)]["local"]
+        label = f"{seconds:g} s" if seconds >= 1 else f"{seconds * 1e3:g} ms"
+        print(f"| {label} | {batch} | {med(d):.3f} | {med(lo):.3f} | {med(d) / med(lo):.2f} "
+              f"| {min(d):.3f}-{max(d):.3f} | {min(lo):.3f}-{max(lo):.3f} |")
+    d, lo = results[("pool", "start")]["docker"], results[("pool", "start")]["local"]
+    print(f"| Pool({WORKERS}) start, until every worker ran a task | | {med(d):.3f} | {med(lo):.3f} "
+          f"| {med(d) / med(lo):.2f} | {min(d):.3f}-{max(d):.3f} | {min(lo):.3f}-{max(lo):.3f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5; 1 with --quick)")
+    parser.add_argument("--starts", type=int, default=5, help="starts of each kind per repetition")
+    parser.add_argument("--quick", action="store_true", help="smoke run")
+    args = parser.parse_args(argv)
+    reps = args.reps or (1 if args.quick else 5)
+    starts = 2 if args.quick else args.starts
+    t, load = time.perf_counter(), os.getloadavg()[0]
+    results = run(reps, starts)
+    report(results, reps, starts, time.perf_counter() - t, (load, os.getloadavg()[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Where the test Docker daemon is: the private dockerd of ``scripts/services/docker.sh``.
+
+(Its own module, not conftest.py: the test directories of several plugins run in one
+pytest session, and ``import conftest`` would find whichever came first.)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
+IMAGE = "fiber-test:latest"
+NOFIBER_IMAGE = "fiber-test-nofiber:latest"
+NOPYTHON_IMAGE = "fiber-test-nopython:latest"
+UP = "bash scripts/test-services.sh up docker"
+
+
+def docker_host() -> str:
+    """DOCKER_HOST of the test daemon; skips the test where Docker cannot run."""
+    if os.geteuid() != 0:
+        pytest.skip("the test Docker daemon (scripts/services/docker.sh) runs as root; not root here")
+    try:
+        lines = (SERVICES / "docker" / "env").read_text().splitlines()
+    except OSError:
+        pytest.skip(f"the test Docker daemon is not up ({SERVICES}/docker/env is missing): {UP}")
+    env = dict(line.split("=", 1) for line in lines if "=" in line)
+    return env["DOCKER_HOST"]

@@ -1,0 +1,67 @@
+"""What the tests run in containers: a module of their own, with no import beyond the stdlib.
+
+Pool workers unpickle these functions by reference, so the containers import this
+module: they find it because the backend mounts the working directory (the source
+tree) at the same path, and the worker appends the parent's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def init_process() -> str:
+    """PID 1's command line in the container: ``docker-init`` proves it is one."""
+    with open("/proc/1/cmdline", "rb") as f:
+        return f.read().split(b"\0")[0].decode()
+
+
+def where(x: int) -> tuple[int, str, str]:
+    return x, init_process(), os.getcwd()
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.2)  # the workload: long enough that a worker is mid-task when it is killed
+    return x * x
+
+
+def fail(x: int) -> None:
+    raise ValueError(f"bad item {x}")
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)
+
+
+def sleep_forever(q) -> None:  # noqa: ANN001
+    q.put("up")
+    time.sleep(3600)
+
+
+def echo_squares(inbox, outbox) -> None:  # noqa: ANN001
+    while True:
+        x = inbox.get()
+        if x is None:
+            break
+        outbox.put((x, x * x, init_process()))
+
+
+def consume(jq, results) -> None:  # noqa: ANN001
+    while True:
+        x = jq.get()
+        try:
+            if x is None:
+                return
+            results.put(x + 1)
+        finally:
+            jq.task_done()
+
+
+def put_square(q, x: int) -> None:  # noqa: ANN001
+    q.put(x * x)

@@ -1,0 +1,583 @@
+"""fiber-docker against a real Docker Engine: the conformance suite, then what only Docker has.
+
+Nothing is mocked: every job is a container on the private dockerd that
+``scripts/services/docker.sh`` starts (host networking only, no registry), from the
+images it builds. Functions that Pool workers run live in ``docker_tasks.py``: the
+containers import it through the mounted working directory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker_tasks
+import fiber_core
+import pytest
+from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
+from fiber_core.backend import Backend, Job, JobSpec
+from fiber_core.errors import BackendError
+from fiber_core.registry import create_backend, registry
+from fiber_core.testing import BackendConformance
+
+from fiber_docker.backend import LABEL_OWNER, LABEL_RUN, DockerBackend, _device_requests
+
+pytestmark = pytest.mark.usefixtures("docker_env")
+
+WAIT = 120.0  # bound of every wait on a container
+
+
+class TestDocker(BackendConformance):
+    backend_name = "docker"
+    python = "python3"
+    start_timeout = WAIT
+
+    def test_fiber_process_roundtrip(self, backend: Backend) -> None:
+        # The suite's target, fiber_core.testing.conformance._put_square, travels by
+        # reference, and importing that module imports pytest, which the image lacks. The
+        # same round trip with a target from docker_tasks (stdlib only, found through the
+        # mounted working directory).
+        q = fiber_core.Queue()
+        p = fiber_core.Process(target=docker_tasks.put_square, args=(q, 12), backend=self.backend_name)
+        p.start()
+        try:
+            assert q.get(timeout=self.start_timeout) == 144
+            p.join(self.start_timeout)
+            assert p.exitcode == 0
+        finally:
+            if p.is_alive():
+                p.kill()
+                p.join(self.start_timeout)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def backend() -> Iterator[DockerBackend]:
+    b = create_backend("docker", "t" + secrets.token_hex(4))
+    try:
+        yield b
+    finally:
+        b.cleanup()
+
+
+def make_backend(**settings: object) -> DockerBackend:
+    """A backend with the configured settings (FIBER_DOCKER_*), and ``settings`` on top."""
+    from fiber_core.config import config
+
+    registry.get_class("docker")  # loads the plugins: their options become known
+    return DockerBackend({**config.backend_settings("docker"), **settings}, "t" + secrets.token_hex(4))
+
+
+def sleeper(name: str = "sleeper", **kw: object) -> JobSpec:
+    return JobSpec(command=["python3", "-c", "import time; print('up', flush=True); time.sleep(600)"],
+                   name=name, **kw)  # type: ignore[arg-type]
+
+
+def wait_output(backend: Backend, job: Job, marker: str) -> str:
+    deadline = time.monotonic() + WAIT
+    while marker not in (logs := backend.get_job_logs(job)):
+        assert backend.poll_job(job) is None, logs
+        assert time.monotonic() < deadline, f"no {marker!r} from the job in time: {logs!r}"
+        time.sleep(0.05)
+    return logs
+
+
+def run_job(backend: Backend, code: str, **kw: object) -> tuple[int | None, str]:
+    job = backend.start_job(JobSpec(command=["python3", "-c", code], name="probe", **kw))  # type: ignore[arg-type]
+    status = backend.wait_for_job(job, WAIT)
+    return status, backend.get_job_logs(job)
+
+
+def containers(api: docker.APIClient, *labels: str) -> list[dict]:
+    return api.containers(all=True, filters={"label": list(labels)})
+
+
+def wait_gone(api: docker.APIClient, ids: set[str], since: int) -> None:
+    """Wait (bounded) for the daemon's destroy events of ``ids``; they must all come."""
+    if not {c["Id"] for c in api.containers(all=True)} & ids:
+        return
+    events = api.events(since=since, until=since + int(WAIT), decode=True,
+                        filters={"type": ["container"], "event": ["destroy"]})
+    left = set(ids)
+    for event in events:
+        left.discard(event.get("id"))
+        if not left:
+            events.close()
+            break
+    assert not left, f"containers not removed within {WAIT:.0f} s: {sorted(left)}"
+
+
+# -- the container a job gets -------------------------------------------------------------------
+
+
+def test_container_settings(backend: DockerBackend, docker_api: docker.APIClient) -> None:
+    spec = sleeper("Process-1:2 weird/name", cpu=0.5, memory=256,
+                   labels={"fiber.run": backend.run_id, "fiber.parent": "4242", "fiber.name": "Process-1:2"})
+    job = backend.start_job(spec)
+    wait_output(backend, job, "up")
+    info = docker_api.inspect_container(job.id)
+    assert info["Name"].lstrip("/").endswith("-Process-1-2-weird-name")
+    labels = info["Config"]["Labels"]
+    assert labels[LABEL_RUN] == backend.run_id
+    assert labels["fiber.parent"] == "4242"
+    assert labels["fiber.name"] == "Process-1:2"
+    assert labels["fiber.backend"] == "docker"
+    assert labels[LABEL_OWNER] == backend.owner
+    host = info["HostConfig"]
+    assert host["NanoCpus"] == 500_000_000
+    assert host["Memory"] == 256 * 1024 * 1024
+    assert host["Init"] is True
+    assert host["AutoRemove"] is True
+    assert host["NetworkMode"] == "host"
+    assert f"{os.getcwd()}:{os.getcwd()}" in host["Binds"]
+    assert info["Config"]["WorkingDir"] == os.getcwd()
+    assert info["Config"]["Image"] == IMAGE
+    backend.kill_job(job)
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGKILL
+
+
+def test_working_directory_and_volumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work, data = tmp_path / "work", tmp_path / "data"
+    work.mkdir()
+    data.mkdir()
+    (work / "here.txt").write_text("from the working directory")
+    (data / "there.txt").write_text("from a volume")
+    monkeypatch.chdir(work)
+    b = make_backend(volumes=[f"{data}:/data:ro"])
+    try:
+        status, logs = run_job(b, "import os; print(os.getcwd()); print(open('here.txt').read()); "
+                                  "print(open('/data/there.txt').read()); open('out.txt', 'w').write('x'); "
+                                  "open('/data/no', 'w')")
+        assert status == 1  # the volume is read-only
+        assert str(work) in logs
+        assert "from the working directory" in logs and "from a volume" in logs
+        assert "Read-only file system" in logs
+        assert (work / "out.txt").read_text() == "x"  # the working directory is shared
+    finally:
+        b.cleanup()
+    b = make_backend(mount_cwd=False)
+    try:
+        status, logs = run_job(b, "import os; print('cwd', os.getcwd(), os.path.exists('here.txt'))")
+        assert status == 0, logs
+        assert f"cwd {work}" not in logs and "False" in logs
+    finally:
+        b.cleanup()
+
+
+def test_user_and_extra_env() -> None:
+    b = make_backend(user="1234:1234", extra_env=["FIBER_TEST_A=1", "FIBER_TEST_B=x=y"])
+    try:
+        status, logs = run_job(b, "import os; print(os.getuid(), os.getgid(), os.environ['FIBER_TEST_A'], "
+                                  "os.environ['FIBER_TEST_B'], os.environ['FROM_SPEC'])",
+                               env={"FROM_SPEC": "s", "FIBER_TEST_A": "spec wins"})
+        assert status == 0, logs
+        assert "1234 1234 spec wins x=y s" in logs
+    finally:
+        b.cleanup()
+
+
+def test_gpu_requests(backend: DockerBackend, docker_api: docker.APIClient) -> None:
+    assert _device_requests(None) is None and _device_requests(0) is None
+    assert [(r["Count"], r["Capabilities"]) for r in _device_requests(2)] == [(2, [["gpu"]])]
+    assert [r["Count"] for r in _device_requests(-1)] == [-1]  # every GPU
+    # This daemon has no GPU: the request reaches it, and the refusal is immediate and explained.
+    for gpu in (1, -1):
+        with pytest.raises(BackendError, match="GPU") as e:
+            backend.start_job(sleeper(gpu=gpu))
+        assert "NVIDIA Container Toolkit" in str(e.value)
+    assert containers(docker_api, f"{LABEL_OWNER}={backend.owner}") == []
+
+
+def test_many_jobs_exit_codes(backend: DockerBackend) -> None:
+    jobs = [backend.start_job(JobSpec(command=["python3", "-c", f"import sys; sys.exit({i})"],
+                                      name=f"j{i}")) for i in range(12)]
+    assert [backend.wait_for_job(job, WAIT) for job in jobs] == list(range(12))
+    assert [backend.poll_job(job) for job in jobs] == list(range(12))
+
+
+def test_stop_before_or_while_starting(backend: DockerBackend, docker_api: docker.APIClient) -> None:
+    first = backend.start_job(sleeper())  # the first starts in create_job; the others later
+    jobs = [backend.start_job(sleeper(f"s{i}")) for i in range(4)]
+    backend.terminate_job(jobs[0])
+    backend.kill_job(jobs[1])
+    backend.terminate_job(jobs[2])
+    backend.kill_job(jobs[2])
+    assert backend.wait_for_job(jobs[0], WAIT) == -signal.SIGTERM
+    assert backend.wait_for_job(jobs[1], WAIT) == -signal.SIGKILL
+    assert backend.wait_for_job(jobs[2], WAIT) in (-signal.SIGTERM, -signal.SIGKILL)
+    wait_output(backend, jobs[3], "up")
+    backend.cleanup()
+    assert backend.wait_for_job(first, WAIT) == -signal.SIGKILL
+    assert containers(docker_api, f"{LABEL_OWNER}={backend.owner}") == []
+
+
+def test_network_mode_needs_a_listen_host() -> None:
+    assert make_backend().get_listen_addr() == "127.0.0.1"
+    assert make_backend(network_mode="container:abc").get_listen_addr() == "127.0.0.1"
+    with pytest.raises(BackendError, match="listen_host"):
+        make_backend(network_mode="bridge").get_listen_addr()
+
+
+# -- errors that say what to do --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("image", "expected"), [
+    ("fiber-test-missing:nope", r"not on the Docker daemon.*docker build"),
+    (NOPYTHON_IMAGE, r"has no 'python3'"),
+    (NOFIBER_IMAGE, r"has Python but not fiber-core.*pip install fiber-core"),
+])
+def test_bad_image(image: str, expected: str, monkeypatch: pytest.MonkeyPatch,
+                   docker_api: docker.APIClient) -> None:
+    monkeypatch.setenv("FIBER_DOCKER_IMAGE", image)
+    since = int(time.time()) - 1
+    b = make_backend()
+    try:
+        with pytest.raises(BackendError, match=expected):
+            b.start_job(JobSpec(command=["python3", "-m", "fiber_core.worker"], name="w"))
+        with pytest.raises(BackendError, match=expected):  # the same answer, from the cache
+            b.start_job(JobSpec(command=["python3", "-m", "fiber_core.worker"], name="w"))
+        # A whole Process and a Pool fail at start() too, with the same message.
+        with pytest.raises(BackendError, match=expected):
+            fiber_core.Process(target=docker_tasks.square, args=(1,), backend="docker", image=image).start()
+        with pytest.raises(BackendError, match=expected):
+            fiber_core.Pool(2, backend="docker", image=image)
+        # The image check's container (--rm) goes away by itself.
+        wait_gone(docker_api, {c["Id"] for c in containers(docker_api, f"{LABEL_OWNER}={b.owner}")}, since)
+    finally:
+        b.cleanup()
+
+
+def test_no_image_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FIBER_DOCKER_IMAGE")
+    b = make_backend()
+    assert not b.in_container  # this test runs on the daemon's host
+    with pytest.raises(BackendError, match="set FIBER_DOCKER_IMAGE"):
+        b.start_job(sleeper())
+
+
+def test_unreachable_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    sock = tmp_path / "no-docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    b = make_backend()
+    with pytest.raises(BackendError, match=f"cannot reach the Docker daemon at unix://{sock} "
+                                           r"\(from DOCKER_HOST\).*Start Docker"):
+        b.start_job(sleeper())
+    # What a user sees: FIBER_BACKEND=docker python app.py, without a daemon.
+    app = "import fiber_core\nif __name__ == '__main__':\n    fiber_core.Process(target=abs, args=(1,)).start()\n"
+    (tmp_path / "app.py").write_text(app)
+    out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True,
+                         env={**os.environ, "FIBER_BACKEND": "docker"}, timeout=WAIT)
+    assert out.returncode == 1
+    assert (f"fiber_core.errors.BackendError: cannot reach the Docker daemon at unix://{sock} "
+            "(from DOCKER_HOST)") in out.stderr
+    with pytest.raises(BackendError, match="FIBER_DOCKER_BASE_URL"):
+        make_backend(base_url="tcp://127.0.0.1:9").start_job(sleeper())
+    with pytest.raises(BackendError, match="cannot reach the Docker daemon"):
+        DockerBackend.clean({"base_url": f"unix://{sock}"}, "r")
+
+
+# -- Process, Queue and Pool in containers ---------------------------------------------------------
+
+
+def test_process_exit_codes() -> None:
+    p = fiber_core.Process(target=docker_tasks.exit_with, args=(3,), backend="docker")
+    p.start()
+    p.join(WAIT)
+    assert p.exitcode == 3
+    p = fiber_core.Process(target=docker_tasks.fail, args=(1,), backend="docker")
+    p.start()
+    p.join(WAIT)
+    assert p.exitcode == 1
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=docker_tasks.sleep_forever, args=(q,), backend="docker")
+    p.start()
+    assert q.get(timeout=WAIT) == "up"
+    assert p.is_alive()
+    p.terminate()
+    p.join(WAIT)
+    assert p.exitcode == -signal.SIGTERM
+
+
+def test_queues() -> None:
+    inbox, outbox = fiber_core.Queue(), fiber_core.Queue()
+    p = fiber_core.Process(target=docker_tasks.echo_squares, args=(inbox, outbox), backend="docker")
+    p.start()
+    for x in range(20):
+        inbox.put(x)
+    inbox.put(None)
+    got = [outbox.get(timeout=WAIT) for _ in range(20)]
+    p.join(WAIT)
+    assert p.exitcode == 0
+    assert [(x, sq) for x, sq, _ in got] == [(x, x * x) for x in range(20)]
+    assert {init for _, _, init in got} == {"/sbin/docker-init"}
+
+    jq, results = fiber_core.JoinableQueue(), fiber_core.Queue()
+    p = fiber_core.Process(target=docker_tasks.consume, args=(jq, results), backend="docker")
+    p.start()
+    for x in range(10):
+        jq.put(x)
+    jq.join()  # every item marked done by the container
+    assert sorted(results.get(timeout=WAIT) for _ in range(10)) == list(range(1, 11))
+    jq.put(None)
+    p.join(WAIT)
+    assert p.exitcode == 0
+
+
+def test_pool() -> None:
+    with fiber_core.Pool(3, backend="docker") as pool:
+        out = pool.map(docker_tasks.where, range(30))
+        assert [x for x, _, _ in out] == list(range(30))
+        assert {init for _, init, _ in out} == {"/sbin/docker-init"}  # every task ran in a container
+        assert {cwd for _, _, cwd in out} == {os.getcwd()}
+        assert sorted(pool.imap_unordered(docker_tasks.square, range(50))) == [x * x for x in range(50)]
+        assert pool.apply_async(docker_tasks.square, (7,)).get(WAIT) == 49
+        assert pool.starmap(pow, [(2, 3), (3, 2)]) == [8, 9]
+        with pytest.raises(ValueError, match="bad item 3") as e:
+            pool.map(docker_tasks.fail, [3])
+        assert "docker_tasks.py" in str(e.value.__cause__)  # the remote traceback
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11),
+                    reason="the test image runs Python 3.11: code sent by value needs the same version")
+def test_pool_functions_by_value() -> None:
+    factor = 3
+    with fiber_core.Pool(2, backend="docker") as pool:
+        assert pool.map(lambda x: x * factor, range(5)) == [0, 3, 6, 9, 12]  # no import needed
+
+
+def test_pool_recovers_when_a_container_is_killed(docker_api: docker.APIClient) -> None:
+    items = list(range(40))
+    with fiber_core.Pool(2, backend="docker") as pool:
+        it = pool.imap(docker_tasks.slow_square, items, chunksize=1)
+        assert next(it) == 0  # both workers are up and running tasks back to back
+        victim = pool._pool[0]
+        docker_api.kill(victim.job.id)  # from outside, as the OOM killer or an operator would
+        assert [0, *it] == [x * x for x in items]  # every result, once, in order
+        victim.join(WAIT)
+        assert victim.exitcode == -signal.SIGKILL
+        deadline = time.monotonic() + WAIT  # the pool replaces the worker it lost
+        while victim in pool._pool or len(pool._pool) < 2:
+            assert time.monotonic() < deadline, "the pool did not replace its killed worker"
+            time.sleep(0.05)
+        assert pool.map(docker_tasks.square, range(10)) == [x * x for x in range(10)]
+    assert not [c for c in docker_api.containers(all=True) if c["Id"] == victim.job.id]
+
+
+# -- nothing left behind ------------------------------------------------------------------------------
+
+# The parents' functions live in a module next to them, imported by reference (found in
+# the mounted working directory): by value, they would need the image's Python version.
+PARENT_TASKS = """
+import time
+
+
+def work(x):
+    time.sleep(x)
+    return x
+
+
+def hold(q):
+    q.put("up")
+    time.sleep(3600)
+"""
+
+PARENT = """
+import sys
+import fiber_core
+from fiber_core.runtime import runtime
+from parent_tasks import hold, work
+
+if __name__ == "__main__":
+    pool = fiber_core.Pool(2)
+    assert pool.map(work, [0.0] * 4) == [0.0] * 4
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=hold, args=(q,))
+    p.start()
+    assert q.get(timeout=120) == "up"
+    busy = pool.map_async(work, [3600] * 4)
+    print("ready", runtime().run_id, flush=True)
+    sys.stdin.read()
+"""
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        assert left > 0, "the parent did not get ready in time"
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 1)
+            assert chunk, f"the parent exited ({proc.wait()}): {proc.stderr.read().decode()}"
+            line += chunk
+    return line.decode()
+
+
+def test_parent_killed_leaves_no_container(tmp_path: Path, docker_api: docker.APIClient) -> None:
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    (tmp_path / "parent_tasks.py").write_text(PARENT_TASKS)
+    env = {**os.environ, "FIBER_BACKEND": "docker", "PYTHONPATH": ""}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        word, run_id = _read_line(proc, WAIT).split()
+        assert word == "ready"
+        ids = {c["Id"] for c in containers(docker_api, f"{LABEL_RUN}={run_id}")}
+        assert len(ids) >= 3  # two pool workers, one process (and maybe a finished image check)
+        since = int(time.time()) - 1
+        proc.kill()
+        proc.wait(WAIT)
+        wait_gone(docker_api, ids, since)  # each worker saw its parent go and ended; --rm did the rest
+        assert containers(docker_api, f"{LABEL_RUN}={run_id}") == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_parent_exits_normally_or_raises_leaves_no_container(tmp_path: Path,
+                                                            docker_api: docker.APIClient) -> None:
+    (tmp_path / "parent_tasks.py").write_text(PARENT_TASKS)
+    for ending, status in (("pass", 0), ("raise SystemExit(3)", 3), ("raise RuntimeError('boom')", 1)):
+        script = tmp_path / "parent.py"
+        script.write_text(textwrap.dedent(f"""
+            import fiber_core
+            from fiber_core.backend import JobSpec
+            from fiber_core.runtime import runtime
+            from parent_tasks import hold
+
+            if __name__ == "__main__":
+                print(runtime().run_id, flush=True)
+                # A job that does not end with its parent: only the backend's cleanup removes it.
+                runtime().backend.start_job(JobSpec(["python3", "-c", "import time; time.sleep(600)"]))
+                q = fiber_core.Queue()
+                p = fiber_core.Process(target=hold, args=(q,), daemon=True)
+                p.start()
+                pool = fiber_core.Pool(2)
+                assert pool.map(abs, [-1, -2]) == [1, 2]
+                assert q.get(timeout=120) == "up"
+                {ending}
+        """))
+        out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "FIBER_BACKEND": "docker"}, timeout=WAIT)
+        assert out.returncode == status, out.stderr
+        assert "could not remove" not in out.stderr
+        run_id = out.stdout.split()[0]
+        assert containers(docker_api, f"{LABEL_RUN}={run_id}") == [], ending
+
+
+def test_clean_removes_what_a_crashed_run_left(docker_api: docker.APIClient) -> None:
+    b = make_backend()
+    jobs = [b.start_job(sleeper(f"left{i}")) for i in range(2)]
+    for job in jobs:
+        wait_output(b, job, "up")
+    other = make_backend()  # another run: clean --run must not touch it
+    keep = other.start_job(sleeper("keep"))
+    try:
+        # As if b's process had crashed: nothing calls b.cleanup().
+        removed = DockerBackend.clean(b.settings, b.run_id)
+        assert len(removed) == 2 and all(b.run_id in r for r in removed)
+        assert containers(docker_api, f"{LABEL_RUN}={b.run_id}") == []
+        assert other.poll_job(keep) is None
+        left = other.start_job(sleeper("left"))
+        wait_output(other, left, "up")
+        out = subprocess.run([sys.executable, "-m", "fiber_core.cli", "clean", "--backend", "docker",
+                              "--run", other.run_id], capture_output=True, text=True, timeout=WAIT)
+        assert out.returncode == 0, out.stderr
+        assert f"2 leftover(s) of run {other.run_id} removed from docker" in out.stdout
+        assert containers(docker_api, f"{LABEL_RUN}={other.run_id}") == []
+    finally:
+        b.cleanup()
+        other.cleanup()
+
+
+# -- a parent that itself runs in a container --------------------------------------------------------
+
+def _site_for_container(target: Path) -> None:
+    """The docker SDK and fiber-docker, copied where a container can mount them."""
+    import shutil
+
+    for dist in ("docker", "requests", "urllib3", "idna", "certifi", "charset-normalizer"):
+        d = importlib.metadata.distribution(dist)
+        for f in d.files or ():
+            src = Path(d.locate_file(f))
+            if src.is_file() and "__pycache__" not in src.parts and not str(f).startswith(".."):
+                dst = target / f
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+    pkg = Path(importlib.import_module("fiber_docker").__file__).parent  # type: ignore[arg-type]
+    shutil.copytree(pkg, target / "fiber_docker", ignore=shutil.ignore_patterns("__pycache__"))
+    info = target / "fiber_docker-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fiber-docker\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[fiber]\ndocker = fiber_docker.plugin\n")
+
+
+
+def test_parent_in_a_container_uses_its_own_image_and_network(
+        tmp_path: Path, docker_host: str, docker_api: docker.APIClient) -> None:
+    site = tmp_path / "site"
+    _site_for_container(site)
+    (tmp_path / "app.py").write_text(textwrap.dedent("""
+        import fiber_core
+        from fiber_core.runtime import runtime
+
+
+        def whoami(x):
+            with open("/proc/1/cmdline", "rb") as f:
+                return x, f.read().split(b"\\0")[0].decode()
+
+
+        if __name__ == "__main__":
+            b = runtime().get_backend("docker")
+            with fiber_core.Pool(2, backend="docker") as pool:
+                print("results", pool.map(whoami, range(4)), flush=True)
+            print("in_container", b.in_container, b._network_mode().split(":")[0], flush=True)
+    """))
+    run_id = "t" + secrets.token_hex(4)
+    sock = docker_host.removeprefix("unix://")
+    tag = f"fiber-test-parent:{run_id}"
+    docker_api.tag(IMAGE, "fiber-test-parent", run_id)  # a name only the parent's container has
+    image_id = docker_api.inspect_image(IMAGE)["Id"]
+    parent = docker_api.create_container(
+        tag, command=["python3", "/app/app.py"], working_dir="/app",
+        environment={"PYTHONPATH": "/site", "DOCKER_HOST": "unix:///var/run/docker.sock",
+                     "FIBER_RUN_ID": run_id},
+        labels={"fiber.test": "parent-in-container"},
+        host_config=docker_api.create_host_config(
+            network_mode="none",  # its workers can reach it only by sharing its network namespace
+            binds=[f"{sock}:/var/run/docker.sock", f"{site}:/site:ro", f"{tmp_path}:/app:ro"],
+            init=True))["Id"]
+    try:
+        since = int(time.time()) - 1
+        docker_api.start(parent)
+        status = docker_api.wait(parent, timeout=WAIT)["StatusCode"]
+        logs = docker_api.logs(parent).decode()
+        assert status == 0, logs
+        assert "results [(0, '/sbin/docker-init'), (1, '/sbin/docker-init'), (2, '/sbin/docker-init'), " \
+               "(3, '/sbin/docker-init')]" in logs
+        assert "in_container True container" in logs
+        created = docker_api.events(since=since, until=int(time.time()) + 1, decode=True,
+                                    filters={"type": ["container"], "event": ["create"],
+                                             "label": [f"{LABEL_RUN}={run_id}"]})
+        images = {e["Actor"]["Attributes"]["image"] for e in created}
+        assert images == {image_id}, images  # the workers (and the image check) ran the parent's image
+        assert containers(docker_api, f"{LABEL_RUN}={run_id}") == []
+    finally:
+        docker_api.remove_container(parent, force=True)
+        docker_api.remove_image(tag)
