@@ -14,8 +14,9 @@ for d in plugins/*/; do [ -f "$d/pyproject.toml" ] && plugins+=(-e "$d[test]"); 
 "$VPY" -m pip install -q -e ".[test,examples]" "${plugins[@]}"
 if [ -f requirements-test.txt ]; then "$VPY" -m pip install -q -r requirements-test.txt; fi
 
-scripts/test-services.sh up
+# Stop the services however this script ends, including when one fails to start.
 trap 'scripts/test-services.sh down' EXIT
+scripts/test-services.sh up
 
 "$VPY" -m ruff check .
 # The public contract is type-checked strictly enough to read like a manual.

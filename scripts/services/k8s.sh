@@ -39,21 +39,21 @@ up() {
     --token "${FIBER_K8S_TOKEN:-fiber-emulator-token}" --kubeconfig "$kubeconfig" --instance services \
     </dev/null >>"$log" 2>&1 9>&- &   # 9>&-: the emulator must not hold our lock
   echo $! >"$pidfile"
-  for i in $(seq 1 100); do
+  for i in $(seq 1 300); do  # up to 60 s: a loaded machine right after dockerd starts is slow
     answers && { echo "k8s: up (pid $(cat "$pidfile"), $(url)); KUBECONFIG=$kubeconfig"; return 0; }
     running || break
     sleep 0.2
   done
   tail -20 "$log" >&2
   running && stop_pid
-  echo "k8s: emulator did not answer within 20 s (log: $log)" >&2
+  echo "k8s: emulator did not answer within 60 s (log: $log)" >&2
   return 1
 }
 
 stop_pid() { # TERM (the emulator removes its containers), wait up to 20 s, then KILL
   local i
   kill -TERM "$pid" 2>/dev/null || return 0
-  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+  for i in $(seq 1 300); do  # up to 60 s: a loaded machine right after dockerd starts is slow kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
   kill -KILL "$pid" 2>/dev/null || true
 }
 

@@ -107,7 +107,7 @@ def fresh_runtime(env: dict[str, str]) -> Iterator[fiber_core.runtime.Runtime]:
     saved = fiber_core.runtime._runtime
     saved_key = multiprocessing.process.current_process().authkey
     with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in os.environ if k.startswith("FIBER_")]:
+        for key in [k for k in os.environ if k.startswith("FIBER_") and k != "FIBER_SERVICES_DIR"]:
             mp.delenv(key)
         for key, value in env.items():
             mp.setenv(key, value)
@@ -541,7 +541,8 @@ def test_parent_killed_leaves_no_remote_process(hosts: dict[str, str], tmp_path:
             print(runtime().run_id, flush=True)
             time.sleep(600)
     """))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FIBER_") or k == "FIBER_SERVICES_DIR"}
     env.update(ssh_env(hosts, slots=1))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, cwd=tmp_path)
