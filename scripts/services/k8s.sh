@@ -53,7 +53,7 @@ up() {
 stop_pid() { # TERM (the emulator removes its containers), wait up to 20 s, then KILL
   local i
   kill -TERM "$pid" 2>/dev/null || return 0
-  for i in $(seq 1 300); do  # up to 60 s: a loaded machine right after dockerd starts is slow kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
   kill -KILL "$pid" 2>/dev/null || true
 }
 
