@@ -230,25 +230,6 @@ class TestAwsBatch(BackendConformance):
     def test_terminate(self, backend: Backend) -> None:
         super().test_terminate(backend)
 
-    def test_fiber_process_roundtrip(self, backend: Backend) -> None:
-        # The suite's target lives in fiber_core.testing.conformance, which imports pytest:
-        # the job image (fiber-test) has no pytest, so the job cannot unpickle it. The same
-        # round trip, with a target that cloudpickle sends by value.
-        def put_square(q, x) -> None:  # noqa: ANN001
-            q.put(x * x)
-
-        q = fiber_core.Queue()
-        p = fiber_core.Process(target=put_square, args=(q, 12), backend=self.backend_name)
-        p.start()
-        try:
-            assert q.get(timeout=self.start_timeout) == 144
-            p.join(self.start_timeout)
-            assert p.exitcode == 0
-        finally:
-            if p.is_alive():
-                p.kill()
-                p.join(self.start_timeout)
-
     def test_terminate_as_moto_reports(self, backend: AwsBatchBackend, batch) -> None:  # noqa: ANN001
         job = backend.start_job(sleeper())
         self.wait_running(backend, job, "up")

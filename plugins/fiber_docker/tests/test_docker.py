@@ -43,24 +43,6 @@ class TestDocker(BackendConformance):
     python = "python3"
     start_timeout = WAIT
 
-    def test_fiber_process_roundtrip(self, backend: Backend) -> None:
-        # The suite's target, fiber_core.testing.conformance._put_square, travels by
-        # reference, and importing that module imports pytest, which the image lacks. The
-        # same round trip with a target from docker_tasks (stdlib only, found through the
-        # mounted working directory).
-        q = fiber_core.Queue()
-        p = fiber_core.Process(target=docker_tasks.put_square, args=(q, 12), backend=self.backend_name)
-        p.start()
-        try:
-            assert q.get(timeout=self.start_timeout) == 144
-            p.join(self.start_timeout)
-            assert p.exitcode == 0
-        finally:
-            if p.is_alive():
-                p.kill()
-                p.join(self.start_timeout)
-
-
 # -- helpers ----------------------------------------------------------------------------------
 
 
