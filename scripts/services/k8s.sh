@@ -23,7 +23,10 @@ running() {
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--kubeconfig $kubeconfig"
 }
 url() { awk '$1=="server:"{print $2; exit}' "$kubeconfig" 2>/dev/null; }
-answers() { [ -s "$kubeconfig" ] && curl -fsS --max-time 2 "$(url)/version" >/dev/null 2>&1; }
+answers() { # python, not curl: nothing else this script needs is outside the project's installs
+  [ -s "$kubeconfig" ] && "$py" -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=2)' \
+    "$(url)/version" >/dev/null 2>&1
+}
 port_free() { # SO_REUSEADDR as the server does: a port in TIME_WAIT is free for it
   "$py" -c 'import socket as s,sys; k=s.socket(); k.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1); k.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
 }
