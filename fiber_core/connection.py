@@ -13,15 +13,18 @@ This module also holds :func:`Pipe` and :func:`wait`, the counterparts of
 from __future__ import annotations
 
 import hmac
+import io
 import os
 import pickle
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterable
+from types import FunctionType
 from typing import Any
 
 from fiber_core.errors import AuthenticationError, PicklingError
@@ -58,10 +61,60 @@ def _small_plain(obj: Any) -> bool:
     return False
 
 
+class _ByValue(Exception):
+    """``obj`` holds something that only cloudpickle can send."""
+
+
+_MAIN_MODULES = frozenset({"__main__", "__mp_main__"})
+
+
+class _Pickler(pickle.Pickler):
+    """The C pickler, which gives up on what must go by value (cloudpickle then runs).
+
+    ``reducer_override`` sees neither builtin containers nor scalars, so plain data
+    pickles at full speed; functions and classes defined in the main module, which
+    plain pickle would send by name, are refused.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, FunctionType)) and getattr(obj, "__module__", None) in _MAIN_MODULES:
+            raise _ByValue
+        return NotImplemented
+
+
+_picklers = threading.local()  # a pickler per thread, reused: making one costs twice a dump
+
+
+def _plain_dumps(obj: Any) -> bytes:
+    reusable = getattr(_picklers, "free", None)
+    _picklers.free = None  # taken (a nested dump, from a __reduce__, makes its own)
+    if reusable is None:
+        buf = io.BytesIO()
+        pickler = _Pickler(buf, pickle.HIGHEST_PROTOCOL)
+    else:
+        buf, pickler = reusable
+    try:
+        pickler.dump(obj)
+        data = buf.getvalue()
+    finally:
+        pickler.clear_memo()  # the memo would keep what was pickled alive
+        if buf.tell() <= _SMALL * 16:  # a big buffer is not kept
+            buf.seek(0)
+            buf.truncate()
+            _picklers.free = (buf, pickler)
+    return data
+
+
 def dumps(obj: Any) -> bytes:
     """Pickle ``obj`` for another process (cloudpickle: lambdas and ``__main__`` work)."""
     if _small_plain(obj):
         return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    cp = sys.modules.get("cloudpickle")
+    if cp is None or not getattr(cp.cloudpickle, "_PICKLE_BY_VALUE_MODULES", True):
+        try:
+            return _plain_dumps(obj)
+        except Exception:
+            pass  # a lambda, a closure, a local or __main__ class: by value, then
     import cloudpickle  # on first use: a job that sends only plain data starts without it
 
     try:

@@ -7,7 +7,9 @@ import multiprocessing.connection
 import os
 import re
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -440,3 +442,33 @@ def test_unknown_process_option() -> None:
     with pytest.raises(TypeError, match="colour"):
         fiber_core.Process(target=_exit_with, colour="red")
 
+
+
+def test_what_main_defines_travels_by_value_when_main_cannot_be_imported() -> None:
+    # A program read from stdin has no file the job could import: a class, a function
+    # and a dict holding them must be sent by value, not by name.
+    code = textwrap.dedent("""
+        import fiber_core
+
+        class Point:
+            def __init__(self, x):
+                self.x = x
+
+        def double(p):
+            return Point(p.x * 2)
+
+        def work(q, box):
+            q.put(box["fn"](box["point"]).x)
+
+        if __name__ == "__main__":
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=work, args=(q, {"fn": double, "point": Point(21)}))
+            p.start()
+            print("result", q.get(timeout=30))
+            p.join(30)
+            print("exitcode", p.exitcode)
+    """)
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True,
+                         timeout=2 * T)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["result 42", "exitcode 0"], out.stderr
