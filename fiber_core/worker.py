@@ -144,6 +144,9 @@ def main() -> int:
         process_mod._exit_children()
     except Exception:
         pass
+    queues = sys.modules.get("fiber_core.queues")
+    if queues is not None:
+        queues.settle()  # os._exit skips atexit: acknowledge the items this process took
     finishing.set()
     sys.stdout.flush()
     sys.stderr.flush()

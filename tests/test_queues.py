@@ -231,3 +231,146 @@ def test_unpicklable_item_fails_in_put() -> None:
     with pytest.raises(fiber_core.errors.PicklingError):
         q.put(threading.Lock())
     assert q.empty()
+
+
+# -- lending: a handle that gets in a tight loop borrows items in batches ----------------
+
+
+def _drain_and_report(q: fiber_core.Queue, n: int, report: fiber_core.Queue) -> None:
+    got, held = [], 0
+    for _ in range(n):
+        got.append(q.get(timeout=T))
+        if q._borrower is not None:  # white box: items lent to this handle, not yet taken
+            held = max(held, len(q._borrower.items))
+    report.put((got, held))
+
+
+def test_a_fast_consumer_borrows_and_gets_every_item_once_in_order() -> None:
+    q, report = fiber_core.Queue(), fiber_core.Queue()
+    for i in range(3000):
+        q.put(i)
+    p = fiber_core.Process(target=_drain_and_report, args=(q, 3000, report))
+    p.start()
+    got, held = report.get(timeout=T)
+    p.join(T)
+    assert p.exitcode == 0
+    assert got == list(range(3000))
+    assert held > 1  # it did borrow: the test below relies on it
+    assert q.qsize() == 0
+
+
+def _take_then_hold(q: fiber_core.Queue, n: int, sync: bool, report: fiber_core.Queue,
+                    release: fiber_core.Queue) -> None:
+    taken = [q.get(timeout=T) for _ in range(n)]
+    held = len(q._borrower.items) if q._borrower is not None else 0
+    if sync:
+        q.qsize()  # returns once the owner has this handle's acknowledgements
+    report.put((taken, held))
+    release.get()  # busy elsewhere: it takes nothing more from ``q``
+
+
+@pytest.mark.parametrize("end", ["stays", "killed", "exits"])
+def test_items_lent_to_a_consumer_that_stops_taking_reach_other_getters(end: str) -> None:
+    q, report, release = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
+    n = 2000
+    for i in range(n):
+        q.put(i)
+    p = fiber_core.Process(target=_take_then_hold, args=(q, 100, True, report, release))
+    p.start()
+    taken, held = report.get(timeout=T)
+    assert held > 0  # items were lent and are still with the child
+    if end == "killed":
+        p.kill()
+        p.join(T)
+    elif end == "exits":
+        release.put(None)
+        p.join(T)
+        assert p.exitcode == 0
+    # Stays: the owner recalls the lent items; otherwise they come back with the connection.
+    rest = [q.get(timeout=T) for _ in range(n - len(taken))]
+    assert sorted(taken + rest) == list(range(n))  # nothing lost, nothing twice
+    assert q.empty()
+    release.put(None)
+    p.join(T)
+
+
+def test_a_consumer_that_exits_without_a_word_keeps_what_it_took() -> None:
+    # No qsize() before it ends: its acknowledgements must still reach the owner first.
+    q, report, release = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
+    n = 2000
+    for i in range(n):
+        q.put(i)
+    release.put(None)
+    p = fiber_core.Process(target=_take_then_hold, args=(q, 100, False, report, release))
+    p.start()
+    taken, _held = report.get(timeout=T)
+    p.join(T)
+    assert p.exitcode == 0
+    rest = [q.get(timeout=T) for _ in range(n - len(taken))]
+    assert sorted(taken + rest) == list(range(n))
+    assert q.empty()
+
+
+def _drain_while_not_empty(q: fiber_core.Queue, report: fiber_core.Queue) -> None:
+    got = []
+    while not q.empty():
+        got.append(q.get(timeout=T))
+    report.put(got)
+
+
+def test_empty_turns_true_once_a_borrower_took_the_last_item() -> None:
+    q, report = fiber_core.Queue(), fiber_core.Queue()
+    for i in range(1000):
+        q.put(i)
+    p = fiber_core.Process(target=_drain_while_not_empty, args=(q, report))
+    p.start()
+    assert report.get(timeout=T) == list(range(1000))
+    p.join(T)
+    assert p.exitcode == 0
+
+
+def _drain_until_none(q: fiber_core.Queue, report: fiber_core.Queue) -> None:
+    got = []
+    while (item := q.get(timeout=T)) is not None:
+        got.append(item)
+    report.put(got)
+
+
+def test_fast_consumers_share_a_queue_without_loss() -> None:
+    q, report = fiber_core.Queue(), fiber_core.Queue()
+    consumers, n = 3, 5000
+    ps = [fiber_core.Process(target=_drain_until_none, args=(q, report)) for _ in range(consumers)]
+    for p in ps:
+        p.start()
+    for i in range(n):
+        q.put(i)
+    for _ in ps:
+        q.put(None)  # one may be borrowed by a consumer that then stops: it is given back
+    got = [report.get(timeout=T) for _ in ps]
+    for p in ps:
+        p.join(T)
+        assert p.exitcode == 0
+    assert sorted(sum(got, [])) == list(range(n))
+    assert q.empty()
+
+
+
+
+def test_a_bounded_queue_counts_lent_items_against_its_size() -> None:
+    q, report = fiber_core.Queue(maxsize=50), fiber_core.Queue()
+    for i in range(50):
+        q.put(i)
+    p = fiber_core.Process(target=_take_then_hold,
+                           args=(q, 10, True, report, fiber_core.Queue()))
+    p.start()
+    taken, held = report.get(timeout=T)
+    assert held > 0
+    assert q.qsize() == 50 - len(taken)  # the borrowed items are still in the queue ...
+    for i in range(50, 50 + len(taken)):
+        q.put(i, timeout=T)  # ... so exactly the taken ones made room
+    with pytest.raises(queue.Full):
+        q.put("one too many", block=False)
+    p.kill()
+    p.join(T)
+    rest = [q.get(timeout=T) for _ in range(50)]
+    assert sorted(taken + rest) == list(range(50 + len(taken)))
