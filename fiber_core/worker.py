@@ -110,15 +110,28 @@ def main() -> int:
         sys.stderr.write(f"fiber worker: cannot reach the parent process: {e}\n")
         return 3
     conn = Connection(sock)
-    data = loads(conn.recv_bytes())
-    for entry in data["sys_path"]:
-        if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
-            sys.path.append(entry)
-    _import_main(data.get("main"))
-    config.restore(data["config"])
-    proc = loads(conn.recv_bytes())
-    if getattr(proc, "_target", None) is not None:
-        proc._target = resolve_main(proc._target)
+    try:
+        data = loads(conn.recv_bytes())
+        for entry in data["sys_path"]:
+            if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
+                sys.path.append(entry)
+        _import_main(data.get("main"))
+        config.restore(data["config"])
+        proc = loads(conn.recv_bytes())
+        if getattr(proc, "_target", None) is not None:
+            proc._target = resolve_main(proc._target)
+    except Exception:
+        # Output is not forwarded yet: send the reason itself, or only the job's log has it.
+        import traceback
+
+        text = "fiber worker: cannot load the process to run:\n" + traceback.format_exc()
+        sys.stderr.write(text)
+        try:
+            conn.send_bytes(b"e" + text.encode("utf-8", "replace"))
+            conn.send_bytes(b"x1")
+        except OSError:
+            pass
+        return 1
     parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)
     process_mod._current = proc
     multiprocessing.current_process().name = proc.name  # what logging's %(processName)s shows

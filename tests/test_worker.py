@@ -120,3 +120,30 @@ def test_worker_run_by_hand_explains_itself() -> None:
                          timeout=T)
     assert out.returncode == 2
     assert "run by fiber jobs only" in out.stderr
+
+
+UNLOADABLE = """
+    import fiber_core
+
+    def explode():
+        raise RuntimeError("cannot be rebuilt here")
+
+    class Unloadable:
+        def __reduce__(self):
+            return (explode, ())
+
+    if __name__ == "__main__":
+        p = fiber_core.Process(target=print, args=(Unloadable(),), name="loader")
+        p.start()
+        p.join(30)
+        print("exitcode", p.exitcode)
+"""
+
+
+def test_a_payload_that_fails_to_load_is_explained_in_the_parent(run_script) -> None:  # noqa: ANN001
+    out = run_script(UNLOADABLE)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["exitcode 1"]
+    err = out.stderr.splitlines()
+    assert "[loader] fiber worker: cannot load the process to run:" in err
+    assert "[loader] RuntimeError: cannot be rebuilt here" in err
