@@ -288,6 +288,14 @@ class Backend(ABC):
             self._jobs.append(job)
         return job
 
+    def forget_job(self, job: Job) -> None:
+        """Stop tracking ``job``, which has ended: :meth:`cleanup` need not look at it."""
+        with self._jobs_lock:
+            try:
+                self._jobs.remove(job)
+            except ValueError:
+                pass
+
     @property
     def jobs(self) -> list[Job]:
         """The jobs started in this run that are still tracked."""

@@ -458,6 +458,8 @@ class _JobRun:
                 if not self._stopping:
                     log.warning("fiber: %s exited with code %s before it started%s", self.process.name,
                                 early, (":\n" + tail) if tail else "")
+                if backend.poll_job(job) is not None:
+                    backend.forget_job(job)  # it ended: cleanup at exit need not look at it
                 self._finish(early)
                 return
             assert self.sock is not None
@@ -488,6 +490,8 @@ class _JobRun:
             if code is None and self.reported is None:
                 backend.kill_job(job)
                 code = backend.wait_for_job(job, 30.0)
+            if code is not None:
+                backend.forget_job(job)
             self._finish(code if code is not None else self.reported)
         except Exception as e:  # the monitor must always finish the process
             log.exception("fiber: monitor of %s failed", self.process.name)
