@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from procs import alive
 
 import fiber_core
 from fiber_core.errors import BackendError, PicklingError
@@ -378,15 +379,8 @@ def test_at_exit_daemons_are_terminated_and_others_joined(run_script) -> None:  
     assert out.returncode == 0, out.stderr
     assert "[last] finished" in out.stdout
     pid = int(out.stdout.split("daemon ")[1].split()[0])
-    assert not _alive(pid)
+    assert not alive(pid)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # -- bad input: an immediate, clear error -----------------------------------------------

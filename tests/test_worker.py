@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from procs import alive
+
 T = 30.0
 
 TALKER = """
@@ -81,14 +83,6 @@ ORPHANS = """
 """
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its new parent to reap it does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
 
 def test_jobs_die_with_a_killed_parent(tmp_path: Path) -> None:
     script = tmp_path / "orphans.py"
@@ -100,18 +94,18 @@ def test_jobs_die_with_a_killed_parent(tmp_path: Path) -> None:
             if line.strip() == "ready":
                 break
             pids.append(int(line))
-        assert len(pids) == 4 and all(map(_alive, pids))
+        assert len(pids) == 4 and all(map(alive, pids))
         parent.kill()
         parent.wait(T)
         deadline = time.monotonic() + T
-        while any(map(_alive, pids)) and time.monotonic() < deadline:
+        while any(map(alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)  # polling an OS fact, bounded by the deadline
-        assert [pid for pid in pids if _alive(pid)] == []
+        assert [pid for pid in pids if alive(pid)] == []
     finally:
         parent.kill()
         parent.wait(T)
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
