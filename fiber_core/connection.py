@@ -22,7 +22,6 @@ import struct
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from types import FunctionType
 from typing import Any
@@ -605,7 +604,7 @@ def Pipe(duplex: bool = True) -> tuple[PipeEnd, PipeEnd]:
     from fiber_core.runtime import runtime
 
     rt = runtime()
-    pipe_id = uuid.uuid4().hex
+    pipe_id = os.urandom(16).hex()
     state = _PipeState()
     rt.hub.register_prefix(f"pipe:{pipe_id}:", lambda target, sock: _pipe_route(state, target, sock))
     a = PipeEnd(rt.hub.addresses, pipe_id, 0, True, duplex, state)

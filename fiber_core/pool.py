@@ -58,7 +58,7 @@ from __future__ import annotations
 import collections
 import io
 import itertools
-import logging
+import os
 import pickle
 import queue as _queue
 import selectors
@@ -66,7 +66,6 @@ import socket
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -74,8 +73,7 @@ from fiber_core.connection import Connection, dial, dumps, loads, resolve_main
 from fiber_core.errors import FiberError, JobStartError, TimeoutError
 from fiber_core.process import Process
 from fiber_core.runtime import runtime, sending_to
-
-log = logging.getLogger("fiber")
+from fiber_core.util import log
 
 TARGET_BATCH_SECONDS = 0.02
 MAP_BATCH_SECONDS = 0.25
@@ -422,7 +420,7 @@ class Pool:
         meta = getattr(initializer, "__fiber_meta__", None) or {}
         self._resources = {k: v for k, v in {**meta, **resources}.items() if v is not None}
         self._processes = processes
-        self._id = uuid.uuid4().hex
+        self._id = os.urandom(16).hex()
         self._lock = threading.RLock()  # callbacks may call back into the pool
         self._queue: collections.deque[_Unit] = collections.deque()
         self._workers: dict[int, _Worker] = {}

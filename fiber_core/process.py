@@ -10,14 +10,12 @@ job died without reporting (``-9`` after ``kill()``).
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,11 +24,11 @@ from fiber_core.config import config
 from fiber_core.connection import Connection, dumps
 from fiber_core.errors import FiberError, JobStartError
 from fiber_core.runtime import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN, runtime, sending_to
+from fiber_core.util import log
 
 if TYPE_CHECKING:  # the job side never needs the backend contract: keep its start light
     from fiber_core.backend import Backend, Job, JobSpec
 
-log = logging.getLogger("fiber")
 
 _RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
@@ -391,7 +389,7 @@ class _JobRun:
         rt = runtime()
         p = self.process
         self.backend = backend = rt.get_backend(p._backend_name)
-        token = uuid.uuid4().hex
+        token = os.urandom(16).hex()
         # Two frames: a prelude of plain data the job applies first (sys.path, the
         # main module), then the process object, which may need both to unpickle.
         prelude = dumps({

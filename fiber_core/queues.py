@@ -30,13 +30,13 @@ stranded or lost:
 from __future__ import annotations
 
 import atexit
+import os
 import queue as _stdqueue
 import select
 import socket
 import struct
 import threading
 import time
-import uuid
 import weakref
 from collections import deque
 from typing import Any
@@ -414,7 +414,7 @@ class _Borrower:
 
     def __init__(self, sock: socket.socket) -> None:
         self.conn = Connection(sock)
-        self.token = uuid.uuid4().int >> 65 or 1
+        self.token = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         self.cond = threading.Condition(threading.Lock())
         self.items: deque[memoryview] = deque()
         self.asked = 0  # get requests sent
@@ -587,7 +587,7 @@ class Queue:
         if maxsize < 0:
             maxsize = 0
         self._maxsize = maxsize
-        self._id = uuid.uuid4().hex
+        self._id = os.urandom(16).hex()
         self._store: _Store | None = _Store(maxsize)
         hub = runtime().hub
         hub.register(f"queue:{self._id}", lambda target, sock, s=self._store: _serve(s, sock))

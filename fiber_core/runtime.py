@@ -8,21 +8,19 @@ environment, so every process of the run can authenticate to every other.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import socket
 import threading
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fiber_core.connection import server_handshake
 from fiber_core.errors import AuthenticationError
+from fiber_core.util import log
 
 if TYPE_CHECKING:
     from fiber_core.backend import Backend
 
-log = logging.getLogger("fiber")
 
 ENV_RUN_ID = "FIBER_RUN_ID"
 ENV_AUTHKEY = "FIBER_AUTHKEY"
@@ -149,7 +147,7 @@ class Runtime:
     """Everything one process of a run knows: created on first use."""
 
     def __init__(self) -> None:
-        self.run_id = os.environ.get(ENV_RUN_ID) or uuid.uuid4().hex[:12]
+        self.run_id = os.environ.get(ENV_RUN_ID) or os.urandom(16).hex()[:12]
         key = os.environ.get(ENV_AUTHKEY)
         self.authkey = bytes.fromhex(key) if key else os.urandom(32)
         self.is_worker = ENV_TOKEN in os.environ

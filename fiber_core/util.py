@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import logging
 
 LOGGER_NAME = "fiber"
 DEFAULT_FORMAT = "[%(levelname)s/%(processName)s] %(message)s"
@@ -11,11 +14,25 @@ DEFAULT_FORMAT = "[%(levelname)s/%(processName)s] %(message)s"
 
 def get_logger() -> logging.Logger:
     """Fiber's logger (``"fiber"``); like ``multiprocessing.get_logger()`` it has no handler until you add one."""
+    import logging
+
     return logging.getLogger(LOGGER_NAME)
+
+
+class _Log:
+    """Fiber's logger, imported on first use: a job starts without :mod:`logging`."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(get_logger(), name)
+
+
+log = _Log()
 
 
 def log_to_stderr(level: int | None = None) -> logging.Logger:
     """Send Fiber's log to stderr with the process name, like the stdlib's function."""
+    import logging
+
     logger = get_logger()
     if not any(getattr(h, "_fiber_stderr", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
