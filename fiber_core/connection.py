@@ -204,9 +204,33 @@ def server_handshake(sock: socket.socket, key: bytes) -> str:
     return _recv_exact(sock, length).decode()
 
 
-def _tune(sock: socket.socket) -> None:
-    if sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def tune(sock: socket.socket) -> None:
+    """Set up a TCP connection: no Nagle delay, and a peer that stops answering is dropped.
+
+    A host that is lost sends no FIN, so without keepalives a connection to it (and
+    whatever waits on it: a job's results, items lent by a queue) would wait for
+    hours. With ``peer_timeout`` = T, an idle connection is probed after T/2 s, and
+    it fails after 3 unanswered probes or after data goes unacknowledged for T s.
+    """
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    from fiber_core.config import config
+
+    timeout = config.get("peer_timeout")
+    if not timeout or timeout <= 0:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", max(1, round(timeout / 2))),
+                        ("TCP_KEEPINTVL", max(1, round(timeout / 6))),
+                        ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", max(1000, round(timeout * 1000)))):
+        opt = getattr(socket, name, None)
+        if opt is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+            except OSError:
+                pass
 
 
 def dial(addresses: str, key: bytes, target: str, timeout: float = 30.0) -> socket.socket:
@@ -235,7 +259,7 @@ def dial(addresses: str, key: bytes, target: str, timeout: float = 30.0) -> sock
                 sock.close()
                 raise
             sock.settimeout(None)
-            _tune(sock)
+            tune(sock)
             return sock
         except (OSError, EOFError) as e:
             errors.append(f"{addr}: {e}")

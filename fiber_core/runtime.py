@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fiber_core.connection import server_handshake
+from fiber_core.connection import server_handshake, tune
 from fiber_core.errors import AuthenticationError
 from fiber_core.util import log
 
@@ -121,8 +121,7 @@ class Hub:
                 return
             sock.sendall(b"OK")
             sock.settimeout(None)
-            if sock.family != socket.AF_UNIX:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune(sock)
         except (OSError, EOFError, AuthenticationError, UnicodeDecodeError) as e:
             log.debug("rejected a connection: %s", e)
             sock.close()

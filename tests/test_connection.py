@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pickle
+import socket
 
 import pytest
 
 import fiber_core
-from fiber_core.connection import wait
+from fiber_core.connection import tune, wait
 from fiber_core.errors import BufferTooShort, PicklingError
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
@@ -200,3 +201,23 @@ def test_end_sent_to_a_job_that_never_starts_gives_eof() -> None:
     assert a.poll(T)
     with pytest.raises(EOFError):
         a.recv()
+
+
+@pytest.mark.parametrize("peer_timeout", [7.0, 0.0])
+def test_tcp_connections_probe_a_silent_peer_within_peer_timeout(peer_timeout: float) -> None:
+    # That a lost host's connections do end is shown by the ssh backend's tests, which cut
+    # one off; here, that the setting reaches the socket.
+    fiber_core.init(peer_timeout=peer_timeout)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        tune(client)
+        with client:
+            assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+            keepalive = client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
+            if peer_timeout:
+                assert keepalive == 1
+                assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 7000
+                assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 4
+                assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+            else:
+                assert keepalive == 0

@@ -461,6 +461,36 @@ def test_host_cut_off_mid_map_every_result_once(hosts: dict[str, str], heal: lis
     assert wait_until_gone(run_id, ["fiber-h1"]) == []
 
 
+def _borrow_then_hold(q: Any, report: Any, release: Any) -> None:
+    taken = [q.get(timeout=T) for _ in range(100)]
+    held = len(q._borrower.items) if q._borrower is not None else 0  # lent, not yet taken
+    q.qsize()  # returns once the owner has the acknowledgements of what was taken
+    report.put((taken, held, socket.gethostname()))
+    release.get()
+
+
+def test_items_lent_to_a_host_that_is_cut_off_come_back(hosts: dict[str, str], heal: list) -> None:
+    # The cut host sends no FIN: its connections end by peer_timeout, and the queue's owner
+    # then takes back what it had lent there.
+    env = ssh_env(hosts, orphan_timeout="5")
+    env["FIBER_PEER_TIMEOUT"] = "3"
+    with fresh_runtime(env):
+        q, report, release = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
+        n = 3000
+        for i in range(n):
+            q.put(i)
+        p = fiber_core.Process(target=_borrow_then_hold, args=(q, report, release))
+        p.start()
+        taken, held, host = report.get(timeout=T)
+        assert held > 0
+        heal.append(("heal", host))
+        ctl(hosts, "cut", host)
+        rest = [q.get(timeout=T) for _ in range(n - len(taken))]
+        assert sorted(taken + rest) == list(range(n))  # nothing lost, nothing twice
+        p.join(T)
+        assert p.exitcode is not None and p.exitcode != 0
+
+
 def test_host_whose_sshd_is_down_is_skipped(hosts: dict[str, str], heal: list, make_backend: Any) -> None:
     heal.append(("start-sshd", "fiber-h2"))
     ctl(hosts, "kill-sshd", "fiber-h2")
