@@ -12,6 +12,7 @@ This module also holds :func:`Pipe` and :func:`wait`, the counterparts of
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import io
 import os
@@ -68,17 +69,44 @@ _MAIN_MODULES = frozenset({"__main__", "__mp_main__"})
 
 
 class _Pickler(pickle.Pickler):
-    """The C pickler, which gives up on what must go by value (cloudpickle then runs).
+    """The C pickler, with what the main module defines sent both by name and by value.
 
     ``reducer_override`` sees neither builtin containers nor scalars, so plain data
-    pickles at full speed; functions and classes defined in the main module, which
-    plain pickle would send by name, are refused.
+    pickles at full speed. A function or class defined at the top of the main
+    module goes as :func:`_main_object`: the receiving job uses its own copy when it
+    imported the same main module (as multiprocessing's spawn does, and without
+    loading cloudpickle), or else the cloudpickle copy sent along. Anything else
+    from the main module (a method, a nested class) is refused: cloudpickle then
+    pickles the whole object.
     """
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, (type, FunctionType)) and getattr(obj, "__module__", None) in _MAIN_MODULES:
-            raise _ByValue
+            name = obj.__qualname__
+            if "." in name or "<" in name:
+                raise _ByValue
+            import cloudpickle
+
+            blob = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            return _main_object, (name, _fingerprint(obj), blob)
         return NotImplemented
+
+
+def _fingerprint(obj: Any) -> bytes:
+    """What tells a main-module function (its bytecode) or class (its name) from another."""
+    code = getattr(obj, "__code__", None)
+    data = code.co_code if code is not None else obj.__qualname__.encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _main_object(name: str, fingerprint: bytes, blob: bytes) -> Any:
+    """Unpickle a main-module function or class: this job's own copy if it has the same one."""
+    main = sys.modules.get("__main__")
+    obj = getattr(main, name, None)
+    if isinstance(obj, (type, FunctionType)) and obj.__module__ in _MAIN_MODULES:
+        if _fingerprint(obj) == fingerprint:
+            return obj
+    return pickle.loads(blob)
 
 
 _picklers = threading.local()  # a pickler per thread, reused: making one costs twice a dump

@@ -466,3 +466,28 @@ def test_what_main_defines_travels_by_value_when_main_cannot_be_imported() -> No
                          timeout=2 * T)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["result 42", "exitcode 0"], out.stderr
+
+
+def test_what_main_defines_is_the_jobs_own_when_it_imported_main(run_script) -> None:  # noqa: ANN001
+    # As under spawn: the job's copy of the main module provides the function and the
+    # class (so isinstance holds there), and cloudpickle is not even loaded.
+    out = run_script("""
+        import sys
+        import fiber_core
+
+        class Point:
+            pass
+
+        def check(q, p):
+            main = sys.modules["__main__"]
+            q.put((type(p) is main.Point, check is main.check, "cloudpickle" in sys.modules))
+
+        if __name__ == "__main__":
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=check, args=(q, Point()))
+            p.start()
+            print(q.get(timeout=30))
+            p.join(30)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["(True, True, False)"]
