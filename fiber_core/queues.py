@@ -11,20 +11,28 @@ Lending. A remote ``get()`` is a request and a reply, which would cap a child
 draining a busy queue at one item per round trip. A handle that is called in a
 tight loop therefore asks for up to ``window`` items at once, sized from how fast
 its program has been taking them. The owner *lends* them: they stay in the
-connection's lending table, still counted by ``qsize()``, until the handle's
-``get()`` hands each to the program and acknowledges it. Nothing lent can be
-stranded or lost:
+connection's lending table until the handle's ``get()`` hands each to the program
+and acknowledges it. Nothing lent is stranded or lost:
 
-* when any getter waits on an empty queue while items are lent, the owner recalls
-  them; a thread of the borrowing handle answers at once, whether or not its
-  program is calling ``get()``, and the unused items go back to the front;
-* when the borrower's connection ends (it exits, is killed, its host is lost),
-  every unacknowledged item goes back to the front;
-* a handle acknowledges the items its program took, all at once, within about a
-  millisecond, and at once when it closes or its process ends. If its process
-  dies before that, the items it took in that last millisecond are delivered
-  again to other getters: they are not lost, as they would be from a
+* when any getter finds the queue empty while items are lent, the owner recalls
+  them: a thread of the borrowing handle answers at once, whether or not its
+  program is calling ``get()``, and the unused items go back to the front. A
+  non-blocking get that found nothing finds them on a later try;
+* a borrower that took nothing for :data:`_IDLE_LOAN` is asked for its items
+  back too, so that older items do not wait behind newer ones that other getters
+  take;
+* when the borrower's connection ends (it exits, is killed, its host is lost
+  past ``peer_timeout``), every unacknowledged item goes back to the front;
+* a handle acknowledges the items its program took in runs, about a millisecond
+  later (longer while its program holds the GIL in a long C call), and at once
+  when it closes or its process ends. If its connection ends before that, those
+  items are delivered again to other getters: not lost, as they would be from a
   ``multiprocessing.Queue``.
+
+For ``qsize()`` and ``empty()``, a lent item counts as taken, except in the
+borrowing handle itself: a process that reports having taken everything must not
+leave the owner seeing items that are only waiting for an acknowledgement. For
+``maxsize``, a lent item keeps its room until it is taken (``full()`` says so).
 """
 
 from __future__ import annotations
@@ -56,8 +64,10 @@ _NOBLOCK = b"\x00" + _F.pack(-1.0)
 _MAX_WINDOW = 512  # items lent at once, at most
 _BATCH_BYTES = 1 << 18  # a batch stops growing past this many bytes (it has at least one item)
 _WINDOW_SECONDS = 0.002  # a window holds what the program takes in about this long
-_ACK_WAIT = 5.0  # qsize() waits this long, at most, for a handle's acknowledgements
-_ACK_DELAY = 0.001  # a borrower acknowledges what its program took at most this late
+_ACK_DELAY = 0.001  # a borrower acknowledges what its program took about this late
+_IDLE_LOAN = 0.02  # a borrower that takes nothing for this long is asked for its items back
+_RECALL_TICK = 0.01  # how often the owner looks for idle loans while items are lent
+_RECALL_RETRY = 0.05  # a getter waiting while items are lent asks for a recall this often
 
 
 class _Loan:
@@ -67,7 +77,7 @@ class _Loan:
         self.conn = conn
         self.send_lock = send_lock
         self.lent: deque[bytes] = deque()
-        self.acked = 0  # acknowledgements received: qsize() requests wait for them
+        self.active = time.monotonic()  # when it last borrowed or acknowledged
         self.recalling = False
 
 
@@ -81,7 +91,6 @@ class _Store:
         self.not_empty = threading.Condition(self.lock)
         self.not_full = threading.Condition(self.lock)
         self.all_done = threading.Condition(self.lock)
-        self.acks = threading.Condition(self.lock)
         self.unfinished = 0
         self.loans: dict[int, _Loan] = {}
         self.lent = 0  # items lent and not yet acknowledged: they still take room
@@ -116,21 +125,24 @@ class _Store:
         with self.not_empty:
             if not block:
                 if not self.items:
+                    self._recall()  # what is lent and unused comes back for a later get
                     raise Empty
             elif timeout is None:
                 while not self.items:
                     self._recall()
-                    self.not_empty.wait()
+                    # A recall can be answered before the items it was meant for were
+                    # sent: while items are lent, ask again now and then.
+                    self.not_empty.wait(_RECALL_RETRY if self.lent else None)
             else:
                 if timeout < 0:
                     raise ValueError("'timeout' must be a non-negative number")
                 end = time.monotonic() + timeout
                 while not self.items:
+                    self._recall()
                     left = end - time.monotonic()
                     if left <= 0:
                         raise Empty
-                    self._recall()
-                    self.not_empty.wait(left)
+                    self.not_empty.wait(min(left, _RECALL_RETRY) if self.lent else left)
             data = self.items.popleft()
             if lend:
                 self.lent += 1
@@ -150,6 +162,9 @@ class _Store:
             batch.append(data)
             size += len(data)
         loan.lent.extend(batch)
+        loan.active = time.monotonic()
+        if self.lent == 1:  # the first lent item (``get`` counted it): idle loans are watched
+            self.recall_wanted.notify()
         self.lent += len(batch) - 1
         return batch
 
@@ -158,8 +173,7 @@ class _Store:
         for _ in range(taken):
             loan.lent.popleft()
         self.lent -= taken
-        loan.acked += n
-        self.acks.notify_all()
+        loan.active = time.monotonic()
         if taken and self.maxsize > 0:
             self.not_full.notify(taken)
 
@@ -176,8 +190,8 @@ class _Store:
             self.not_empty.notify(len(back))
 
     def _recall(self) -> None:
-        """Have the recaller ask borrowers for their unused items: a getter waits."""
-        if self.loans and not self.want_recall:
+        """Have the recaller ask every borrower for its unused items: a getter waits."""
+        if self.lent and not self.want_recall:
             self.want_recall = True
             self.recall_wanted.notify()
 
@@ -188,24 +202,31 @@ class _Store:
             self.recaller.start()
 
     def _recall_loop(self) -> None:
+        """Send recalls: to every borrower when a getter waits, to idle ones all along.
+
+        A borrower that stopped taking keeps older items from the other getters, so
+        those items are fetched back once it has been idle for :data:`_IDLE_LOAN`.
+        """
         with self.lock:
             while True:
-                while not self.want_recall:
-                    self.recall_wanted.wait()
-                self.want_recall = False
-                targets = [loan for loan in self.loans.values() if loan.lent and not loan.recalling]
+                if not self.want_recall:
+                    self.recall_wanted.wait(_RECALL_TICK if self.lent else None)
+                now = time.monotonic()
+                everyone, self.want_recall = self.want_recall, False
+                targets = [loan for loan in self.loans.values()
+                           if loan.lent and not loan.recalling
+                           and (everyone or now - loan.active >= _IDLE_LOAN)]
                 for loan in targets:
                     loan.recalling = True
+                if not targets:
+                    continue
                 self.lock.release()
                 try:
-                    for loan in targets:
-                        try:
-                            with loan.send_lock:
-                                loan.conn.send_bytes(b"R")
-                        except OSError:
-                            pass  # its connection is ending: the items come back with it
+                    unsent = [loan for loan in targets if not _send_recall(loan)]
                 finally:
                     self.lock.acquire()
+                for loan in unsent:
+                    loan.recalling = False  # tried again on the next round
 
     def put_many(self, items: list[bytes]) -> None:
         """Append ``items`` to an unbounded queue (which never blocks)."""
@@ -222,17 +243,14 @@ class _Store:
             self.items.appendleft(data)
             self.not_empty.notify()
 
-    def qsize(self, token: int = 0, acked: int = 0) -> int:
-        """Items queued or lent, once the loan ``token`` has ``acked`` acknowledgements in."""
+    def qsize(self) -> int:
+        """Items waiting here (lent ones count as taken: see the module's docstring)."""
         with self.lock:
-            loan = self.loans.get(token)
-            if loan is not None:
-                end = time.monotonic() + _ACK_WAIT
-                while loan.acked < acked and self.loans.get(token) is loan:
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.acks.wait(left)
+            return len(self.items)
+
+    def room_used(self) -> int:
+        """What counts against ``maxsize``: items waiting here and items lent."""
+        with self.lock:
             return len(self.items) + self.lent
 
     def task_done(self) -> None:
@@ -247,6 +265,25 @@ class _Store:
         with self.all_done:
             while self.unfinished:
                 self.all_done.wait()
+
+
+def _send_recall(loan: _Loan) -> bool:
+    """Send ``R`` without waiting on a borrower that does not read (stopped, cut off)."""
+    if not loan.send_lock.acquire(blocking=False):
+        return False  # a batch is on its way: next round
+    try:
+        frame = _HEADER.pack(1) + b"R"
+        sock = loan.conn._socket()
+        sent = sock.send(frame, socket.MSG_DONTWAIT)
+        if sent < len(frame):
+            sock.sendall(frame[sent:])  # never split a frame
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # its connection is ending: the items come back with it
+    finally:
+        loan.send_lock.release()
 
 
 def _peer_gone(sock: socket.socket) -> bool:
@@ -377,11 +414,9 @@ def _serve(store: _Store, sock: socket.socket) -> None:
                     store.loans[token] = loan
                     store.start_recaller()
             elif op == b"s":
-                if len(msg) >= 17:
-                    size = store.qsize(*struct.unpack_from("!qq", msg, 1))
-                else:
-                    size = store.qsize()
-                conn.send_bytes(b"k" + _Q.pack(size))
+                with store.lock:
+                    sizes = _Q.pack(len(store.items)) + _Q.pack(len(store.items) + store.lent)
+                conn.send_bytes(b"k" + sizes)
             elif op == b"d":
                 try:
                     store.task_done()
@@ -398,7 +433,6 @@ def _serve(store: _Store, sock: socket.socket) -> None:
             with store.lock:
                 store.loans.pop(token, None)
                 store.give_back(loan)
-                store.acks.notify_all()
         conn.close()
 
 
@@ -471,18 +505,17 @@ class _Borrower:
                 pass
             self.conn.close()
             self.ack_due.notify()
+            self.cond.notify_all()  # a get() waiting on an answer ends
         _borrowers.discard(self)
 
     def busy(self) -> bool:
         """Whether it holds items or awaits an answer (then gets must go through it)."""
         return bool(self.items) or self.asked > self.answered
 
-    def acked_state(self) -> bytes:
-        """For a size request: what this handle has acknowledged (sent at once)."""
+    def held(self) -> int:
+        """Items lent to this handle and not yet taken (for its own ``qsize()``)."""
         with self.cond:
-            if self.unacked:
-                self._send(b"")
-            return struct.pack("!qq", self.token, self.acked)
+            return len(self.items)
 
     def get(self, block: bool, timeout: float | None, window: int) -> memoryview:
         if timeout is not None and timeout < 0:
@@ -491,6 +524,8 @@ class _Borrower:
         mine = 0  # the number of this thread's request, once sent
         with self.cond:
             while True:
+                if self.closed:
+                    raise ValueError("the queue was closed")
                 if self.items:
                     data = self.items.popleft()
                     self.unacked += 1
@@ -532,6 +567,8 @@ class _Borrower:
                 msg = reader.recv_bytes()
                 op = msg[:1]
                 with self.cond:
+                    if self.closed:
+                        return  # what still comes goes back to the owner with the connection
                     if op == b"i":
                         self.items.append(memoryview(msg)[1:])
                         self.answered += 1
@@ -555,6 +592,9 @@ class _Borrower:
         except (EOFError, OSError, ValueError) as e:
             with self.cond:
                 self.error = e
+                # The owner takes back, when the connection ends, whatever it lent and
+                # was not acknowledged: handing it out here too would deliver it twice.
+                self.items.clear()
                 self.cond.notify_all()
                 self.ack_due.notify()
 
@@ -687,6 +727,8 @@ class Queue:
 
     def _borrow(self) -> _Borrower:
         with self._borrower_lock:
+            if self._closed:
+                raise ValueError(f"Queue {self!r} is closed")
             borrower = self._borrower
             if borrower is None or borrower.error is not None and not borrower.busy():
                 from fiber_core.runtime import runtime
@@ -708,21 +750,24 @@ class Queue:
     def qsize(self) -> int:
         if self._store is not None:
             return self._store.qsize()
+        waiting = _Q.unpack_from(self._call(b"s"), 1)[0]
         borrower = self._borrower
-        if borrower is not None and borrower.error is None:
-            # The owner first takes in this handle's acknowledgements, which travel on
-            # another connection: an item just got must not be counted.
-            return _Q.unpack_from(self._call(b"s" + borrower.acked_state()), 1)[0]
-        return _Q.unpack_from(self._call(b"s"), 1)[0]
+        return waiting + (borrower.held() if borrower is not None else 0)
 
     def empty(self) -> bool:
         return self.qsize() == 0
 
     def full(self) -> bool:
-        return self._maxsize > 0 and self.qsize() >= self._maxsize
+        """Whether a ``put`` would wait: lent items keep their room until they are taken."""
+        if self._maxsize <= 0:
+            return False
+        if self._store is not None:
+            return self._store.room_used() >= self._maxsize
+        return _Q.unpack_from(self._call(b"s"), 9)[0] >= self._maxsize
 
     def close(self) -> None:
-        self._closed = True
+        with self._borrower_lock:
+            self._closed = True
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
