@@ -99,7 +99,7 @@ class _Store:
         self.recaller: threading.Thread | None = None
 
     def put(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
-        with self.not_full:
+        with self.lock:
             if self.maxsize > 0:
                 if not block:
                     if len(self.items) + self.lent >= self.maxsize:
@@ -118,7 +118,8 @@ class _Store:
                         self.not_full.wait(left)
             self.items.append(data)
             self.unfinished += 1
-            self.not_empty.notify()
+            if self.not_empty._waiters:  # type: ignore[attr-defined]  # a getter waits
+                self.not_empty.notify()
 
     def get(self, block: bool = True, timeout: float | None = None, lend: bool = False) -> bytes:
         """Take the next item; one to ``lend`` keeps taking room until it is acknowledged."""
@@ -449,14 +450,15 @@ class _Borrower:
     def __init__(self, sock: socket.socket) -> None:
         self.conn = Connection(sock)
         self.token = int.from_bytes(os.urandom(8), "big") >> 1 or 1
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.items: deque[memoryview] = deque()
         self.asked = 0  # get requests sent
         self.answered = 0  # ... and answered
         self.empty_answers: set[int] = set()
         self.acked = 0  # items acknowledged ...
         self.unacked = 0  # ... and taken since
-        self.ack_due = threading.Condition(self.cond._lock)  # type: ignore[attr-defined]
+        self.ack_due = threading.Condition(self.lock)
         self.error: BaseException | None = None
         self.closed = False
         self.conn.send_bytes(b"L" + _Q.pack(self.token))
@@ -511,6 +513,17 @@ class _Borrower:
     def busy(self) -> bool:
         """Whether it holds items or awaits an answer (then gets must go through it)."""
         return bool(self.items) or self.asked > self.answered
+
+    def take(self) -> memoryview | None:
+        """A lent item, if one is here (the fast path of ``get``)."""
+        with self.lock:
+            if not self.items or self.closed:
+                return None
+            data = self.items.popleft()
+            self.unacked += 1
+            if self.unacked == 1:
+                self.ack_due.notify()
+            return data
 
     def held(self) -> int:
         """Items lent to this handle and not yet taken (for its own ``qsize()``)."""
@@ -639,8 +652,9 @@ class Queue:
         self._local = threading.local()
         self._borrower: _Borrower | None = None
         self._borrower_lock = threading.Lock()
-        self._last_get: float | None = None  # when the last get() returned
-        self._gap: float | None = None  # the program's time between gets, smoothed
+        self._taken = 0  # items this handle's get() returned
+        self._mark: tuple[float, int] | None = None  # when the last fetch returned, and _taken
+        self._pace: float | None = None  # the program's seconds per item, smoothed
 
     def __getstate__(self) -> dict:
         from fiber_core.runtime import outgoing_addresses
@@ -709,21 +723,36 @@ class Queue:
             raise ValueError(f"Queue {self!r} is closed")
         if self._store is not None:
             return loads(self._store.get(block, timeout))
+        borrower = self._borrower
+        if borrower is not None:
+            data = borrower.take()
+            if data is not None:
+                self._taken += 1
+                return loads(data)
+        return loads(self._fetch(block, timeout, borrower))
+
+    def _fetch(self, block: bool, timeout: float | None, borrower: _Borrower | None) -> Any:
+        """Ask the owner: one item, or a batch sized from the program's recent pace."""
         now = time.monotonic()
-        if self._last_get is not None:
-            gap = now - self._last_get
-            self._gap = gap if self._gap is None else (self._gap + gap) / 2
+        if self._mark is not None:
+            # Since the last fetch returned, the program handled what it returned and
+            # everything it took from the borrowed batch.
+            at, taken = self._mark
+            pace = (now - at) / (self._taken - taken + 1)
+            self._pace = pace if self._pace is None else (self._pace + pace) / 2
         try:
-            window = 1 if self._gap is None else int(_WINDOW_SECONDS / max(self._gap, 1e-6))
-            borrower = self._borrower
+            window = 1 if self._pace is None else int(_WINDOW_SECONDS / max(self._pace, 1e-6))
             if window > 1 or (borrower is not None and borrower.busy()):
-                return loads(self._borrow().get(block, timeout, min(window, _MAX_WINDOW)))
-            reply = self._call(b"g" + self._args(block, timeout))
-            if reply[:1] == b"E":
-                raise Empty
-            return loads(memoryview(reply)[1:])
+                data = self._borrow().get(block, timeout, min(window, _MAX_WINDOW))
+            else:
+                reply = self._call(b"g" + self._args(block, timeout))
+                if reply[:1] == b"E":
+                    raise Empty
+                data = memoryview(reply)[1:]
+            self._taken += 1
+            return data
         finally:
-            self._last_get = time.monotonic()
+            self._mark = (time.monotonic(), self._taken)
 
     def _borrow(self) -> _Borrower:
         with self._borrower_lock:
