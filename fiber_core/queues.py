@@ -333,8 +333,10 @@ def _serve(store: _Store, sock: socket.socket) -> None:
     """Serve one client connection of a queue, in the hub thread that accepted it.
 
     Requests: ``p`` put (reply only for bounded queues), ``g`` get (with a window:
-    a loan), ``s`` size, ``d`` task_done, ``j`` join, ``L`` register this
-    connection's loan, ``c`` acknowledge lent items, ``r`` return lent items.
+    a loan), ``a`` the item of a plain get arrived, ``s`` size, ``d`` task_done,
+    ``j`` join, ``L`` register this connection's loan, ``c`` acknowledge lent
+    items, ``r`` return lent items. An item sent for a plain get goes back in front
+    if the connection ends before its ``a``.
     Replies: ``k`` ok, ``i`` item, ``b`` batch of lent items, ``E`` empty, ``F``
     full, ``V`` ValueError; and, unasked, ``R`` recall (answered by ``r``).
     """
@@ -344,10 +346,14 @@ def _serve(store: _Store, sock: socket.socket) -> None:
     loan: _Loan | None = None
     token = 0
     pending = None  # a request read ahead
+    sent: bytes | None = None  # an item sent by a plain get, until the client says it has it
     try:
         while True:
             msg, pending = reader.recv_bytes() if pending is None else pending, None
             op = msg[:1]
+            if op == b"a":
+                sent = None
+                continue
             if op == b"p" and store.maxsize <= 0:
                 # Unbounded: a put neither blocks nor gets a reply, so store at once
                 # all the puts that came in together.
@@ -390,12 +396,9 @@ def _serve(store: _Store, sock: socket.socket) -> None:
                     with send_lock:
                         conn.send_bytes(b"E")
                     continue
-                if loan is None:  # a plain get: the item is the client's once sent
-                    try:
-                        conn._send(item, b"i")
-                    except OSError:
-                        store.unget(item)
-                        raise
+                if loan is None:  # a plain get: the client says ``a`` once it has the item
+                    sent = item
+                    conn._send(item, b"i")
                     continue
                 with store.lock:
                     batch = store.lend(loan, item, window)
@@ -430,6 +433,8 @@ def _serve(store: _Store, sock: socket.socket) -> None:
     except (EOFError, OSError):
         pass
     finally:
+        if sent is not None:
+            store.unget(sent)  # the client ended before it had the item: first in line again
         if loan is not None:
             with store.lock:
                 store.loans.pop(token, None)
@@ -745,9 +750,14 @@ class Queue:
             if window > 1 or (borrower is not None and borrower.busy()):
                 data = self._borrow().get(block, timeout, min(window, _MAX_WINDOW))
             else:
+                conn = self._conn()
                 reply = self._call(b"g" + self._args(block, timeout))
                 if reply[:1] == b"E":
                     raise Empty
+                try:
+                    conn.send_bytes(b"a")  # got it: the owner forgets the item
+                except OSError:
+                    pass
                 data = memoryview(reply)[1:]
             self._taken += 1
             return data
