@@ -484,3 +484,17 @@ def test_a_borrower_whose_connection_ends_serves_nothing_the_owner_took_back() -
     assert sorted(first + second + rest) == list(range(n))
     p.join(T)
     assert p.exitcode == 0
+
+
+def test_an_item_sent_to_a_getter_that_ends_before_it_arrived_goes_back() -> None:
+    # Spoken by hand, as a getter killed between the owner's send and its own "a" would.
+    from fiber_core.connection import Connection, dial, loads
+    from fiber_core.runtime import runtime
+
+    q = fiber_core.Queue()
+    q.put("precious")
+    conn = Connection(dial(q._hub, runtime().authkey, f"queue:{q._id}"))
+    conn.send_bytes(b"g" + fiber_core.Queue._args(True, None))
+    assert loads(memoryview(conn.recv_bytes())[1:]) == "precious"
+    conn.close()  # without saying it arrived
+    assert q.get(timeout=T) == "precious"
