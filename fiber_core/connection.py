@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from types import FunctionType
+from types import CodeType, FunctionType
 from typing import Any
 
 from fiber_core.errors import AuthenticationError, PicklingError
@@ -92,20 +92,44 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
+def _code_key(code: CodeType, parts: list[bytes]) -> None:
+    parts += (code.co_code, b"%d" % code.co_firstlineno, " ".join(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            _code_key(const, parts)
+        elif isinstance(const, frozenset):  # its order follows this process's string hashes
+            parts.append(repr(sorted(map(repr, const))).encode())
+        else:
+            parts.append(repr(const).encode())
+
+
 def _fingerprint(obj: Any) -> bytes:
-    """What tells a main-module function (its bytecode) or class (its name) from another."""
-    code = getattr(obj, "__code__", None)
-    data = code.co_code if code is not None else obj.__qualname__.encode()
-    return hashlib.blake2b(data, digest_size=16).digest()
+    """What tells a main-module function or class from another of the same name.
+
+    The bytecode, constants, names and first line of a function (so one redefined
+    under ``if __name__ == "__main__":`` differs from the module's), and for a
+    class, its name and those of its methods. Not the file name: the job may reach
+    the same file by another path.
+    """
+    parts = [obj.__qualname__.encode()]
+    if isinstance(obj, FunctionType):
+        _code_key(obj.__code__, parts)
+    else:
+        parts.append(b"%d" % getattr(obj, "__firstlineno__", 0))
+        for key, value in sorted(vars(obj).items()):
+            func = getattr(value, "__func__", value)  # staticmethod, classmethod
+            if isinstance(func, FunctionType):
+                parts.append(key.encode())
+                _code_key(func.__code__, parts)
+    return hashlib.blake2b(b"\0".join(parts), digest_size=16).digest()
 
 
 def _main_object(name: str, fingerprint: bytes, blob: bytes) -> Any:
     """Unpickle a main-module function or class: this job's own copy if it has the same one."""
     main = sys.modules.get("__main__")
     obj = getattr(main, name, None)
-    if isinstance(obj, (type, FunctionType)) and obj.__module__ in _MAIN_MODULES:
-        if _fingerprint(obj) == fingerprint:
-            return obj
+    if isinstance(obj, (type, FunctionType)) and _fingerprint(obj) == fingerprint:
+        return obj
     return pickle.loads(blob)
 
 

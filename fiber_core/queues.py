@@ -17,7 +17,9 @@ and acknowledges it. Nothing lent is stranded or lost:
 * when any getter finds the queue empty while items are lent, the owner recalls
   them: a thread of the borrowing handle answers at once, whether or not its
   program is calling ``get()``, and the unused items go back to the front. A
-  non-blocking get that found nothing finds them on a later try;
+  non-blocking get that found nothing finds them on a later try. (A borrower
+  whose process is stopped, e.g. by SIGSTOP, answers when it resumes or when its
+  connection ends.);
 * a borrower that took nothing for :data:`_IDLE_LOAN` is asked for its items
   back too, so that older items do not wait behind newer ones that other getters
   take;
@@ -28,6 +30,9 @@ and acknowledges it. Nothing lent is stranded or lost:
   when it closes or its process ends. If its connection ends before that, those
   items are delivered again to other getters: not lost, as they would be from a
   ``multiprocessing.Queue``.
+
+Once a handle borrows, all its gets and size requests use the borrowing
+connection, so that nothing it asks overtakes what it gave back.
 
 For ``qsize()`` and ``empty()``, a lent item counts as taken, except in the
 borrowing handle itself: a process that reports having taken everything must not
@@ -197,6 +202,7 @@ class _Store:
             self.recall_wanted.notify()
 
     def start_recaller(self) -> None:
+        """Start the recaller (the lock is held); it ends when the last loan does."""
         if self.recaller is None:
             self.recaller = threading.Thread(target=self._recall_loop, name="fiber-queue-recall",
                                              daemon=True)
@@ -210,6 +216,9 @@ class _Store:
         """
         with self.lock:
             while True:
+                if not self.loans:
+                    self.recaller = None
+                    return
                 if not self.want_recall:
                     self.recall_wanted.wait(_RECALL_TICK if self.lent else None)
                 now = time.monotonic()
@@ -388,7 +397,7 @@ def _serve(store: _Store, sock: socket.socket) -> None:
                     conn.send_bytes(reply)
             elif op == b"g":
                 block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
-                window = _I.unpack_from(msg, 10)[0] if len(msg) >= 14 else 1  # on a loan
+                window = _I.unpack_from(msg, 10)[0] if len(msg) >= 14 else 1
                 try:
                     item = _get_for(store, sock, block, None if timeout < 0 else timeout,
                                     loan is not None)
@@ -420,7 +429,8 @@ def _serve(store: _Store, sock: socket.socket) -> None:
             elif op == b"s":
                 with store.lock:
                     sizes = _Q.pack(len(store.items)) + _Q.pack(len(store.items) + store.lent)
-                conn.send_bytes(b"k" + sizes)
+                with send_lock:
+                    conn.send_bytes(b"k" + sizes)
             elif op == b"d":
                 try:
                     store.task_done()
@@ -439,6 +449,7 @@ def _serve(store: _Store, sock: socket.socket) -> None:
             with store.lock:
                 store.loans.pop(token, None)
                 store.give_back(loan)
+                store.recall_wanted.notify()  # without loans, the recaller ends
         conn.close()
 
 
@@ -461,6 +472,8 @@ class _Borrower:
         self.asked = 0  # get requests sent
         self.answered = 0  # ... and answered
         self.empty_answers: set[int] = set()
+        self.size_asked = self.size_answered = 0
+        self.size_reply = (0, 0)
         self.acked = 0  # items acknowledged ...
         self.unacked = 0  # ... and taken since
         self.ack_due = threading.Condition(self.lock)
@@ -531,9 +544,28 @@ class _Borrower:
             return data
 
     def held(self) -> int:
-        """Items lent to this handle and not yet taken (for its own ``qsize()``)."""
+        """Items lent to this handle and not yet taken."""
         with self.cond:
             return len(self.items)
+
+    def sizes(self) -> tuple[int, int] | None:
+        """The owner's (waiting, room used), asked on this connection; None if it is busy.
+
+        On this connection the request follows whatever this handle gave back or
+        acknowledged, so the owner counts it all first.
+        """
+        with self.cond:
+            if self.closed or self.error is not None or self.asked > self.answered:
+                return None
+            self.size_asked += 1
+            mine = self.size_asked
+            self._send(b"s")
+            while self.size_answered < mine:
+                if self.error is not None or self.closed:
+                    return None
+                self.cond.wait()
+            waiting, room = self.size_reply
+            return waiting + len(self.items), room
 
     def get(self, block: bool, timeout: float | None, window: int) -> memoryview:
         if timeout is not None and timeout < 0:
@@ -564,7 +596,7 @@ class _Borrower:
                         raise Empty
                     args = Queue._args(block, None if left is None else max(left, 0.0))
                     try:
-                        self._send(b"g" + args + _I.pack(max(window, 2)))
+                        self._send(b"g" + args + _I.pack(window))
                     except OSError as e:
                         self.error = e
                         continue
@@ -602,6 +634,9 @@ class _Borrower:
                     elif op == b"E":
                         self.answered += 1
                         self.empty_answers.add(self.answered)
+                    elif op == b"k":  # sizes
+                        self.size_reply = (_Q.unpack_from(msg, 1)[0], _Q.unpack_from(msg, 9)[0])
+                        self.size_answered += 1
                     elif op == b"R":  # another getter waits: give back what is unused
                         n = len(self.items)
                         self.items.clear()
@@ -747,8 +782,10 @@ class Queue:
             self._pace = pace if self._pace is None else (self._pace + pace) / 2
         try:
             window = 1 if self._pace is None else int(_WINDOW_SECONDS / max(self._pace, 1e-6))
-            if window > 1 or (borrower is not None and borrower.busy()):
-                data = self._borrow().get(block, timeout, min(window, _MAX_WINDOW))
+            # Once this handle borrows, its gets stay on that connection: a plain get
+            # on another one could overtake items it is giving back (order, qsize).
+            if window > 1 or (borrower is not None and borrower.error is None):
+                data = self._borrow().get(block, timeout, max(1, min(window, _MAX_WINDOW)))
             else:
                 conn = self._conn()
                 reply = self._call(b"g" + self._args(block, timeout))
@@ -778,6 +815,9 @@ class Queue:
                     raise FiberError(
                         f"the process that created this queue is unreachable: {e}") from e
                 borrower = self._borrower = _Borrower(sock)
+                # A handle dropped without close(): its threads end and the owner takes
+                # back what it lent.
+                weakref.finalize(self, borrower.settle)
             return borrower
 
     def put_nowait(self, obj: Any) -> None:
@@ -789,9 +829,17 @@ class Queue:
     def qsize(self) -> int:
         if self._store is not None:
             return self._store.qsize()
-        waiting = _Q.unpack_from(self._call(b"s"), 1)[0]
+        return self._sizes()[0]
+
+    def _sizes(self) -> tuple[int, int]:
+        """(items waiting, room used) as this handle sees them (its own loan counts)."""
         borrower = self._borrower
-        return waiting + (borrower.held() if borrower is not None else 0)
+        sizes = borrower.sizes() if borrower is not None else None
+        if sizes is None:
+            reply = self._call(b"s")
+            held = borrower.held() if borrower is not None and borrower.error is None else 0
+            sizes = (_Q.unpack_from(reply, 1)[0] + held, _Q.unpack_from(reply, 9)[0])
+        return sizes
 
     def empty(self) -> bool:
         return self.qsize() == 0
@@ -802,7 +850,7 @@ class Queue:
             return False
         if self._store is not None:
             return self._store.room_used() >= self._maxsize
-        return _Q.unpack_from(self._call(b"s"), 9)[0] >= self._maxsize
+        return self._sizes()[1] >= self._maxsize
 
     def close(self) -> None:
         with self._borrower_lock:

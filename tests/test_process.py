@@ -491,3 +491,35 @@ def test_what_main_defines_is_the_jobs_own_when_it_imported_main(run_script) -> 
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["(True, True, False)"]
+
+
+def test_a_main_function_redefined_in_the_main_block_is_the_one_sent(run_script) -> None:  # noqa: ANN001
+    out = run_script("""
+        import fiber_core
+
+        def scale(x):
+            return x * 2
+
+        class Greeter:
+            def hello(self):
+                return "top-level"
+
+        def run(q, fn, cls):
+            q.put((fn(10), cls().hello()))
+
+        if __name__ == "__main__":
+            def scale(x):  # noqa: F811
+                return x * 3
+
+            class Greeter:  # noqa: F811
+                def hello(self):
+                    return "main block"
+
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=run, args=(q, scale, Greeter))
+            p.start()
+            print(q.get(timeout=30))
+            p.join(30)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["(30, 'main block')"]

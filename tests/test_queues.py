@@ -498,3 +498,64 @@ def test_an_item_sent_to_a_getter_that_ends_before_it_arrived_goes_back() -> Non
     assert loads(memoryview(conn.recv_bytes())[1:]) == "precious"
     conn.close()  # without saying it arrived
     assert q.get(timeout=T) == "precious"
+
+
+def _pause_until_recalled_then_go_on(q: fiber_core.Queue, n: int, report: fiber_core.Queue) -> None:
+    got = []
+    while len(got) < n:
+        got.append(q.get(timeout=T))
+        b = q._borrower
+        if b is not None and b.held() > 1:  # white box: wait until the idle loan is taken back
+            deadline = time.monotonic() + T
+            while b.held() and time.monotonic() < deadline:
+                time.sleep(0.005)
+    report.put(got)
+
+
+def test_a_single_consumer_keeps_fifo_order_across_recalls() -> None:
+    q, report = fiber_core.Queue(), fiber_core.Queue()
+    n = 3000
+    for i in range(n):
+        q.put(i)
+    p = fiber_core.Process(target=_pause_until_recalled_then_go_on, args=(q, n, report))
+    p.start()
+    assert report.get(timeout=T) == list(range(n))
+    p.join(T)
+
+
+def _drop_handles(q: fiber_core.Queue, report: fiber_core.Queue) -> None:
+    import gc
+    import pickle
+
+    def ours() -> int:
+        return sum(t.name.startswith("fiber-queue") for t in threading.enumerate())
+
+    before = ours()
+    for _ in range(10):
+        handle = pickle.loads(pickle.dumps(q))  # a new handle, as each task would get
+        for _ in range(20):
+            handle.get(timeout=T)
+        assert handle._borrower is not None
+        del handle
+    gc.collect()
+    deadline = time.monotonic() + T
+    while ours() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    report.put((before, ours()))
+
+
+def test_handles_dropped_without_close_leave_no_threads_behind() -> None:
+    q, report = fiber_core.Queue(), fiber_core.Queue()
+    for i in range(1000):
+        q.put(i)
+    p = fiber_core.Process(target=_drop_handles, args=(q, report))
+    p.start()
+    before, after = report.get(timeout=T)
+    p.join(T)
+    assert after == before
+    deadline = time.monotonic() + T
+    # What the dropped handles borrowed and did not take comes back; with no borrower
+    # left, the owner's recaller thread ends (white box).
+    while q.qsize() != 1000 - 200 or q._store.recaller is not None:
+        assert time.monotonic() < deadline, (q.qsize(), q._store.recaller)
+        time.sleep(0.01)
