@@ -179,27 +179,6 @@ def dumps(obj: Any) -> bytes:
 loads = pickle.loads
 
 
-def resolve_main(obj: Any) -> Any:
-    """Map a function pickled by value from ``__main__`` to the job's own ``__main__`` one.
-
-    cloudpickle gives each function sent by value its own copy of the module's
-    globals, so an initializer that sets a global and a task that reads it would
-    not see each other. When the job imported the program's main module (see
-    :mod:`fiber_core.worker`), the same function from that module shares one
-    namespace, exactly as under multiprocessing's spawn.
-    """
-    import sys
-    import types
-
-    if not isinstance(obj, types.FunctionType) or obj.__module__ != "__main__":
-        return obj
-    main = sys.modules.get("__main__")
-    candidate = getattr(main, obj.__qualname__, None) if "." not in obj.__qualname__ else None
-    if isinstance(candidate, types.FunctionType) and candidate.__code__.co_code == obj.__code__.co_code:
-        return candidate
-    return obj
-
-
 def _mac(key: bytes, *parts: bytes) -> bytes:
     return hmac.digest(key, b"".join(parts), "sha256")
 
@@ -688,4 +667,4 @@ def Pipe(duplex: bool = True) -> tuple[PipeEnd, PipeEnd]:
     return a, b
 
 
-__all__ = ["Connection", "FrameReader", "Pipe", "PipeEnd", "dial", "dumps", "loads", "resolve_main", "wait"]
+__all__ = ["Connection", "FrameReader", "Pipe", "PipeEnd", "dial", "dumps", "loads", "wait"]

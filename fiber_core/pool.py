@@ -69,7 +69,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fiber_core.connection import Connection, dial, dumps, loads, resolve_main
+from fiber_core.connection import Connection, dial, dumps, loads
 from fiber_core.errors import FiberError, JobStartError, TimeoutError
 from fiber_core.process import Process
 from fiber_core.runtime import runtime, sending_to
@@ -177,7 +177,7 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
     conn = Connection(sock)
     conn.send_bytes(b"H%d" % worker_id)
     if initializer is not None:
-        resolve_main(initializer)(*initargs)
+        initializer(*initargs)
     conn.send_bytes(b"R")
     # Read in this thread: no hand-off to wake up per message. The master only sends
     # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
@@ -192,7 +192,7 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
             break
         batch_id, func_id, func_bytes, kind, units = loads(msg[1:])
         if func_bytes is not None:
-            funcs[func_id] = resolve_main(loads(func_bytes))
+            funcs[func_id] = loads(func_bytes)
             if len(funcs) > _FUNC_CACHE:
                 funcs.popitem(last=False)
         func = funcs[func_id]

@@ -34,7 +34,6 @@ class RingError(FiberError):
 
 def _member(rank: int, size: int, func: Callable, initializer: Callable | None, initargs: tuple,
             rendezvous: Queue) -> None:
-    from fiber_core.connection import resolve_main
     from fiber_core.managers import _reachable_host
     from fiber_core.runtime import ENV_HUB
 
@@ -50,8 +49,8 @@ def _member(rank: int, size: int, func: Callable, initializer: Callable | None, 
     os.environ.update(MASTER_ADDR=host, MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(size), LOCAL_RANK="0")
     if initializer is not None:
-        resolve_main(initializer)(*initargs)
-    resolve_main(func)(rank, size)
+        initializer(*initargs)
+    func(rank, size)
 
 
 class Ring:

@@ -97,7 +97,7 @@ def _import_main(ref: tuple[str, str] | None) -> None:
 def main() -> int:
     from fiber_core import process as process_mod
     from fiber_core.config import config
-    from fiber_core.connection import Connection, dial, loads, resolve_main
+    from fiber_core.connection import Connection, dial, loads
     from fiber_core.runtime import ENV_HUB, ENV_TOKEN, runtime
 
     rt = runtime()
@@ -118,8 +118,6 @@ def main() -> int:
         _import_main(data.get("main"))
         config.restore(data["config"])
         proc = loads(conn.recv_bytes())
-        if getattr(proc, "_target", None) is not None:
-            proc._target = resolve_main(proc._target)
     except Exception:
         # Output is not forwarded yet: send the reason itself, or only the job's log has it.
         import traceback

@@ -511,6 +511,9 @@ def test_a_main_function_redefined_in_the_main_block_is_the_one_sent(run_script)
             def scale(x):  # noqa: F811
                 return x * 3
 
+            def run(q, fn, cls):  # noqa: F811  (the target, too, is the redefined one)
+                q.put((fn(100), cls().hello()))
+
             class Greeter:  # noqa: F811
                 def hello(self):
                     return "main block"
@@ -522,4 +525,4 @@ def test_a_main_function_redefined_in_the_main_block_is_the_one_sent(run_script)
             p.join(30)
     """)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["(30, 'main block')"]
+    assert out.stdout.splitlines() == ["(300, 'main block')"]
