@@ -235,6 +235,27 @@ def server_handshake(sock: socket.socket, key: bytes) -> str:
     return _recv_exact(sock, length).decode()
 
 
+def keepalive(sock: socket.socket, idle: float, interval: float, count: int) -> None:
+    """Have the kernel drop a TCP connection whose peer stopped answering.
+
+    Probes start after ``idle`` seconds of silence, every ``interval`` seconds, and
+    the connection fails after ``count`` unanswered ones, or once sent data has gone
+    unacknowledged for ``idle + interval * count`` seconds. Options this system
+    lacks are skipped.
+    """
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", max(1, round(idle))),
+                        ("TCP_KEEPINTVL", max(1, round(interval))),
+                        ("TCP_KEEPCNT", max(1, count)),
+                        ("TCP_USER_TIMEOUT", max(1000, round((idle + interval * count) * 1000)))):
+        opt = getattr(socket, name, None)
+        if opt is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
+            except OSError:
+                pass
+
+
 def tune(sock: socket.socket) -> None:
     """Set up a TCP connection: no Nagle delay, and a peer that stops answering is dropped.
 
@@ -249,19 +270,8 @@ def tune(sock: socket.socket) -> None:
     from fiber_core.config import config
 
     timeout = config.get("peer_timeout")
-    if not timeout or timeout <= 0:
-        return
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", max(1, round(timeout / 2))),
-                        ("TCP_KEEPINTVL", max(1, round(timeout / 6))),
-                        ("TCP_KEEPCNT", 3),
-                        ("TCP_USER_TIMEOUT", max(1000, round(timeout * 1000)))):
-        opt = getattr(socket, name, None)
-        if opt is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, opt, value)
-            except OSError:
-                pass
+    if timeout and timeout > 0:
+        keepalive(sock, timeout / 2, timeout / 6, 3)
 
 
 def dial(addresses: str, key: bytes, target: str, timeout: float = 30.0) -> socket.socket:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from fiber_core.backend import Backend, Job, JobSpec, exitcode_from_status
 from fiber_core.config import Option
+from fiber_core.connection import keepalive
 from fiber_core.errors import BackendError, ConfigError
 
 from fiber_ssh.hosts import HostSpec, Placement, Slots, parse_hosts, place, release
@@ -443,17 +444,8 @@ class SshBackend(Backend):
     def _tune(self, sock: socket.socket) -> None:
         """Make the kernel give up on a connection whose keepalives go unanswered."""
         interval = max(1, math.ceil(self.settings["keepalive"]))
-        count = max(1, self.settings["keepalive_count"])
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", interval), ("TCP_KEEPINTVL", interval),
-                            ("TCP_KEEPCNT", count), ("TCP_USER_TIMEOUT", interval * count * 1000)):
-            opt = getattr(socket, name, None)
-            if opt is not None:
-                try:
-                    sock.setsockopt(socket.IPPROTO_TCP, opt, value)
-                except OSError:
-                    pass
+        keepalive(sock, interval, interval, self.settings["keepalive_count"])
 
     def _lose(self, host: _Host, reason: str) -> None:
         """Mark a host lost: placement skips it until it is revived."""
