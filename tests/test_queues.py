@@ -268,6 +268,23 @@ def _take_then_hold(q: fiber_core.Queue, n: int, report: fiber_core.Queue,
     release.get()  # busy elsewhere: it takes nothing more from ``q``
 
 
+def _lend_to_a_child(n: int, take: int, maxsize: int = 0, exit_at_once: bool = False) -> tuple:
+    """A queue of ``range(n)`` and a child that took ``take`` items and borrowed more.
+
+    Returns ``(q, release, p, taken, held)``; ``release.put(None)`` lets the child end
+    (at once with ``exit_at_once``). ``held`` is how many borrowed items it kept.
+    """
+    q, report, release = fiber_core.Queue(maxsize), fiber_core.Queue(), fiber_core.Queue()
+    for i in range(n):
+        q.put(i)
+    if exit_at_once:
+        release.put(None)
+    p = fiber_core.Process(target=_take_then_hold, args=(q, take, report, release))
+    p.start()
+    taken, held = report.get(timeout=T)
+    return q, release, p, taken, held
+
+
 def _wait_for_acks(q: fiber_core.Queue, outstanding: int) -> None:
     """Wait until the owner knows what was taken: ``outstanding`` items waiting or lent.
 
@@ -283,13 +300,8 @@ def _wait_for_acks(q: fiber_core.Queue, outstanding: int) -> None:
 
 @pytest.mark.parametrize("end", ["stays", "killed", "exits"])
 def test_items_lent_to_a_consumer_that_stops_taking_reach_other_getters(end: str) -> None:
-    q, report, release = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
     n = 2000
-    for i in range(n):
-        q.put(i)
-    p = fiber_core.Process(target=_take_then_hold, args=(q, 100, report, release))
-    p.start()
-    taken, held = report.get(timeout=T)
+    q, release, p, taken, held = _lend_to_a_child(n, 100)
     assert held > 0  # items were lent and are still with the child
     _wait_for_acks(q, n - len(taken))
     if end == "killed":
@@ -309,14 +321,8 @@ def test_items_lent_to_a_consumer_that_stops_taking_reach_other_getters(end: str
 
 def test_a_consumer_that_exits_without_a_word_keeps_what_it_took() -> None:
     # No qsize() before it ends: its acknowledgements must still reach the owner first.
-    q, report, release = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
     n = 2000
-    for i in range(n):
-        q.put(i)
-    release.put(None)
-    p = fiber_core.Process(target=_take_then_hold, args=(q, 100, report, release))
-    p.start()
-    taken, _held = report.get(timeout=T)
+    q, _release, p, taken, _held = _lend_to_a_child(n, 100, exit_at_once=True)
     p.join(T)
     assert p.exitcode == 0
     rest = [q.get(timeout=T) for _ in range(n - len(taken))]
@@ -370,12 +376,7 @@ def test_fast_consumers_share_a_queue_without_loss() -> None:
 
 
 def test_a_bounded_queue_counts_lent_items_against_its_size() -> None:
-    q, report = fiber_core.Queue(maxsize=50), fiber_core.Queue()
-    for i in range(50):
-        q.put(i)
-    p = fiber_core.Process(target=_take_then_hold, args=(q, 10, report, fiber_core.Queue()))
-    p.start()
-    taken, held = report.get(timeout=T)
+    q, _release, p, taken, held = _lend_to_a_child(50, 10, maxsize=50)
     assert held > 0
     _wait_for_acks(q, 50 - len(taken))
     assert not q.full()
@@ -391,13 +392,8 @@ def test_a_bounded_queue_counts_lent_items_against_its_size() -> None:
 
 
 def test_polling_get_nowait_reaches_items_lent_to_a_borrower_that_stopped() -> None:
-    q, report, release = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
     n = 1000
-    for i in range(n):
-        q.put(i)
-    p = fiber_core.Process(target=_take_then_hold, args=(q, 100, report, release))
-    p.start()
-    taken, held = report.get(timeout=T)
+    q, release, p, taken, held = _lend_to_a_child(n, 100)
     assert held > 0
     _wait_for_acks(q, n - len(taken))
     rest, deadline = [], time.monotonic() + T
@@ -413,13 +409,8 @@ def test_polling_get_nowait_reaches_items_lent_to_a_borrower_that_stopped() -> N
 
 
 def test_items_lent_to_an_idle_borrower_come_back_in_order_without_a_waiting_getter() -> None:
-    q, report, release = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
     n = 1000
-    for i in range(n):
-        q.put(i)
-    p = fiber_core.Process(target=_take_then_hold, args=(q, 100, report, release))
-    p.start()
-    taken, held = report.get(timeout=T)
+    q, release, p, taken, held = _lend_to_a_child(n, 100)
     assert held > 0
     deadline = time.monotonic() + T
     while q._store.lent:  # white box: nobody waits, yet the idle borrower is asked back
