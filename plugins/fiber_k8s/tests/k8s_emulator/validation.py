@@ -215,14 +215,7 @@ def validate_pod(pod: dict[str, Any]) -> list[FieldError]:
     volumes: set[str] = set()
     for i, v in enumerate(spec.get("volumes") or []):
         f = f"spec.volumes[{i}]"
-        vname = (v or {}).get("name") or ""
-        if not vname:
-            errs.append(FieldError(f + ".name", "Required value"))
-        else:
-            errs += dns_label_errors(f + ".name", vname)
-            if vname in volumes:
-                errs.append(FieldError(f + ".name", "Duplicate value", vname))
-            volumes.add(vname)
+        errs += unique_name_errors(f + ".name", (v or {}).get("name") or "", volumes)
         sources = [k for k in v or {} if k != "name"]
         if not sources:
             errs.append(FieldError(f, "Required value", detail="must specify a volume type"))
@@ -243,16 +236,19 @@ def validate_pod(pod: dict[str, Any]) -> list[FieldError]:
     return errs
 
 
+def unique_name_errors(field: str, name: str, seen: set[str]) -> list[FieldError]:
+    """A list member's name: required, a DNS label, not used by an earlier member."""
+    if not name:
+        return [FieldError(field, "Required value")]
+    errs = dns_label_errors(field, name)
+    if name in seen:
+        errs.append(FieldError(field, "Duplicate value", name))
+    seen.add(name)
+    return errs
+
+
 def container_errors(f: str, c: dict[str, Any], names: set[str], volumes: set[str]) -> list[FieldError]:
-    errs: list[FieldError] = []
-    cname = c.get("name") or ""
-    if not cname:
-        errs.append(FieldError(f + ".name", "Required value"))
-    else:
-        errs += dns_label_errors(f + ".name", cname)
-        if cname in names:
-            errs.append(FieldError(f + ".name", "Duplicate value", cname))
-        names.add(cname)
+    errs = unique_name_errors(f + ".name", c.get("name") or "", names)
     if not c.get("image"):
         errs.append(FieldError(f + ".image", "Required value"))
     if c.get("imagePullPolicy") not in ("Always", "IfNotPresent", "Never"):
