@@ -13,7 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BackendConformance"]
+__all__ = ["BackendConformance", "service_missing"]
+
+
+def service_missing(reason: str) -> None:
+    """Skip a test whose real service is not up, or fail it under CI (``CI`` set).
+
+    CI starts every service first, so a missing one there is a broken run, not a
+    reason for tests to pass without testing anything.
+    """
+    import os
+
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set: the services must be up)")
+    pytest.skip(reason)
 
 
 def __getattr__(name: str) -> Any:

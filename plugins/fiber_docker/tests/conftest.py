@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE, UP
 from docker_service import docker_host as _docker_host
+from fiber_core.testing import service_missing
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +29,7 @@ def docker_api(docker_host: str):  # noqa: ANN201 - a docker.APIClient
         api = docker.APIClient(base_url=docker_host, timeout=60)
         api.ping()
     except Exception as e:
-        pytest.skip(f"the test Docker daemon at {docker_host} does not answer ({e}): {UP}")
+        service_missing(f"the test Docker daemon at {docker_host} does not answer ({e}): {UP}")
     for image in (IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE):
         try:
             api.inspect_image(image)

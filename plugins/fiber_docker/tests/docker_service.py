@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fiber_core.testing import service_missing
 
 SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
 IMAGE = "fiber-test:latest"
@@ -25,6 +26,6 @@ def docker_host() -> str:
     try:
         lines = (SERVICES / "docker" / "env").read_text().splitlines()
     except OSError:
-        pytest.skip(f"the test Docker daemon is not up ({SERVICES}/docker/env is missing): {UP}")
+        service_missing(f"the test Docker daemon is not up ({SERVICES}/docker/env is missing): {UP}")
     env = dict(line.split("=", 1) for line in lines if "=" in line)
     return env["DOCKER_HOST"]

@@ -596,8 +596,9 @@ class KubernetesBackend(Backend):
 
     def cleanup(self) -> None:
         """Delete every pod this process created in the run, finished ones included."""
-        with self._lock:
+        with self._jobs_lock:
             self._jobs = []
+        with self._lock:
             created, self._created_any = self._created_any, False
             for p in self._pods.values():
                 if p.code is None and p.stop_code is None:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fiber_core.testing import service_missing
 
 pytest.importorskip("kubernetes")
 from fiber_core.config import config  # noqa: E402
@@ -64,9 +65,9 @@ def restore_config(emu: Emu) -> Iterator[None]:
 def image(emu: Emu) -> str:
     docker = emu.admin("state")["docker"]
     if not docker["reachable"]:
-        pytest.skip(f"test dockerd {docker['host']} not reachable (scripts/test-services.sh up docker)")
+        service_missing(f"test dockerd {docker['host']} not reachable (scripts/test-services.sh up docker)")
     if IMAGE not in docker["images"]:
-        pytest.skip(f"image {IMAGE} not on the test dockerd (scripts/test-services.sh up docker)")
+        service_missing(f"image {IMAGE} not on the test dockerd (scripts/test-services.sh up docker)")
     return IMAGE
 
 

@@ -109,7 +109,7 @@ class Docker:
         try:
             self.call("DELETE", f"/containers/{cid}?force=1&v=1")
         except DockerError as e:
-            if e.status != 404:
+            if e.status not in (404, 409):  # gone, or its removal is already under way
                 raise
 
     def logs(self, cid: str, *, follow: bool = False, tail: int | None = None,

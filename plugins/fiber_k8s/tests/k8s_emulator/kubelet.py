@@ -163,7 +163,6 @@ class Kubelet:
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="kubelet")
         self.thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
-        self.docker_ok = False
 
     # lifecycle
     def start(self) -> None:
