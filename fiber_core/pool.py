@@ -15,8 +15,10 @@ its order. A task that raises is not retried: its exception is re-raised in the
 caller with the remote traceback as ``__cause__``. A task that kills every
 worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts, and
 workers that die before they are ready (bad image, failing initializer) fail
-the pool after :data:`MAX_START_FAILURES` in a row, with the exit code and the
-tail of the worker's log: the pool never retries forever.
+the pool after :data:`MAX_START_FAILURES` in a row (:data:`MAX_START_KILLS` in
+a row when a signal ended them, which may be a lost host rather than a broken
+worker), with the exit code and the tail of the worker's log: the pool never
+retries forever.
 
 Batching defaults
 -----------------
@@ -85,6 +87,7 @@ AUTO_UNITS_PER_WORKER = 64
 MIN_UNIT_SECONDS = 0.001
 MAX_TASK_ATTEMPTS = 3
 MAX_START_FAILURES = 3
+MAX_START_KILLS = 10
 _FUNC_CACHE = 64
 
 _APPLY, _MAP, _STARMAP = 0, 1, 2
@@ -428,7 +431,8 @@ class Pool:
         self._jobs: dict[int, Any] = {}
         self._state = "RUN"
         self._error: BaseException | None = None
-        self._start_failures = 0
+        self._start_failures = 0  # workers in a row that exited before they were ready ...
+        self._start_kills = 0  # ... and that a signal ended before they were ready
         self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
         # per pickled function: the last job's mean time per item, to size a new job's first batches
         # (keyed by the hash of the pickle: no big closure is kept alive for this)
@@ -597,7 +601,7 @@ class Pool:
             self._retire_if_done(w)
         elif op == b"R":
             w.ready = True
-            self._start_failures = 0
+            self._start_failures = self._start_kills = 0
             with self._lock:
                 if self._state == "RUN" or self._queue:
                     self._top_up()
@@ -650,16 +654,21 @@ class Pool:
                 return
             if self._state == "CLOSE" and not self._queue and not self._jobs:
                 return  # closing, and nothing is left to do
-            if not w.ready and (code is None or code >= 0):  # a signal means lost, not broken
-                self._start_failures += 1
-                if self._start_failures >= MAX_START_FAILURES:
+            if not w.ready:
+                if code is not None and code < 0:
+                    self._start_kills += 1
+                else:
+                    self._start_failures += 1
+                if (self._start_failures >= MAX_START_FAILURES
+                        or self._start_kills >= MAX_START_KILLS):
                     logs = w.process._run.logs if w.process._run else ""
                     if not logs and w.process.job is not None:
                         backend = w.process._run.backend if w.process._run else None
                         logs = backend.get_job_logs(w.process.job) if backend else ""
                     tail = "\n".join(logs.strip().splitlines()[-20:])
                     err = JobStartError(
-                        f"pool workers die before they are ready ({self._start_failures} in a row); "
+                        f"pool workers die before they are ready "
+                        f"({max(self._start_failures, self._start_kills)} in a row); "
                         f"the last, {w.process.name}, exited with code {code}"
                         + (f"; the end of its log:\n{tail}" if tail else ""),
                         exitcode=code, logs=logs)
@@ -981,15 +990,17 @@ class Pool:
             self._kill_workers()
             self._fail_all_locked(self._error or FiberError("pool was terminated"))
         self._wake()
-        self._done.wait()
-        for w in list(self._workers.values()):
-            w.process.join()
-        runtime().hub.unregister(f"pool:{self._id}")
+        self._wait_done()
 
     def join(self) -> None:
         """Wait for the workers to exit; call :meth:`close` or :meth:`terminate` first."""
         if self._state == "RUN":
             raise ValueError("Pool is still running")
+        self._wait_done()
+
+    def _wait_done(self) -> None:
+        if threading.current_thread() is self._thread:
+            return  # called from a callback, in the master: it ends once the callback returns
         self._done.wait()
         for w in list(self._workers.values()):
             w.process.join()

@@ -751,6 +751,33 @@ def test_worker_failing_in_initializer_fails_the_pool() -> None:
         pool.terminate()
 
 
+def killing_initializer() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # as an out-of-memory kill while loading a model
+
+
+def test_workers_killed_before_they_are_ready_fail_the_pool_too() -> None:
+    pool = Pool(2, initializer=killing_initializer)
+    try:
+        with pytest.raises(JobStartError) as info:
+            pool.map_async(sqr, range(4)).get(timeout=T)  # not restarted forever
+        assert info.value.exitcode == -signal.SIGKILL
+    finally:
+        pool.terminate()
+
+
+def test_terminate_from_a_callback_returns() -> None:
+    pool = Pool(1)
+    returned = threading.Event()
+
+    def stop(_value: object) -> None:
+        pool.terminate()  # runs in the pool's master thread
+        returned.set()
+
+    pool.apply_async(sqr, (3,), callback=stop)
+    assert returned.wait(T)
+    pool.join()
+
+
 def test_worker_python_that_cannot_start_fails_the_pool(tmp_path: Path) -> None:
     python = tmp_path / "broken-python"
     python.write_text("#!/bin/sh\necho 'fiber-test: this python is broken' >&2\nexit 3\n")
