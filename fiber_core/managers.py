@@ -222,6 +222,9 @@ class AsyncHandle:
         self._event.set()
 
     def ready(self) -> bool:
+        pipeline = self._pipeline
+        if pipeline is not None and not self._event.is_set():
+            pipeline.read_arrived()  # nobody else may be reading the replies
         return self._event.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -283,6 +286,16 @@ class _Pipeline:
                 self._read_one()
             finally:
                 self.recv_lock.release()
+
+    def read_arrived(self) -> None:
+        """Resolve the handles whose replies are already here, unless another thread reads."""
+        if not self.recv_lock.acquire(blocking=False):
+            return
+        try:
+            while self.waiting and self.conn.poll(0):
+                self._read_one()
+        finally:
+            self.recv_lock.release()
 
     def _read_one(self) -> None:
         try:

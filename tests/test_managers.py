@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -167,6 +168,16 @@ def test_async_handles_out_of_order_and_from_threads() -> None:
         for i in range(4):
             start = 10 * i + 3
             assert results[i] == list(range(start + 1, start + 51))
+
+
+def test_async_handle_turns_ready_while_only_polled() -> None:
+    with EnvManager() as em:
+        handle = em.Counter(41).add(1)
+        deadline = time.monotonic() + 30
+        while not handle.ready():  # nothing else reads the reply
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert handle.get(0) == 42
 
 
 def test_async_handle_timeout() -> None:
