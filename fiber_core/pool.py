@@ -58,7 +58,6 @@ Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool
 from __future__ import annotations
 
 import collections
-import io
 import itertools
 import os
 import pickle
@@ -116,28 +115,6 @@ class MaybeEncodingError(FiberError):
         return f"Error sending result: '{self.value}'. Reason: '{self.exc}'"
 
 
-def _dumps_each(objs: Iterable[Any]) -> list[bytes]:
-    """``[dumps(obj) for obj in objs]``, with one pickler: several times cheaper per object."""
-    import cloudpickle  # the parent's side only: workers start without it
-
-    buf = io.BytesIO()
-    pickler = cloudpickle.CloudPickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-    out = []
-    for obj in objs:
-        try:
-            pickler.dump(obj)
-        except Exception:
-            out.append(dumps(obj))  # raises the PicklingError that names the problem
-            buf = io.BytesIO()
-            pickler = cloudpickle.CloudPickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-            continue
-        out.append(buf.getvalue())
-        buf.seek(0)
-        buf.truncate()
-        pickler.clear_memo()
-    return out
-
-
 def _rebuild_exc(exc: BaseException, tb: str) -> BaseException:
     exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
     return exc
@@ -160,7 +137,7 @@ def _run_unit(func: Callable, kind: int, items: list) -> tuple[bool, Any]:
 
 def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
     try:
-        return b"D" + dumps((batch_id, elapsed, results))
+        return dumps((batch_id, elapsed, results))
     except Exception:
         fixed = []
         for ok, value in results:
@@ -171,7 +148,7 @@ def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
                 shown = value[0] if not ok else value
                 err = MaybeEncodingError(repr(e), repr(shown)[:500])
                 fixed.append((False, (err, "")))
-        return b"D" + dumps((batch_id, elapsed, fixed))
+        return dumps((batch_id, elapsed, fixed))
 
 
 def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
@@ -193,7 +170,7 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
             break
         if msg[:1] == b"Q":
             break
-        batch_id, func_id, func_bytes, kind, units = loads(msg[1:])
+        batch_id, func_id, func_bytes, kind, units = loads(memoryview(msg)[1:])
         if func_bytes is not None:
             funcs[func_id] = loads(func_bytes)
             if len(funcs) > _FUNC_CACHE:
@@ -202,7 +179,7 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
         start = time.perf_counter()
         results = [_run_unit(func, kind, loads(unit)) for unit in units]
         done += len(units)
-        conn.send_bytes(_encode_results(batch_id, time.perf_counter() - start, results))
+        conn._send(_encode_results(batch_id, time.perf_counter() - start, results), b"D")
     conn.close()
 
 
@@ -573,7 +550,7 @@ class Pool:
         op = msg[:1]
         if op == b"D":
             try:
-                batch_id, elapsed, results = loads(msg[1:])
+                batch_id, elapsed, results = loads(memoryview(msg)[1:])
             except Exception as e:
                 # Pickled in the worker but cannot be rebuilt here. A worker answers its
                 # batches in order, so this answers its oldest pending one.
@@ -784,7 +761,7 @@ class Pool:
         w.assigned += len(units)
         assert w.conn is not None
         try:
-            w.conn.send_bytes(b"T" + payload)
+            w.conn._send(payload, b"T")
         except OSError:
             pass  # its exit or EOF re-queues the batch
 
@@ -833,7 +810,7 @@ class Pool:
             if func_bytes is None:
                 func_bytes = dumps(func)
             units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
-                     for i, (chunk, data) in enumerate(zip(chunks, _dumps_each(chunks)))]
+                     for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks)))]
         with self._lock:
             self._check_running()
             self._jobs[job._job_id] = job
