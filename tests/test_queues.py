@@ -261,14 +261,17 @@ def test_a_fast_consumer_borrows_and_gets_every_item_once_in_order() -> None:
 
 
 def _take_then_hold(q: fiber_core.Queue, n: int, report: fiber_core.Queue,
-                    release: fiber_core.Queue) -> None:
+                    release: fiber_core.Queue, slow_acks: bool = False) -> None:
+    if slow_acks:  # white box: no acknowledgement goes out before this process ends
+        fiber_core.queues._ACK_DELAY = 10 * T
     taken = [q.get(timeout=T) for _ in range(n)]
     held = len(q._borrower.items) if q._borrower is not None else 0
     report.put((taken, held))
     release.get()  # busy elsewhere: it takes nothing more from ``q``
 
 
-def _lend_to_a_child(n: int, take: int, maxsize: int = 0, exit_at_once: bool = False) -> tuple:
+def _lend_to_a_child(n: int, take: int, maxsize: int = 0, exit_at_once: bool = False,
+                     slow_acks: bool = False) -> tuple:
     """A queue of ``range(n)`` and a child that took ``take`` items and borrowed more.
 
     Returns ``(q, release, p, taken, held)``; ``release.put(None)`` lets the child end
@@ -279,10 +282,16 @@ def _lend_to_a_child(n: int, take: int, maxsize: int = 0, exit_at_once: bool = F
         q.put(i)
     if exit_at_once:
         release.put(None)
-    p = fiber_core.Process(target=_take_then_hold, args=(q, take, report, release))
+    p = fiber_core.Process(target=_take_then_hold, args=(q, take, report, release, slow_acks))
     p.start()
     taken, held = report.get(timeout=T)
     return q, release, p, taken, held
+
+
+@pytest.fixture
+def no_idle_recall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner does not fetch items back from idle borrowers: only getters can recall."""
+    monkeypatch.setattr(fiber_core.queues, "_IDLE_LOAN", 10 * T)
 
 
 def _wait_for_acks(q: fiber_core.Queue, outstanding: int) -> None:
@@ -299,7 +308,8 @@ def _wait_for_acks(q: fiber_core.Queue, outstanding: int) -> None:
 
 
 @pytest.mark.parametrize("end", ["stays", "killed", "exits"])
-def test_items_lent_to_a_consumer_that_stops_taking_reach_other_getters(end: str) -> None:
+def test_items_lent_to_a_consumer_that_stops_taking_reach_other_getters(
+        end: str, no_idle_recall: None) -> None:
     n = 2000
     q, release, p, taken, held = _lend_to_a_child(n, 100)
     assert held > 0  # items were lent and are still with the child
@@ -322,7 +332,8 @@ def test_items_lent_to_a_consumer_that_stops_taking_reach_other_getters(end: str
 def test_a_consumer_that_exits_without_a_word_keeps_what_it_took() -> None:
     # No qsize() before it ends: its acknowledgements must still reach the owner first.
     n = 2000
-    q, _release, p, taken, _held = _lend_to_a_child(n, 100, exit_at_once=True)
+    q, _release, p, taken, held = _lend_to_a_child(n, 100, exit_at_once=True, slow_acks=True)
+    assert held > 0
     p.join(T)
     assert p.exitcode == 0
     rest = [q.get(timeout=T) for _ in range(n - len(taken))]
@@ -375,14 +386,14 @@ def test_fast_consumers_share_a_queue_without_loss() -> None:
 
 
 
-def test_a_bounded_queue_counts_lent_items_against_its_size() -> None:
+def test_a_bounded_queue_counts_lent_items_against_its_size(no_idle_recall: None) -> None:
     q, _release, p, taken, held = _lend_to_a_child(50, 10, maxsize=50)
     assert held > 0
     _wait_for_acks(q, 50 - len(taken))
     assert not q.full()
     for i in range(50, 50 + len(taken)):
         q.put(i, timeout=T)  # the borrowed items keep their room: only the taken ones made some
-    assert q.full()
+    assert q.full() and q._store.lent > 0  # full, with borrowed items still out
     with pytest.raises(queue.Full):
         q.put("one too many", block=False)
     p.kill()
@@ -391,7 +402,8 @@ def test_a_bounded_queue_counts_lent_items_against_its_size() -> None:
     assert sorted(taken + rest) == list(range(50 + len(taken)))
 
 
-def test_polling_get_nowait_reaches_items_lent_to_a_borrower_that_stopped() -> None:
+def test_polling_get_nowait_reaches_items_lent_to_a_borrower_that_stopped(
+        no_idle_recall: None) -> None:
     n = 1000
     q, release, p, taken, held = _lend_to_a_child(n, 100)
     assert held > 0
@@ -492,15 +504,17 @@ def test_an_item_sent_to_a_getter_that_ends_before_it_arrived_goes_back() -> Non
 
 
 def _pause_until_recalled_then_go_on(q: fiber_core.Queue, n: int, report: fiber_core.Queue) -> None:
-    got = []
+    got, recalls = [], 0
     while len(got) < n:
         got.append(q.get(timeout=T))
         b = q._borrower
         if b is not None and b.held() > 1:  # white box: wait until the idle loan is taken back
             deadline = time.monotonic() + T
-            while b.held() and time.monotonic() < deadline:
+            while b.held():
+                assert time.monotonic() < deadline, "the idle loan was not recalled"
                 time.sleep(0.005)
-    report.put(got)
+            recalls += 1
+    report.put((got, recalls))
 
 
 def test_a_single_consumer_keeps_fifo_order_across_recalls() -> None:
@@ -510,7 +524,9 @@ def test_a_single_consumer_keeps_fifo_order_across_recalls() -> None:
         q.put(i)
     p = fiber_core.Process(target=_pause_until_recalled_then_go_on, args=(q, n, report))
     p.start()
-    assert report.get(timeout=T) == list(range(n))
+    got, recalls = report.get(timeout=T)
+    assert got == list(range(n))
+    assert recalls > 0
     p.join(T)
 
 
