@@ -3,7 +3,8 @@
     python benchmarks/managers.py [--calls 2000] [--reps 5] [--envs 8]
 
 Both managers serve the same ``Env`` class from a separate process. Measured,
-interleaved per repetition, medians over repetitions:
+interleaved per repetition (the order alternating), medians over repetitions of
+the mean time per call:
 
 * sync: one ``env.step(a)`` at a time (stdlib proxy vs Fiber's SyncManager-style proxy);
 * async 1: ``env.step(a).get()`` one at a time through an ``AsyncManager`` proxy;
@@ -80,15 +81,20 @@ def main() -> None:
         rows: dict[str, list[float]] = {k: [] for k in
                                         ("std sync", "fiber sync", "fiber async 1",
                                          "std N sequential", "fiber async N")}
-        for _ in range(args.reps):
-            rows["std sync"].append(per_call_us(s_env.step, args.calls))
-            rows["fiber sync"].append(per_call_us(f_env.step, args.calls))
-            rows["fiber async 1"].append(per_call_us(lambda i: a_env.step(i).get(), args.calls))
-            rounds = max(1, args.calls // args.envs)
-            rows["std N sequential"].append(per_call_us(
-                lambda i: [e.step(i) for e in s_envs], rounds) / args.envs)
-            rows["fiber async N"].append(per_call_us(
-                lambda i: [h.get() for h in [e.step(i) for e in a_envs]], rounds) / args.envs)
+        rounds = max(1, args.calls // args.envs)
+        cases = [
+            ("std sync", lambda: per_call_us(s_env.step, args.calls)),
+            ("fiber sync", lambda: per_call_us(f_env.step, args.calls)),
+            ("fiber async 1", lambda: per_call_us(lambda i: a_env.step(i).get(), args.calls)),
+            ("std N sequential", lambda: per_call_us(
+                lambda i: [e.step(i) for e in s_envs], rounds) / args.envs),
+            ("fiber async N", lambda: per_call_us(
+                lambda i: [h.get() for h in [e.step(i) for e in a_envs]], rounds) / args.envs),
+        ]
+        for rep in range(args.reps):
+            # Alternate the order, so that neither library always goes first.
+            for name, measure in cases if rep % 2 == 0 else reversed(cases):
+                rows[name].append(measure())
     finally:
         fasync.shutdown()
         fsync.shutdown()

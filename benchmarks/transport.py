@@ -93,7 +93,7 @@ class StdPipe(Transport):
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=echo_conn, args=(child,))
+        self.proc = ctx.Process(target=echo_conn, args=(child,), daemon=True)
         self.proc.start()
         child.close()
 
@@ -103,7 +103,7 @@ class StdPipe(Transport):
 
     def stop(self) -> None:
         self.conn.send_bytes(b"")
-        self.proc.join()
+        _end(self.proc)
 
 
 class FiberPipe(StdPipe):
@@ -111,7 +111,7 @@ class FiberPipe(StdPipe):
 
     def __init__(self) -> None:
         self.conn, child = fiber_core.Pipe()
-        self.proc = fiber_core.Process(target=echo_conn, args=(child,))
+        self.proc = fiber_core.Process(target=echo_conn, args=(child,), daemon=True)
         self.proc.start()
 
 
@@ -124,7 +124,7 @@ class UnixSocket(Transport):
         listener.bind(path)
         listener.listen(1)
         ctx = multiprocessing.get_context("spawn")
-        self.proc = ctx.Process(target=echo_socket, args=(path,))
+        self.proc = ctx.Process(target=echo_socket, args=(path,), daemon=True)
         self.proc.start()
         self.sock, _ = listener.accept()
         listener.close()
@@ -137,7 +137,7 @@ class UnixSocket(Transport):
 
     def stop(self) -> None:
         self.sock.sendall(_LEN.pack(0))
-        self.proc.join()
+        _end(self.proc)
         self.sock.close()
 
 
@@ -148,7 +148,7 @@ class NngPair(Transport):
         self.name = f"nng Pair0, {label}"
         self.sock = pynng.Pair0(listen=address)
         ctx = multiprocessing.get_context("spawn")
-        self.proc = ctx.Process(target=echo_nng, args=(address,))
+        self.proc = ctx.Process(target=echo_nng, args=(address,), daemon=True)
         self.proc.start()
         self.sock.send(b"x")  # the first message waits for the child to dial
         self.sock.recv()
@@ -159,8 +159,16 @@ class NngPair(Transport):
 
     def stop(self) -> None:
         self.sock.send(b"stop")
-        self.proc.join()
+        _end(self.proc)
         self.sock.close()
+
+
+def _end(proc: Any) -> None:
+    """Wait a little for an echo child to finish, then kill it: a stop never hangs."""
+    proc.join(10)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(10)
 
 
 def _free_port() -> int:
@@ -169,16 +177,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def transports(tmp: str) -> list[Transport]:
-    found: list[Transport] = [StdPipe(), FiberPipe(), UnixSocket(tmp)]
+def transports(tmp: str, found: list[Transport]) -> None:
+    """Start every transport, appending each to ``found`` once its child runs."""
+    found += [StdPipe(), FiberPipe(), UnixSocket(tmp)]
     try:
         import pynng  # noqa: F401
     except ImportError:
         print("pynng is not installed: its rows are left out (pip install pynng)", file=sys.stderr)
-        return found
+        return
     found.append(NngPair(f"ipc://{tmp}/nng.ipc", "ipc://"))
     found.append(NngPair(f"tcp://127.0.0.1:{_free_port()}", "tcp://127.0.0.1"))
-    return found
 
 
 def median_rtt_us(ping: Callable[[], None], pings: int) -> float:
@@ -201,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {args.pin})  # children inherit it
 
     with tempfile.TemporaryDirectory(prefix="fiber-transport-") as tmp:
-        ts = transports(tmp)
+        ts: list[Transport] = []
         try:
+            transports(tmp, ts)
             for t in ts:  # warm-up
                 median_rtt_us(t.ping, 200)
             results: dict[str, list[float]] = {t.name: [] for t in ts}
