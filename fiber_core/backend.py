@@ -141,9 +141,10 @@ class Backend(ABC):
     ``package``
         The distribution that provides it, shown by ``fiber backends``.
     ``shares_this_machine``
-        True when jobs run on this machine's CPUs (the local backend). A Pool then
-        starts its workers at most one per CPU at a time, so the first is ready
-        sooner instead of all of them sharing the CPUs while they start.
+        True when jobs run as plain processes of this machine, on its CPUs and its
+        filesystem (the local backend). A Pool then starts its workers at most one
+        per CPU at a time, so the first is ready sooner instead of all of them
+        sharing the CPUs while they start; a manager serves on a Unix socket.
     ``config_section``
         Where its options live when the name cannot be used (``aws-batch`` has a
         dash, which environment variable names cannot hold): ``"aws"`` gives

@@ -139,7 +139,7 @@ class BaseManager(_std.BaseManager):
         self._process = Process(
             target=_serve, backend=self._backend,
             args=(type(self), self._registry, bytes(self._authkey), self._serializer, writer,
-                  initializer, initargs, runtime().get_backend(self._backend).name == "local"))
+                  initializer, initargs, runtime().get_backend(self._backend).shares_this_machine))
         self._process.name = f"{type(self).__name__}-{':'.join(map(str, self._process._identity))}"
         self._process.start()
         try:

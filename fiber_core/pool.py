@@ -244,12 +244,11 @@ AsyncResult = ApplyResult
 class MapResult(ApplyResult):
     """The result of ``map_async``/``starmap_async``: a list in input order."""
 
-    def __init__(self, pool: Pool, nunits: int, chunksize: int, length: int,
+    def __init__(self, pool: Pool, nunits: int,
                  callback: Callable | None, error_callback: Callable | None) -> None:
         super().__init__(pool, callback, error_callback)
         self._chunks: list[Any] = [None] * nunits
         self._left = nunits
-        self._length = length
         if nunits == 0:
             self._success, self._value = True, []
             self._event.set()
@@ -284,6 +283,7 @@ class IMapIterator:
         return self
 
     def next(self, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._items:
@@ -293,8 +293,12 @@ class IMapIterator:
                     raise value
                 if self._length is not None and self._yielded_units >= self._length:
                     raise StopIteration
-                if not self._cond.wait(timeout):
+                # Woken without news (a unit that came out of order): wait the rest only.
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and (left <= 0 or not self._cond.wait(left)):
                     raise TimeoutError
+                if left is None:
+                    self._cond.wait()
 
     __next__ = next
 
@@ -855,12 +859,11 @@ class Pool:
             q, r = divmod(len(items), nunits or 1)
             bounds = [i * q + min(i, r) for i in range(nunits + 1)]
             chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
-            chunksize = q + (r > 0)
         elif chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
         else:
             chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
-        result = MapResult(self, len(chunks), chunksize, len(items), callback, error_callback)
+        result = MapResult(self, len(chunks), callback, error_callback)
         if chunks:
             self._submit(result, func, kind, chunks, func_bytes)
         return result

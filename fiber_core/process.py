@@ -166,7 +166,6 @@ class Process(BaseProcess):
         self._backend_name = backend
         self._resources = {k: v for k, v in resources.items() if v is not None}
         self._parent_pid = os.getpid()
-        self._parent_name = parent.name
         self._run: _JobRun | None = None
         self._closed = False
 
@@ -499,9 +498,10 @@ class _JobRun:
     def _unstick(self, sock: socket.socket, conn_done: threading.Event) -> None:
         """End the connection of a job that the backend saw end while the connection stays open.
 
-        A job on a machine that became unreachable sends no FIN: without this, the
-        monitor would wait on its TCP connection until the kernel gives up, many minutes
-        later, and a Pool would not replace the job. (A Unix socket's peer is on this
+        A job on a machine that became unreachable sends no FIN. The connection's
+        keepalives end it after ``peer_timeout``; the backend usually knows sooner
+        (the ssh backend within seconds, Kubernetes from the pod's status), and then
+        a Pool replaces the job that much sooner. (A Unix socket's peer is on this
         machine: its connection ends with it.)
         """
         assert self.backend is not None and self.job is not None
