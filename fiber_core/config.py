@@ -39,6 +39,20 @@ def _parse_list(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def parse_pairs(items: Iterable[str], what: str) -> dict[str, str]:
+    """``KEY=VALUE`` entries (from a ``list`` option or the command line) as a dict.
+
+    A bad entry is a :class:`ConfigError` that names ``what`` it belongs to.
+    """
+    out = {}
+    for item in items:
+        key, found, value = item.partition("=")
+        if not found or not key.strip():
+            raise ConfigError(f"bad {what} entry {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
 _PARSERS: dict[type, Callable[[str], Any]] = {
     bool: _parse_bool,
     int: int,

@@ -182,3 +182,12 @@ def test_backend_option_errors(monkeypatch: pytest.MonkeyPatch, toy_backend: typ
         fiber_core.init(toy_colour="red")
     with pytest.raises(ConfigError, match="toy_slots"):
         fiber_core.init(toy_slots="many")
+
+
+def test_key_value_entries_parse_or_name_the_bad_one() -> None:
+    from fiber_core.config import parse_pairs
+
+    assert parse_pairs(["A=1", " B =x=y", "C="], "extra_env") == {"A": "1", "B": "x=y", "C": ""}
+    for bad in ("NOEQUALS", "=value", " =v"):
+        with pytest.raises(ConfigError, match=f"bad extra_env entry {bad!r}: expected KEY=VALUE"):
+            parse_pairs(["A=1", bad], "extra_env")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fiber_core.backend import Backend, Job, JobSpec, exitcode_from_status
-from fiber_core.config import CONFIG_FILE, Option, config
+from fiber_core.config import CONFIG_FILE, Option, config, parse_pairs
 from fiber_core.errors import BackendError, ConfigError
 
 log = logging.getLogger("fiber")
@@ -208,7 +208,7 @@ class AwsBatchBackend(Backend):
         super().__init__(resolved, run_id)
         _refuse_credentials(explicit, resolved)
         self.gpu_queues = parse_gpu_queues(resolved["gpu_queues"])
-        self.extra_env = self._parse_env(resolved["extra_env"])
+        self.extra_env = parse_pairs(resolved["extra_env"], f"extra_env in [{SECTION}]")
         self._states: dict[str, BatchJobState] = {}
         self._lock = threading.Lock()
         self._jobdef_lock = threading.Lock()
@@ -223,16 +223,6 @@ class AwsBatchBackend(Backend):
         """The boto3 Batch client."""
 
     # -- set-up ----------------------------------------------------------------------
-
-    @staticmethod
-    def _parse_env(entries: list[str]) -> dict[str, str]:
-        env = {}
-        for entry in entries:
-            key, sep, value = entry.partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(f"bad extra_env entry {entry!r} in [{SECTION}]: expected KEY=VALUE")
-            env[key.strip()] = value
-        return env
 
     def _session_and_config(self) -> tuple[Any, Any]:
         import boto3

@@ -29,12 +29,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from fiber_core.backend import Backend, Job, JobSpec, exitcode_from_status
-from fiber_core.config import Option
+from fiber_core.config import Option, parse_pairs
 from fiber_core.errors import BackendError
 
 log = logging.getLogger("fiber")
@@ -296,7 +296,7 @@ class DockerBackend(Backend):
         name = _container_name(self.run_id, self.owner, n, spec.name)
         labels = {**{k: str(v) for k, v in spec.labels.items()},
                   LABEL_RUN: self.run_id, LABEL_BACKEND: self.name, LABEL_OWNER: self.owner}
-        env = dict(_pairs(self.settings.get("extra_env") or (), "extra_env"))
+        env = parse_pairs(self.settings.get("extra_env") or (), "docker extra_env")
         env.update(spec.env)
         binds, workdir = self._mounts(spec) if mounts else ([], spec.cwd)
         host_config = api.create_host_config(
@@ -660,14 +660,6 @@ def _own_container(api: Any) -> dict[str, Any] | None:
 def _container_name(run_id: str, owner: str, n: int, name: str) -> str:
     safe = _NAME_BAD.sub("-", name).strip("-.") or "job"
     return f"fiber-{run_id}-{owner}-{n}-{safe}"[:120]
-
-
-def _pairs(entries: Any, key: str) -> Iterator[tuple[str, str]]:
-    for entry in entries:
-        name, eq, value = entry.partition("=")
-        if not eq or not name:
-            raise BackendError(f"bad docker {key} entry {entry!r}: expected KEY=VALUE")
-        yield name, value
 
 
 def _device_requests(gpu: int | None) -> list[Any] | None:

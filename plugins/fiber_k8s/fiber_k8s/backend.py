@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fiber_core.backend import Backend, Job, JobSpec, Option, exitcode_from_status
-from fiber_core.config import config
+from fiber_core.config import config, parse_pairs
 from fiber_core.errors import BackendError, ConfigError
 
 from fiber_k8s.cluster import Cluster, http_status, in_pod
@@ -110,16 +110,6 @@ def quantity_cpu(cpu: float) -> str:
     return str(int(cpu)) if float(cpu).is_integer() else f"{round(cpu * 1000)}m"
 
 
-def _pairs(items: list[str], what: str, sep: str = "=") -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, found, value = item.partition(sep)
-        if not found or not key.strip():
-            raise ConfigError(f"bad {what} entry {item!r}: expected KEY{sep}VALUE")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def parse_tolerations(items: list[str]) -> list[dict[str, str]]:
     """``key=value:Effect`` (Equal), ``key:Effect`` or ``key`` (Exists) as pod tolerations."""
     out = []
@@ -178,7 +168,7 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
     if spec.memory:
         requests["memory"] = limits["memory"] = f"{int(spec.memory)}Mi"
     gpu = spec.gpu or (1 if spec.gpu_type else 0)
-    node_selector = _pairs(list(opts.get("node_selector") or []), "node_selector")
+    node_selector = parse_pairs(opts.get("node_selector") or [], "node_selector")
     tolerations = parse_tolerations(list(opts.get("tolerations") or []))
     if gpu < 0:
         raise BackendError("gpu=-1 (every GPU of a node) cannot be asked of Kubernetes: give a number of GPUs")
@@ -198,7 +188,7 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
     }
-    env.update(_pairs(list(opts.get("extra_env") or []), "extra_env"))
+    env.update(parse_pairs(opts.get("extra_env") or [], "extra_env"))
     env.update(spec.env)
     container: dict[str, Any] = {
         "name": CONTAINER,

@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 from fiber_core.backend import JobSpec
-from fiber_core.config import GLOBAL_OPTIONS, config
+from fiber_core.config import GLOBAL_OPTIONS, config, parse_pairs
 from fiber_core.errors import BackendError, FiberError
 from fiber_core.runtime import ENV_RUN_ID
 
@@ -78,16 +78,6 @@ def _forwarded_env() -> dict[str, str]:
         env["FIBER_" + key.upper()] = (",".join(v) if isinstance(v, list)
                                        else ("1" if v else "0") if isinstance(v, bool) else str(v))
     return env
-
-
-def _pairs(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, found, value = item.partition("=")
-        if not found or not key:
-            raise FiberError(f"--env {item!r}: expected KEY=VALUE")
-        out[key] = value
-    return out
 
 
 def _print_manifest(body: dict[str, Any]) -> None:
@@ -176,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             raise FiberError("fiber run needs an image: --image IMAGE, --build (from ./Dockerfile), or "
                              "the image setting (FIBER_KUBERNETES_IMAGE)")
     run_id = uuid.uuid4().hex[:12]
-    env = {**_forwarded_env(), "FIBER_BACKEND": KubernetesBackend.name, ENV_RUN_ID: run_id, **_pairs(args.env)}
+    env = {**_forwarded_env(), "FIBER_BACKEND": KubernetesBackend.name, ENV_RUN_ID: run_id, **parse_pairs(args.env, "--env")}
     spec = JobSpec(command=list(args.cmd), name=args.name, image=image, env=env, cpu=args.cpu,
                    memory=args.memory, gpu=args.gpu, gpu_type=args.gpu_type,
                    labels={"fiber.run": run_id, "fiber.role": "main"}, backend_options=options)
