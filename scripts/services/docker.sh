@@ -8,8 +8,7 @@
 #   fiber-test-nopython:latest  base with python3 removed
 # Tests reach it with DOCKER_HOST=unix://$FIBER_SERVICES_DIR/docker/docker.sock.
 set -euo pipefail
-FIBER_REPO=${FIBER_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-FIBER_SERVICES_DIR=${FIBER_SERVICES_DIR:-/tmp/fiber-services}
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 dir=$FIBER_SERVICES_DIR/docker sock=$FIBER_SERVICES_DIR/docker/docker.sock
 pidfile=$dir/dockerd.pid log=$dir/dockerd.log
 data_root=${FIBER_DOCKER_DATA_ROOT:-/var/lib/fiber-test-docker}
@@ -21,11 +20,7 @@ mkdir -p "$dir"
 
 dk() { timeout 300 docker -H "unix://$sock" "$@"; }
 die() { echo "docker: $*" >&2; exit 1; }
-# Our dockerd is alive: the pid in our pid file runs with our socket on its command line.
-running() {
-  pid=$(cat "$pidfile" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "unix://$sock"
-}
+running() { ours_running "$pidfile" "unix://$sock"; }  # our dockerd, on our socket
 # Temporary dirs, removed on exit; unmount first (debootstrap mounts proc/sys inside its target).
 rm_tree() { grep -o " $1/[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l || true; rm -rf --one-file-system "$1"; }
 tmps=(); trap 'for t in "${tmps[@]}"; do rm_tree "$t"; done' EXIT
@@ -35,20 +30,6 @@ print(" ".join(d["build-system"]["requires"])); print(" ".join(d["project"]["dep
 pip_() { "$cache/buildenv/bin/python" -m pip -q --disable-pip-version-check install --root-user-action=ignore "$@"; }
 label() { dk image inspect -f "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
 
-apt_install() { # apt_install PKG...: install what is missing, one apt-get update first
-  local missing=() p
-  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  [ -n "${apt_updated:-}" ] || { apt-get update -qq >"$dir/apt.log" 2>&1 || cat "$dir/apt.log" >&2; apt_updated=1; }
-  # policy-rc.d exit 101 stops the package from starting a system dockerd (with a bridge).
-  local prc=/usr/sbin/policy-rc.d saved="" rc=0
-  [ ! -e $prc ] || { mv $prc $prc.fiber-saved; saved=1; }
-  printf '#!/bin/sh\nexit 101\n' >$prc && chmod +x $prc
-  DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get install -y -q --no-install-recommends \
-    "${missing[@]}" >"$dir/apt.log" 2>&1 || { rc=$?; tail -20 "$dir/apt.log" >&2; }
-  rm -f $prc; [ -z "$saved" ] || mv $prc.fiber-saved $prc
-  [ $rc -eq 0 ] || die "apt-get install ${missing[*]} failed"
-}
 # The Debian mirror apt already uses for bookworm (one-line and deb822 formats).
 mirror() {
   { cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
@@ -62,7 +43,7 @@ mirror() {
 
 build_rootfs() { # debootstrap once; the tarball is cached across runs
   [ -s "$rootfs_tar" ] && return 0
-  apt_install debootstrap && mkdir -p "$cache"
+  apt_install "$dir/apt.log" debootstrap && mkdir -p "$cache"
   local tmp; tmp=$(mktemp -d "$cache/rootfs.XXXXXX"); tmps+=("$tmp")
   echo "docker: debootstrap bookworm from $(mirror) (once, cached in $cache)"
   debootstrap --variant=minbase --include=python3 bookworm "$tmp/root" "$(mirror)" >"$cache/debootstrap.log" 2>&1 ||
@@ -142,17 +123,12 @@ start_daemon() { # start_daemon DRIVER: returns 1 if it does not answer in time
   done
   kill -TERM "$p" 2>/dev/null; sleep 2; kill -KILL "$p" 2>/dev/null || true; return 1
 }
-kill_pid() { # kill_pid PID: TERM, wait up to 30 s, then KILL
-  local i; kill -TERM "$1" 2>/dev/null || return 0
-  for i in $(seq 1 60); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.5; done
-  kill -KILL "$1" 2>/dev/null || true
-}
 
 down() {
   if running; then
     local ids; ids=$(dk ps -aq --filter label=fiber.run 2>/dev/null || true)
     [ -z "$ids" ] || dk rm -f $ids >/dev/null || true
-    kill_pid "$pid"
+    stop_pid "$pid" 30
   fi
   # Leftovers if dockerd had to be killed: processes of our containers (found by our cgroup
   # parent), then containerd and its shims (containerd binaries naming our exec root).
@@ -161,7 +137,7 @@ down() {
     while read -r p; do kill -KILL "$p" 2>/dev/null || true; done
   for p in /proc/[0-9]*; do
     [[ "$(readlink "$p/exe" 2>/dev/null)" == */containerd* ]] &&
-      tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$dir/exec/" && kill_pid "${p#/proc/}" || true
+      tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$dir/exec/" && stop_pid "${p#/proc/}" 30 || true
   done
   awk '{print $5}' /proc/self/mountinfo | { grep -E "^($dir|$data_root)(/|$)" || true; } | sort -r |
     while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
@@ -172,7 +148,7 @@ down() {
 case "${1:-status}" in
   up)
     exec 9>"$dir/lock"; flock 9
-    command -v dockerd >/dev/null || apt_install docker.io
+    command -v dockerd >/dev/null || apt_install "$dir/apt.log" docker.io
     if ! running && ! start_daemon overlay2; then
       { grep -a 'failed to start' "$log" | tail -1 || true; echo "docker: overlay2 failed, trying vfs"; } >&2
       start_daemon vfs || { tail -20 "$log" >&2; die "dockerd did not start: it exited, or gave no answer on $sock within 60 s (log: $log)"; }

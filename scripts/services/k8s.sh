@@ -6,8 +6,7 @@
 #   FIBER_K8S_PORT (default 16443; a free port is taken if it is busy), FIBER_K8S_TOKEN,
 #   FIBER_K8S_EMULATOR_CONFIG (JSON text or file: rbac, nodes, namespaces; see the emulator README).
 set -euo pipefail
-FIBER_REPO=${FIBER_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-FIBER_SERVICES_DIR=${FIBER_SERVICES_DIR:-/tmp/fiber-services}
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 dir=$FIBER_SERVICES_DIR/k8s
 pidfile=$dir/emulator.pid
 log=$dir/emulator.log
@@ -17,11 +16,7 @@ docker_host=${FIBER_K8S_DOCKER_HOST:-unix://$FIBER_SERVICES_DIR/docker/docker.so
 py=${FIBER_PYTHON:-python3}   # the emulator needs only the standard library
 mkdir -p "$dir"
 
-# Our emulator is alive: the pid in our pid file runs the emulator with our kubeconfig path.
-running() {
-  pid=$(cat "$pidfile" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--kubeconfig $kubeconfig"
-}
+running() { ours_running "$pidfile" "--kubeconfig $kubeconfig"; }  # our emulator
 url() { awk '$1=="server:"{print $2; exit}' "$kubeconfig" 2>/dev/null; }
 answers() { # python, not curl: nothing else this script needs is outside the project's installs
   [ -s "$kubeconfig" ] && "$py" -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1], timeout=2)' \
@@ -33,7 +28,7 @@ port_free() { # SO_REUSEADDR as the server does: a port in TIME_WAIT is free for
 
 up() {
   if running && answers; then echo "k8s: up (pid $pid, $(url)); KUBECONFIG=$kubeconfig"; return 0; fi
-  running && stop_pid
+  running && stop
   local port=${FIBER_K8S_PORT:-16443} i
   port_free "$port" || { echo "k8s: port $port is busy, using a free one" >&2; port=0; }
   rm -f "$kubeconfig"
@@ -48,20 +43,15 @@ up() {
     sleep 0.2
   done
   tail -20 "$log" >&2
-  running && stop_pid
+  running && stop
   echo "k8s: emulator did not answer within 60 s (log: $log)" >&2
   return 1
 }
 
-stop_pid() { # TERM (the emulator removes its containers), wait up to 20 s, then KILL
-  local i
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
+stop() { stop_pid "$pid" 20; }  # on TERM the emulator removes its containers
 
 down() {
-  running && stop_pid
+  running && stop
   # Whatever a killed emulator left: every container the test kubelet ever created.
   if [ -S "${docker_host#unix://}" ]; then
     local ids

@@ -9,8 +9,7 @@
 # Tests read $FIBER_SERVICES_DIR/moto/env (present only while up):
 #   FIBER_MOTO_ENDPOINT=http://127.0.0.1:PORT   DOCKER_HOST=unix://...
 set -euo pipefail
-FIBER_REPO=${FIBER_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-FIBER_SERVICES_DIR=${FIBER_SERVICES_DIR:-/tmp/fiber-services}
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 dir=$FIBER_SERVICES_DIR/moto
 pidfile=$dir/moto.pid
 log=$dir/moto.log
@@ -29,11 +28,7 @@ find_python() {
   return 1
 }
 
-# Ours is alive: the pid in our pid file runs moto's server on the port in our env file.
-running() {
-  pid=$(cat "$pidfile" 2>/dev/null) && [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "moto.server"
-}
+running() { ours_running "$pidfile" "moto.server"; }  # our moto server
 
 port() { sed -n 's|^FIBER_MOTO_ENDPOINT=http://127.0.0.1:||p' "$envfile" 2>/dev/null; }
 
@@ -94,10 +89,7 @@ import sys, urllib.request
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 opener.open(urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/moto-api/reset", method="POST"), timeout=10).read()
 EOF
-    kill -TERM "$pid" 2>/dev/null || true
-    local _
-    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-    kill -KILL "$pid" 2>/dev/null || true
+    stop_pid "$pid" 10
   fi
   remove_job_containers
   rm -f "$pidfile" "$envfile"

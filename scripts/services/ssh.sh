@@ -16,7 +16,8 @@
 # stay visible there. The namespaces are global: `up` records which service directory owns
 # them (in $OWNER) and `down` from another directory leaves them alone.
 set -euo pipefail
-D=${FIBER_SERVICES_DIR:-/tmp/fiber-services}/ssh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+D=$FIBER_SERVICES_DIR/ssh
 BR=fiberbr0 NET=10.231.77 HOSTS=(1 2 3)
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 REPO=$(cd "$(dirname "$SELF")/../.." && pwd)
@@ -30,22 +31,7 @@ host_n() {
     *) echo "unknown host '$1' (fiber-h1..3, h1..3, 1..3 or $NET.11..13)" >&2; return 2 ;; esac
 }
 
-install_deps() {
-  local pkgs=()
-  [ -x /usr/sbin/sshd ] || pkgs+=(openssh-server)
-  command -v ssh-keygen >/dev/null || pkgs+=(openssh-client)
-  command -v ip >/dev/null || pkgs+=(iproute2)
-  command -v iptables >/dev/null || pkgs+=(iptables)
-  command -v hostname >/dev/null || pkgs+=(hostname)
-  [ ${#pkgs[@]} -eq 0 ] && return 0
-  export DEBIAN_FRONTEND=noninteractive
-  local prc=/usr/sbin/policy-rc.d own=0 rc=0  # keep the package from starting a system-wide sshd
-  [ -e $prc ] || { printf '#!/bin/sh\nexit 101\n' >$prc && chmod +x $prc && own=1; }
-  apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null 2>&1 ||
-    { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${pkgs[@]}" >/dev/null; } || rc=$?
-  [ $own = 0 ] || rm -f $prc
-  return $rc
-}
+install_deps() { mkdir -p "$D"; apt_install "$D/apt.log" openssh-server openssh-client iproute2 iptables hostname; }
 
 start_sshd() {
   local n=$1 h=$D/fiber-h$1
