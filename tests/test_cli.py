@@ -85,8 +85,9 @@ def test_config_errors(tmp_path: Path, env: dict[str, str], config_file: str | N
 
 
 def test_unknown_backend_hint() -> None:
-    out = fiber("config", env={"FIBER_BACKEND": "kubernetes"})
-    if out.returncode == 0:
-        pytest.skip("fiber-k8s is installed here")
+    # The pip hints for the project's own backends are tested in test_registry.py with
+    # the installed plugins hidden; here, that the command reports the error cleanly.
+    out = fiber("config", env={"FIBER_BACKEND": "nomad"})
     assert out.returncode == 2
-    assert "pip install fiber-k8s" in out.stderr
+    assert "unknown backend 'nomad'" in out.stderr and "its own package" in out.stderr
+    assert "Traceback" not in out.stderr
