@@ -291,7 +291,7 @@ def report(results: dict, command: str, elapsed: float, reps: dict) -> None:
 
 
 def _backend_name() -> str:
-    from fiber_core.runtime import runtime
+    from fiber_core.runtime.run import runtime
 
     return runtime().backend.name
 

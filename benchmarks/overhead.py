@@ -376,7 +376,7 @@ def stale_bytecode() -> list[str]:
 
 
 def _backend_name() -> str:
-    from fiber_core.runtime import runtime
+    from fiber_core.runtime.run import runtime
 
     return runtime().backend.name
 

@@ -9,18 +9,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fiber_core.config import Option, config
-from fiber_core.connection import Pipe
-from fiber_core.context import FiberContext, cpu_count, get_context
-from fiber_core.errors import (
-    AuthenticationError,
-    BufferTooShort,
-    ProcessError,
-    TimeoutError,
+from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
+from fiber_core.base.log import get_logger, log_to_stderr
+from fiber_core.base.options import Option
+from fiber_core.parallel.context import FiberContext, get_context
+from fiber_core.parallel.queues import JoinableQueue, Queue, SimpleQueue
+from fiber_core.processes.pipe import Pipe
+from fiber_core.processes.process import (
+    Process,
+    active_children,
+    cpu_count,
+    current_process,
+    parent_process,
 )
-from fiber_core.process import Process, active_children, current_process, parent_process
-from fiber_core.queues import JoinableQueue, Queue, SimpleQueue
-from fiber_core.util import get_logger, log_to_stderr
+from fiber_core.runtime.config import config
 
 __version__ = "0.1.0"
 
@@ -61,23 +63,23 @@ def __getattr__(name: str) -> Any:
     # The heavier parts are imported on first use, so `import fiber_core` (and so the
     # start of every job) stays fast.
     if name in ("Backend", "Job", "JobSpec"):
-        from fiber_core import backend
+        from fiber_core.contract import backend
 
         return getattr(backend, name)
     if name == "hookimpl":
-        from fiber_core.hookspecs import hookimpl
+        from fiber_core.contract.hookspecs import hookimpl
 
         return hookimpl
     if name == "Pool":
-        from fiber_core.pool import Pool
+        from fiber_core.parallel.pool import Pool
 
         return Pool
     if name in ("Manager", "SyncManager", "BaseManager", "AsyncManager"):
-        from fiber_core import managers
+        from fiber_core.parallel import managers
 
         return getattr(managers, name)
     if name == "Ring":
-        from fiber_core.ring import Ring
+        from fiber_core.parallel.ring import Ring
 
         return Ring
     raise AttributeError(f"module 'fiber_core' has no attribute {name!r}")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fiber_core.errors import FiberError
+from fiber_core.base.errors import FiberError
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import config, selected_backend_name
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from fiber_core.registry import registry
 
     rows = [("NAME", "ALIASES", "PACKAGE", "VERSION")]
     for info in registry.backends():
@@ -21,8 +22,6 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from fiber_core.config import config
-    from fiber_core.registry import registry, selected_backend_name
 
     registry.backends()  # loads plugins, so their options are known
     config.check_file()
@@ -35,8 +34,6 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from fiber_core.config import config
-    from fiber_core.registry import registry, selected_backend_name
 
     name = selected_backend_name(args.backend)
     cls = registry.get_class(name)
@@ -56,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     clean.add_argument("--backend", help="backend to clean (default: the configured one)")
     clean.add_argument("--run", help="only this run id")
     clean.set_defaults(func=_clean)
-    from fiber_core.registry import registry
 
     registry.backends()  # load plugins: they may add subcommands
     registry.pm.hook.fiber_add_commands(subparsers=sub)

@@ -19,9 +19,11 @@ trap 'scripts/test-services.sh down' EXIT
 scripts/test-services.sh up
 
 "$VPY" -m ruff check .
+# The layers of fiber_core (docs/architecture.md): no upward import, no cycle.
+"$(dirname "$VPY")/lint-imports" --config pyproject.toml
 # The public contract is type-checked strictly enough to read like a manual.
 "$VPY" -m mypy --ignore-missing-imports --follow-imports=silent \
-  fiber_core/backend.py fiber_core/hookspecs.py fiber_core/config.py fiber_core/registry.py fiber_core/errors.py
+  fiber_core/base fiber_core/contract fiber_core/runtime/config.py
 paths=(tests)
 for d in plugins/*/tests; do [ -d "$d" ] && paths+=("$d"); done
 bash scripts/test-pythons.sh

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 import fiber_core
-from fiber_core.config import Option, config
-from fiber_core.local import LocalBackend
-from fiber_core.registry import registry
+from fiber_core.backends.local import LocalBackend
+from fiber_core.base.options import Option
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import config
 
 T = 30.0
 """Upper bound of any single wait in the tests."""
@@ -100,7 +101,7 @@ def toy_backend() -> type[ToyBackend]:
 
 TOY_MODULE = '''
 from fiber_core import hookimpl
-from fiber_core.local import LocalBackend
+from fiber_core.backends.local import LocalBackend
 
 
 class ToyBackend(LocalBackend):

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 import fiber_core
-from fiber_core.config import Value, config
-from fiber_core.errors import ConfigError
-from fiber_core.registry import create_backend
+from fiber_core.base.errors import ConfigError
+from fiber_core.runtime.config import Value, config, create_backend
 
 T = 30.0
 
@@ -185,7 +184,7 @@ def test_backend_option_errors(monkeypatch: pytest.MonkeyPatch, toy_backend: typ
 
 
 def test_key_value_entries_parse_or_name_the_bad_one() -> None:
-    from fiber_core.config import parse_pairs
+    from fiber_core.base.options import parse_pairs
 
     assert parse_pairs(["A=1", " B =x=y", "C="], "extra_env") == {"A": "1", "B": "x=y", "C": ""}
     for bad in ("NOEQUALS", "=value", " =v"):

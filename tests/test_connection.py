@@ -8,8 +8,9 @@ import socket
 import pytest
 
 import fiber_core
-from fiber_core.connection import tune, wait
-from fiber_core.errors import BufferTooShort, PicklingError
+from fiber_core.base.errors import BufferTooShort, PicklingError
+from fiber_core.connection import wait
+from fiber_core.runtime.hub import tune
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import fiber_core as mp
-from fiber_core.backend import JobSpec
+from fiber_core.contract.backend import JobSpec
 from fiber_core.managers import AsyncManager, BaseManager, SyncManager
 
 
@@ -210,7 +210,7 @@ def test_ring_torch_allreduce() -> None:
 
 
 def test_ring_member_failure_stops_the_others() -> None:
-    from fiber_core.ring import RingError
+    from fiber_core.parallel.ring import RingError
 
     def member(rank: int, size: int) -> None:
         import time
@@ -225,8 +225,9 @@ def test_ring_member_failure_stops_the_others() -> None:
 
 
 def test_meta_reaches_jobspec() -> None:
-    from fiber_core import local, registry
-    from fiber_core.hookspecs import hookimpl
+    from fiber_core.backends import local
+    from fiber_core.contract import registry
+    from fiber_core.contract.hookspecs import hookimpl
 
     seen: list[JobSpec] = []
 

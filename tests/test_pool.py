@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 import fiber_core
-from fiber_core.errors import BackendError, FiberError, JobStartError, PicklingError
-from fiber_core.pool import MAX_TASK_ATTEMPTS, MaybeEncodingError, Pool, RemoteTraceback
+from fiber_core.base.errors import BackendError, FiberError, JobStartError, PicklingError
+from fiber_core.parallel.pool import MAX_TASK_ATTEMPTS, MaybeEncodingError, Pool, RemoteTraceback
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 

@@ -17,7 +17,7 @@ import pytest
 from procs import alive
 
 import fiber_core
-from fiber_core.errors import BackendError, PicklingError
+from fiber_core.base.errors import BackendError, PicklingError
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -144,7 +144,7 @@ def test_sentinel_becomes_readable_at_exit() -> None:
     assert multiprocessing.connection.wait([p.sentinel], 0) == []
     q.put("go")
     assert multiprocessing.connection.wait([p.sentinel], T) == [p.sentinel]
-    assert fiber_core.connection.wait([p.sentinel], 0) == [p.sentinel]
+    assert fiber_core.wire.framing.wait([p.sentinel], 0) == [p.sentinel]
     p.join(T)
     assert p.exitcode == 0
 

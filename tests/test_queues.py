@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 import fiber_core
+import fiber_core.parallel.queues
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -229,7 +230,7 @@ def test_a_getter_terminated_while_blocked_takes_no_item_with_it() -> None:
 
 def test_unpicklable_item_fails_in_put() -> None:
     q = fiber_core.Queue()
-    with pytest.raises(fiber_core.errors.PicklingError):
+    with pytest.raises(fiber_core.base.errors.PicklingError):
         q.put(threading.Lock())
     assert q.empty()
 
@@ -263,7 +264,7 @@ def test_a_fast_consumer_borrows_and_gets_every_item_once_in_order() -> None:
 def _take_then_hold(q: fiber_core.Queue, n: int, report: fiber_core.Queue,
                     release: fiber_core.Queue, slow_acks: bool = False) -> None:
     if slow_acks:  # white box: no acknowledgement goes out before this process ends
-        fiber_core.queues._ACK_DELAY = 10 * T
+        fiber_core.parallel.queues._ACK_DELAY = 10 * T
     taken = [q.get(timeout=T) for _ in range(n)]
     held = len(q._borrower.items) if q._borrower is not None else 0
     report.put((taken, held))
@@ -291,7 +292,7 @@ def _lend_to_a_child(n: int, take: int, maxsize: int = 0, exit_at_once: bool = F
 @pytest.fixture
 def no_idle_recall(monkeypatch: pytest.MonkeyPatch) -> None:
     """The owner does not fetch items back from idle borrowers: only getters can recall."""
-    monkeypatch.setattr(fiber_core.queues, "_IDLE_LOAN", 10 * T)
+    monkeypatch.setattr(fiber_core.parallel.queues, "_IDLE_LOAN", 10 * T)
 
 
 def _wait_for_acks(q: fiber_core.Queue, outstanding: int) -> None:
@@ -491,8 +492,10 @@ def test_a_borrower_whose_connection_ends_serves_nothing_the_owner_took_back() -
 
 def test_an_item_sent_to_a_getter_that_ends_before_it_arrived_goes_back() -> None:
     # Spoken by hand, as a getter killed between the owner's send and its own "a" would.
-    from fiber_core.connection import Connection, dial, loads
-    from fiber_core.runtime import runtime
+    from fiber_core.connection import Connection
+    from fiber_core.runtime.hub import dial
+    from fiber_core.runtime.run import runtime
+    from fiber_core.wire.serialize import loads
 
     q = fiber_core.Queue()
     q.put("precious")

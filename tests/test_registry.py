@@ -2,33 +2,32 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 
 import pytest
 
 import fiber_core
-from fiber_core.backend import Backend
-from fiber_core.errors import UnknownBackendError
-from fiber_core.local import LocalBackend
-from fiber_core.registry import (
-    ENTRY_POINT_GROUP,
+from fiber_core.backends import local
+from fiber_core.backends.local import LocalBackend
+from fiber_core.base.errors import UnknownBackendError
+from fiber_core.contract.backend import Backend
+from fiber_core.contract.registry import (
+    ENV_DISABLE_AUTOLOAD,
     KNOWN_PACKAGES,
     BackendRegistrar,
     Registry,
     registry,
-    selected_backend_name,
 )
+from fiber_core.runtime.config import selected_backend_name
 
 T = 30.0
 
 
-def _bare_registry() -> Registry:
+def _bare_registry(monkeypatch: pytest.MonkeyPatch) -> Registry:
     """A registry that sees only the built-in backend, whatever plugins are installed here."""
+    monkeypatch.setenv(ENV_DISABLE_AUTOLOAD, "1")
     reg = Registry()
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name != "local":
-            reg.pm.set_blocked(ep.name)
+    reg.add_builtin(local, LocalBackend)
     return reg
 
 
@@ -36,10 +35,11 @@ def _bare_registry() -> Registry:
     ("kubernetes", "fiber-k8s"), ("k8s", "fiber-k8s"), ("docker", "fiber-docker"),
     ("ssh", "fiber-ssh"), ("aws", "fiber-aws"), ("aws-batch", "fiber-aws"),
 ])
-def test_unknown_backend_says_what_to_install(name: str, package: str) -> None:
+def test_unknown_backend_says_what_to_install(name: str, package: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     assert KNOWN_PACKAGES[name] == package
     with pytest.raises(UnknownBackendError) as e:
-        _bare_registry().get_class(name)
+        _bare_registry(monkeypatch).get_class(name)
     assert isinstance(e.value, LookupError)
     assert str(e.value) == f"unknown backend {name!r} (installed: local); pip install {package}"
 
@@ -73,7 +73,7 @@ def test_selection_order(monkeypatch: pytest.MonkeyPatch, toy_backend: type) -> 
     assert selected_backend_name() == "local"
     with open(".fiberconfig", "w") as f:
         f.write("[fiber]\nbackend = toy\n")
-    fiber_core.config.reset()
+    fiber_core.runtime.config.config.reset()
     assert selected_backend_name() == "toy"
     monkeypatch.setenv("FIBER_BACKEND", "local")
     assert selected_backend_name() == "local"
@@ -101,13 +101,14 @@ def test_plugin_backend_runs_a_process(toy_backend: type) -> None:
     assert q.get(timeout=T) == "spicy"  # the job was created by ToyBackend, with its settings
     p.join(T)
     assert p.exitcode == 0
-    assert isinstance(fiber_core.runtime.runtime().get_backend("toy"), toy_backend)
+    assert isinstance(fiber_core.runtime.run.runtime().get_backend("toy"), toy_backend)
 
 
 def test_entry_point_backend_end_to_end(run_script, toy_dist) -> None:  # noqa: ANN001
     out = run_script("""
         import os, fiber_core
-        from fiber_core.registry import registry, selected_backend_name
+        from fiber_core.contract.registry import registry
+        from fiber_core.runtime.config import selected_backend_name
 
         def report(q):
             q.put(os.environ.get("FIBER_TOY_JOB"))

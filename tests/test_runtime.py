@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 import fiber_core
-from fiber_core.connection import _MAGIC, dial
-from fiber_core.errors import AuthenticationError
-from fiber_core.local import LocalBackend
-from fiber_core.runtime import runtime
+from fiber_core.backends.local import LocalBackend
+from fiber_core.base.errors import AuthenticationError
+from fiber_core.runtime.hub import dial
+from fiber_core.runtime.run import runtime
+from fiber_core.wire.auth import _MAGIC
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -197,7 +198,7 @@ def _echo_through(q_in, q_out) -> None:  # noqa: ANN001
 
 
 def test_each_backend_gets_its_own_listen_address() -> None:
-    from fiber_core.registry import registry
+    from fiber_core.contract.registry import registry
 
     if not registry.pm.has_plugin("second-loopback"):
         registry.register_plugin(_SecondLoopbackPlugin(), name="second-loopback")

@@ -110,7 +110,7 @@ def test_jobs_die_with_a_killed_parent(tmp_path: Path) -> None:
 
 
 def test_worker_run_by_hand_explains_itself() -> None:
-    out = subprocess.run([sys.executable, "-m", "fiber_core.worker"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "fiber_core.processes.worker"], capture_output=True, text=True,
                          timeout=T)
     assert out.returncode == 2
     assert "run by fiber jobs only" in out.stderr

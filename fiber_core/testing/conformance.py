@@ -19,8 +19,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from fiber_core.backend import Backend, Job, JobSpec
-from fiber_core.registry import create_backend, registry
+from fiber_core.contract.backend import Backend, Job, JobSpec
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import create_backend
 from fiber_core.testing.targets import put_square
 
 

@@ -28,9 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from fiber_core.backend import Backend, Job, JobSpec, exitcode_from_status
-from fiber_core.config import CONFIG_FILE, Option, config, parse_pairs
-from fiber_core.errors import BackendError, ConfigError
+from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.base.options import Option, parse_pairs
+from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
+from fiber_core.runtime.config import CONFIG_FILE, config
 
 log = logging.getLogger("fiber")
 
@@ -198,14 +199,15 @@ class AwsBatchBackend(Backend):
     describe_batch = 100
     """Job ids per DescribeJobs call (the API takes at most 100)."""
 
-    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "") -> None:
+    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
+                 rundir: str | None = None) -> None:
         explicit = dict(settings or {})
         config.register_backend_options(SECTION, OPTIONS)  # when built before the registry loads
         resolved = dict(config.backend_settings(SECTION))
         resolved.update(explicit)
         for o in OPTIONS:  # explicit settings may be strings, as from a file
             resolved[o.name] = o.parse(resolved[o.name], f"{SECTION}_{o.name}", "settings")
-        super().__init__(resolved, run_id)
+        super().__init__(resolved, run_id, rundir)
         _refuse_credentials(explicit, resolved)
         self.gpu_queues = parse_gpu_queues(resolved["gpu_queues"])
         self.extra_env = parse_pairs(resolved["extra_env"], f"extra_env in [{SECTION}]")
@@ -425,7 +427,7 @@ class AwsBatchBackend(Backend):
         if not state.done.is_set():
             self._ensure_poller()
         if state.done.wait(timeout):
-            job.exitcode = state.code
+            job.state.finish(state.code)
             return state.code
         return None
 

@@ -32,10 +32,10 @@ import boto3
 import docker
 import fiber_core
 import pytest
-from fiber_core.backend import Backend, Job, JobSpec
-from fiber_core.config import config
-from fiber_core.errors import BackendError, ConfigError
-from fiber_core.registry import create_backend, registry
+from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.contract.backend import Backend, Job, JobSpec
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import config, create_backend
 from fiber_core.testing import BackendConformance
 
 from fiber_aws.backend import AwsBatchBackend
@@ -329,7 +329,7 @@ def test_job_definitions_are_registered_once_and_reused(aws: AwsBatchBackend) ->
 
 PROGRAM = textwrap.dedent("""
     import fiber_core as multiprocessing
-    from fiber_core.runtime import runtime
+    from fiber_core.runtime.run import runtime
 
 
     def simulate(seed):
@@ -414,8 +414,8 @@ def test_job_stuck_before_running_is_failed_with_advice(moto: str, batch) -> Non
 
 PARENT = textwrap.dedent("""
     import sys
-    from fiber_core.backend import JobSpec
-    from fiber_core.runtime import runtime
+    from fiber_core.contract.backend import JobSpec
+    from fiber_core.runtime.run import runtime
 
     backend = runtime().get_backend("aws-batch")
     job = backend.start_job(JobSpec(

@@ -39,8 +39,8 @@ from collections import defaultdict
 from typing import Any
 
 import fiber_core
-from fiber_core.backend import JobSpec
-from fiber_core.runtime import runtime
+from fiber_core.contract.backend import JobSpec
+from fiber_core.runtime.run import runtime
 
 WORKERS = 5
 CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)

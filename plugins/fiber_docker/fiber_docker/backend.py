@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from fiber_core.backend import Backend, Job, JobSpec, exitcode_from_status
-from fiber_core.config import Option, parse_pairs
-from fiber_core.errors import BackendError
+from fiber_core.base.errors import BackendError
+from fiber_core.base.options import Option, parse_pairs
+from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
 
 log = logging.getLogger("fiber")
 
@@ -128,8 +128,9 @@ class DockerBackend(Backend):
     _check_locks: dict[tuple[str, str, str], threading.Lock] = {}
     _checks_lock = threading.Lock()
 
-    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "") -> None:
-        super().__init__(settings, run_id)
+    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
+                 rundir: str | None = None) -> None:
+        super().__init__(settings, run_id, rundir)
         self.owner = secrets.token_hex(4)
         self._lock = threading.RLock()
         self._api: Any = None  # docker.APIClient, with a timeout
@@ -261,7 +262,7 @@ class DockerBackend(Backend):
         tail = "\n".join(out.strip().splitlines()[-5:])
         if status == 127 or "exec" in out and "failed" in out and python in out:
             return _ImageCheck(False, f"image {shown} has no {python!r} (the check exited {status}: "
-                                      f"{tail}). Jobs run `{python} -m fiber_core.worker`: use an image "
+                                      f"{tail}). Jobs run `{python} -m fiber_core.processes.worker`: use an image "
                                       "with Python and fiber-core, or set the python setting "
                                       "(FIBER_PYTHON) to the interpreter's path in the image")
         if "No module named 'fiber_core'" in out:
@@ -429,7 +430,7 @@ class DockerBackend(Backend):
         job.handle.done.wait(timeout)
         code = job.handle.exitcode
         if code is not None:
-            job.exitcode = code
+            job.state.finish(code)
         return code
 
     def _signal(self, job: Job, sig: str) -> None:

@@ -26,9 +26,10 @@ import docker_tasks
 import fiber_core
 import pytest
 from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
-from fiber_core.backend import Backend, Job, JobSpec
-from fiber_core.errors import BackendError
-from fiber_core.registry import create_backend, registry
+from fiber_core.base.errors import BackendError
+from fiber_core.contract.backend import Backend, Job, JobSpec
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import create_backend
 from fiber_core.testing import BackendConformance
 
 from fiber_docker.backend import LABEL_OWNER, LABEL_RUN, DockerBackend, _device_requests
@@ -57,7 +58,7 @@ def backend() -> Iterator[DockerBackend]:
 
 def make_backend(**settings: object) -> DockerBackend:
     """A backend with the configured settings (FIBER_DOCKER_*), and ``settings`` on top."""
-    from fiber_core.config import config
+    from fiber_core.runtime.config import config
 
     registry.get_class("docker")  # loads the plugins: their options become known
     return DockerBackend({**config.backend_settings("docker"), **settings}, "t" + secrets.token_hex(4))
@@ -228,9 +229,9 @@ def test_bad_image(image: str, expected: str, monkeypatch: pytest.MonkeyPatch,
     b = make_backend()
     try:
         with pytest.raises(BackendError, match=expected):
-            b.start_job(JobSpec(command=["python3", "-m", "fiber_core.worker"], name="w"))
+            b.start_job(JobSpec(command=["python3", "-m", "fiber_core.processes.worker"], name="w"))
         with pytest.raises(BackendError, match=expected):  # the same answer, from the cache
-            b.start_job(JobSpec(command=["python3", "-m", "fiber_core.worker"], name="w"))
+            b.start_job(JobSpec(command=["python3", "-m", "fiber_core.processes.worker"], name="w"))
         # A whole Process and a Pool fail at start() too, with the same message.
         with pytest.raises(BackendError, match=expected):
             fiber_core.Process(target=docker_tasks.square, args=(1,), backend="docker", image=image).start()
@@ -263,7 +264,7 @@ def test_unreachable_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
     out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True,
                          env={**os.environ, "FIBER_BACKEND": "docker"}, timeout=WAIT)
     assert out.returncode == 1
-    assert (f"fiber_core.errors.BackendError: cannot reach the Docker daemon at unix://{sock} "
+    assert (f"fiber_core.base.errors.BackendError: cannot reach the Docker daemon at unix://{sock} "
             "(from DOCKER_HOST)") in out.stderr
     with pytest.raises(BackendError, match="FIBER_DOCKER_BASE_URL"):
         make_backend(base_url="tcp://127.0.0.1:9").start_job(sleeper())
@@ -379,7 +380,7 @@ def hold(q):
 PARENT = """
 import sys
 import fiber_core
-from fiber_core.runtime import runtime
+from fiber_core.runtime.run import runtime
 from parent_tasks import hold, work
 
 if __name__ == "__main__":
@@ -439,8 +440,8 @@ def test_parent_exits_normally_or_raises_leaves_no_container(tmp_path: Path,
         script = tmp_path / "parent.py"
         script.write_text(textwrap.dedent(f"""
             import fiber_core
-            from fiber_core.backend import JobSpec
-            from fiber_core.runtime import runtime
+            from fiber_core.contract.backend import JobSpec
+            from fiber_core.runtime.run import runtime
             from parent_tasks import hold
 
             if __name__ == "__main__":
@@ -517,7 +518,7 @@ def test_parent_in_a_container_uses_its_own_image_and_network(
     _site_for_container(site)
     (tmp_path / "app.py").write_text(textwrap.dedent("""
         import fiber_core
-        from fiber_core.runtime import runtime
+        from fiber_core.runtime.run import runtime
 
 
         def whoami(x):

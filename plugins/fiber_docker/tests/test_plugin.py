@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from fiber_core.registry import registry
+from fiber_core.contract.registry import registry
 
 from fiber_docker.backend import DockerBackend
 

@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fiber_core.backend import Backend, Job, JobSpec, Option, exitcode_from_status
-from fiber_core.config import config, parse_pairs
-from fiber_core.errors import BackendError, ConfigError
+from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.base.options import Option, parse_pairs
+from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
+from fiber_core.runtime.config import config
 
 from fiber_k8s.cluster import Cluster, http_status, in_pod
 
@@ -314,8 +315,9 @@ class KubernetesBackend(Backend):
     options = OPTIONS
     package = "fiber-k8s"
 
-    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "") -> None:
-        super().__init__(settings, run_id)
+    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
+                 rundir: str | None = None) -> None:
+        super().__init__(settings, run_id, rundir)
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._cluster: Cluster | None = None
@@ -481,7 +483,7 @@ class KubernetesBackend(Backend):
     def poll_job(self, job: Job) -> int | None:
         code = self._check(job)
         if code is not None:
-            job.exitcode = code
+            job.state.finish(code)
         return code
 
     def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:

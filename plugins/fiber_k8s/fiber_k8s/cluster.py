@@ -1,5 +1,5 @@
 """Talking to the Kubernetes API: finding the cluster, the namespace, this process's own pod,
-and turning API errors into :class:`~fiber_core.errors.BackendError` that say what to do.
+and turning API errors into :class:`~fiber_core.base.errors.BackendError` that say what to do.
 
 The official ``kubernetes`` client is imported here, when a backend first needs the
 cluster, never when the plugin is loaded.
@@ -13,7 +13,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from fiber_core.errors import BackendError
+from fiber_core.base.errors import BackendError
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where Kubernetes mounts a pod's service account: ``token``, ``ca.crt``, ``namespace``."""

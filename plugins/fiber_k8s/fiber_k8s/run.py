@@ -19,10 +19,11 @@ import sys
 import uuid
 from typing import Any
 
-from fiber_core.backend import JobSpec
-from fiber_core.config import GLOBAL_OPTIONS, config, parse_pairs
-from fiber_core.errors import BackendError, FiberError
-from fiber_core.runtime import ENV_RUN_ID
+from fiber_core.base.errors import BackendError, FiberError
+from fiber_core.base.options import parse_pairs
+from fiber_core.contract.backend import JobSpec
+from fiber_core.runtime.config import GLOBAL_OPTIONS, config
+from fiber_core.runtime.run import ENV_RUN_ID
 
 from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend
 from fiber_k8s.rbac import SERVICE_ACCOUNT
@@ -140,7 +141,7 @@ def build_image(context: str, dockerfile: str, registry: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The ``fiber run`` command; returns the parent pod's exit status."""
-    from fiber_core.registry import registry
+    from fiber_core.contract.registry import registry
 
     if registry.canonical(args.backend) != KubernetesBackend.name:
         raise FiberError(f"fiber run launches programs on Kubernetes only, not on {args.backend!r}; "

@@ -19,9 +19,9 @@ import pytest
 from fiber_core.testing import service_missing
 
 pytest.importorskip("kubernetes")
-from fiber_core.config import config  # noqa: E402
-from fiber_core.registry import registry  # noqa: E402
-from fiber_core.runtime import runtime  # noqa: E402
+from fiber_core.contract.registry import registry  # noqa: E402
+from fiber_core.runtime.config import config  # noqa: E402
+from fiber_core.runtime.run import runtime  # noqa: E402
 from k8s_helpers import IMAGE, POD_PYTHON, SERVICES, Emu, answers, build_pod_site, start_emulator  # noqa: E402
 from kubernetes import client  # noqa: E402
 

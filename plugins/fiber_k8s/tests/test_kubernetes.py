@@ -27,11 +27,11 @@ import fiber_core
 import pod_functions
 import pytest
 import yaml
-from fiber_core.backend import JobSpec
-from fiber_core.config import config
-from fiber_core.errors import BackendError
-from fiber_core.registry import registry
-from fiber_core.runtime import runtime
+from fiber_core.base.errors import BackendError
+from fiber_core.contract.backend import JobSpec
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import config
+from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance
 from k8s_helpers import WAIT, Emu, start_emulator
 from kubernetes import client, watch
@@ -387,7 +387,7 @@ def test_process_roundtrip_and_cleanup_after_normal_exit(v1: client.CoreV1Api, n
     script = tmp_path / "app.py"
     script.write_text(textwrap.dedent("""
         import fiber_core
-        from fiber_core.runtime import runtime
+        from fiber_core.runtime.run import runtime
 
         def put(q, x):
             q.put(x + 1)
@@ -418,7 +418,7 @@ def test_parent_killed_workers_exit_and_fiber_clean_removes_pods(
     script.write_text(textwrap.dedent("""
         import time
         import fiber_core
-        from fiber_core.runtime import runtime
+        from fiber_core.runtime.run import runtime
 
         def forever(q):
             q.put("up")

@@ -82,7 +82,7 @@ def first_line(q: Any) -> None:
 
 
 def job_start(backend: Any, python: str, results: dict, name: str) -> None:
-    from fiber_core.backend import JobSpec
+    from fiber_core.contract.backend import JobSpec
 
     t0 = time.time()
     job = backend.start_job(JobSpec(command=[python, "-c", FIRST_LINE], name="bench"))
@@ -168,7 +168,7 @@ def _who(seconds: float) -> tuple[str, int]:
 
 
 def run(reps: int, jobs_per_rep: int) -> dict:
-    from fiber_core.registry import create_backend
+    from fiber_core.runtime.config import create_backend
 
     results: dict = defaultdict(lambda: defaultdict(list))
     backends = {name: create_backend(name, f"bench-{name}") for name in BACKENDS}

@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.backend import Backend, Job, JobSpec, exitcode_from_status
-from fiber_core.config import Option
-from fiber_core.connection import keepalive
-from fiber_core.errors import BackendError, ConfigError
+from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.base.net import keepalive
+from fiber_core.base.options import Option
+from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
 
 from fiber_ssh.hosts import HostSpec, Placement, Slots, parse_hosts, place, release
 
@@ -203,8 +203,9 @@ class SshBackend(Backend):
     package = "fiber-ssh"
     options = OPTIONS
 
-    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "") -> None:
-        super().__init__(settings, run_id)
+    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
+                 rundir: str | None = None) -> None:
+        super().__init__(settings, run_id, rundir)
         import paramiko  # noqa: F401  (fail here, clearly, if it is missing)
 
         for o in OPTIONS:
@@ -316,7 +317,7 @@ class SshBackend(Backend):
     def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
         run: _Run = job.handle
         if run.done.wait(timeout):
-            job.exitcode = run.code
+            job.state.finish(run.code)
             return run.code
         return None
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fiber_core.errors import BackendError, ConfigError
+from fiber_core.base.errors import BackendError, ConfigError
 
 from fiber_ssh.hosts import HostSpec, Slots, parse_host, parse_hosts, place, release, split_hosts
 

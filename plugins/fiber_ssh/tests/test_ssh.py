@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import fiber_core
-import fiber_core.runtime
+import fiber_core.runtime.run
 import pytest
-from fiber_core.backend import Backend, JobSpec
-from fiber_core.config import config
-from fiber_core.errors import BackendError, ConfigError
-from fiber_core.registry import create_backend, registry
+from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.contract.backend import Backend, JobSpec
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import config, create_backend
 from fiber_core.testing import BackendConformance
 
 from fiber_ssh.backend import LOST, SshBackend
@@ -96,7 +96,7 @@ def ssh_env(hosts: dict[str, str], slots: int = 2, **extra: str) -> dict[str, st
 
 
 @contextlib.contextmanager
-def fresh_runtime(env: dict[str, str]) -> Iterator[fiber_core.runtime.Runtime]:
+def fresh_runtime(env: dict[str, str]) -> Iterator[fiber_core.runtime.run.Runtime]:
     """A new Fiber runtime whose default backend is ssh, configured by ``env``.
 
     A runtime keeps one instance of each backend for the life of the process: its
@@ -104,7 +104,7 @@ def fresh_runtime(env: dict[str, str]) -> Iterator[fiber_core.runtime.Runtime]:
     processes each get a runtime of their own, so that what one test configures or
     breaks does not reach the next; the previous runtime is put back afterwards.
     """
-    saved = fiber_core.runtime._runtime
+    saved = fiber_core.runtime.run._runtime
     saved_key = multiprocessing.process.current_process().authkey
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("FIBER_") and k != "FIBER_SERVICES_DIR"]:
@@ -112,19 +112,19 @@ def fresh_runtime(env: dict[str, str]) -> Iterator[fiber_core.runtime.Runtime]:
         for key, value in env.items():
             mp.setenv(key, value)
         config.reset()
-        fiber_core.runtime._runtime = None
-        rt = fiber_core.runtime.runtime()
+        fiber_core.runtime.run._runtime = None
+        rt = fiber_core.runtime.run.runtime()
         try:
             yield rt
         finally:
             rt.shutdown()
-            fiber_core.runtime._runtime = saved
+            fiber_core.runtime.run._runtime = saved
             multiprocessing.process.current_process().authkey = saved_key
             config.reset()
 
 
 @pytest.fixture(scope="module")
-def ssh_runtime(hosts: dict[str, str]) -> Iterator[fiber_core.runtime.Runtime]:
+def ssh_runtime(hosts: dict[str, str]) -> Iterator[fiber_core.runtime.run.Runtime]:
     with fresh_runtime(ssh_env(hosts)) as rt:
         yield rt
 
@@ -201,7 +201,7 @@ class TestSsh(BackendConformance):
     start_timeout = T
 
     @pytest.fixture
-    def backend(self, ssh_runtime: fiber_core.runtime.Runtime) -> Iterator[Backend]:
+    def backend(self, ssh_runtime: fiber_core.runtime.run.Runtime) -> Iterator[Backend]:
         b = create_backend("ssh", "conf" + os.urandom(4).hex())
         try:
             yield b
@@ -555,7 +555,7 @@ def test_parent_killed_leaves_no_remote_process(hosts: dict[str, str], tmp_path:
     script.write_text(textwrap.dedent("""
         import os, subprocess, sys, time
         import fiber_core
-        from fiber_core.runtime import runtime
+        from fiber_core.runtime.run import runtime
 
         def target(q):
             subprocess.Popen(["/bin/sleep", "600"])  # something the job started

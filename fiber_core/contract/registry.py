@@ -1,21 +1,33 @@
-"""Finding backends: plugins from the ``fiber`` entry-point group, and selection."""
+"""Finding backends: the built-in ones and plugins from the ``fiber`` entry-point group.
+
+Plugins are loaded once per process, the first time a backend other than a built-in
+one is asked for (or the list of all of them). ``FIBER_DISABLE_PLUGIN_AUTOLOAD=1``
+turns the entry-point scan off: only built-in backends and plugins registered by
+hand (:meth:`Registry.register_plugin`) are known, as ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``
+does for pytest. A plugin that implements a hook Fiber does not define (a misspelled
+``fiber_*`` name) is an error at load, naming the plugin and the hook.
+"""
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import threading
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 
 import pluggy
 
-from fiber_core import hookspecs
-from fiber_core.backend import Backend
-from fiber_core.config import config
-from fiber_core.errors import UnknownBackendError
+from fiber_core.base.errors import PluginError, UnknownBackendError
+from fiber_core.contract import hookspecs
+from fiber_core.contract.backend import Backend
 
 ENTRY_POINT_GROUP = "fiber"
+ENV_DISABLE_AUTOLOAD = "FIBER_DISABLE_PLUGIN_AUTOLOAD"
+
 
 KNOWN_PACKAGES = {
     "docker": "fiber-docker",
@@ -25,6 +37,8 @@ KNOWN_PACKAGES = {
     "aws": "fiber-aws",
     "aws-batch": "fiber-aws",
 }
+
+
 """Backends the project publishes, for the "pip install ..." hint of an unknown name."""
 
 
@@ -40,7 +54,7 @@ class BackendInfo:
 
 
 class BackendRegistrar:
-    """The ``register`` object handed to :func:`~fiber_core.hookspecs.fiber_register_backends`."""
+    """The ``register`` object handed to :func:`~fiber_core.backends.local.fiber_register_backends`."""
 
     def __init__(self) -> None:
         self._by_name: dict[str, type[Backend]] = {}
@@ -75,29 +89,43 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._registrar: BackendRegistrar | None = None
+        self._builtins: dict[str, tuple[ModuleType, type[Backend]]] = {}
+        self._listeners: list[Callable[[type[Backend]], None]] = []
         self.pm = pluggy.PluginManager("fiber")
         self.pm.add_hookspecs(hookspecs)
+
+    def add_builtin(self, plugin: ModuleType, backend: type[Backend]) -> None:
+        """Make ``backend`` (registered by the plugin module ``plugin``) known without a scan.
+
+        A built-in backend is selected without loading any installed plugin, so a
+        program on the default backend never imports them.
+        """
+        with self._lock:
+            self._builtins[backend.name] = (plugin, backend)
+
+    def on_register(self, listener: Callable[[type[Backend]], None]) -> None:
+        """Call ``listener(cls)`` for every backend class once plugins are loaded."""
+        self._listeners.append(listener)
 
     def _load(self) -> BackendRegistrar:
         with self._lock:
             if self._registrar is not None:
                 return self._registrar
-            from fiber_core import local
-
             registrar = BackendRegistrar()
-            if not self.pm.has_plugin("local"):  # a reload after register_plugin()
-                self.pm.register(local, name="local")
-            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                if ep.name == "local" or self.pm.has_plugin(ep.name):
+            for name, (module, _cls) in self._builtins.items():
+                if not self.pm.has_plugin(name):  # a reload after register_plugin()
+                    self.pm.register(module, name=name)
+            autoload = os.environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in ("", "0", "false", "no")
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if autoload else ():
+                if ep.name in self._builtins or self.pm.has_plugin(ep.name):
                     continue
                 try:
                     plugin = ep.load()
                 except Exception as e:  # a broken plugin must not break the others
-                    import warnings
-
                     warnings.warn(f"fiber plugin {ep.name!r} ({ep.value}) failed to load: {e}", stacklevel=2)
                     continue
                 self.pm.register(plugin, name=ep.name)
+            self._check_hooks()
             for impl in self.pm.hook.fiber_register_backends.get_hookimpls():
                 # Not _dist_name(impl.plugin) here: it scans every installed distribution
                 # (~0.3 s), and a backend that declares its ``package`` does not need it.
@@ -106,9 +134,25 @@ class Registry:
             registrar.current_plugin = None
             for name, cls in registrar._by_name.items():
                 if registrar._canonical[name] == name:
-                    config.register_backend_options(cls.settings_section(), cls.options)
+                    for listener in self._listeners:
+                        listener(cls)
             self._registrar = registrar
             return registrar
+
+    def _check_hooks(self) -> None:
+        """A ``fiber_*`` function that is not a known hook is a misspelling: say so at load."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as e:
+            raise PluginError(
+                f"fiber plugin {self.pm.get_name(e.plugin)!r} implements a hook that Fiber does not "
+                f"define: {e}. The hooks are listed in fiber_core.contract.hookspecs"
+            ) from None
+
+    def detect(self) -> str | None:
+        """The backend a plugin says this process should use where it runs, if any."""
+        self._load()
+        return self.pm.hook.fiber_detect_backend()
 
     def register_plugin(self, plugin: object, name: str | None = None) -> None:
         """Register a plugin object by hand (tests, embedded backends), then reload."""
@@ -132,11 +176,9 @@ class Registry:
 
     def get_class(self, name: str) -> type[Backend]:
         key = name.strip().lower()
-        if key == "local" and self._registrar is None:
-            # The built-in backend needs no plugin: do not import every installed one.
-            from fiber_core.local import LocalBackend
-
-            return LocalBackend
+        builtin = self._builtins.get(key)
+        if builtin is not None and self._registrar is None:
+            return builtin[1]  # a built-in backend needs no plugin: do not import every installed one
         reg = self._load()
         cls = reg._by_name.get(key)
         if cls is None:
@@ -165,27 +207,3 @@ def _packages_distributions() -> Mapping[str, list[str]]:
 
 
 registry = Registry()
-
-
-def selected_backend_name(explicit: str | None = None) -> str:
-    """The backend name chosen by argument > init() > FIBER_BACKEND > .fiberconfig > auto > local."""
-    if explicit:
-        return registry.canonical(explicit)
-    value = config.lookup("backend")
-    if value.source == "default":
-        import os
-
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            try:
-                return registry.canonical("kubernetes")
-            except UnknownBackendError:
-                pass
-    try:
-        return registry.canonical(value.value)
-    except UnknownBackendError as e:
-        raise UnknownBackendError(f"{e} (backend set by {value.source})") from None
-
-
-def create_backend(name: str, run_id: str) -> Backend:
-    cls = registry.get_class(name)
-    return cls(config.backend_settings(cls.settings_section()), run_id)

@@ -1,4 +1,4 @@
-"""Typed configuration: ``fiber_core.init()``, ``FIBER_*`` variables, ``.fiberconfig``.
+"""Configuration and backend selection: ``init()``, ``FIBER_*`` variables, ``.fiberconfig``.
 
 Precedence, highest first: a value passed explicitly to the call that needs it,
 ``fiber_core.init(key=value)``, the environment variable ``FIBER_KEY``, the
@@ -8,7 +8,7 @@ Global options live in the ``[fiber]`` section of ``.fiberconfig``. A backend's
 options are namespaced by its name: ``[docker] image = ...`` in the file,
 ``FIBER_DOCKER_IMAGE`` in the environment, ``init(docker_image=...)`` in code.
 Every value is parsed to its declared type when it is read, and a bad one raises
-:class:`~fiber_core.errors.ConfigError` naming the key and where it came from.
+:class:`~fiber_core.base.errors.ConfigError` naming the key and where it came from.
 """
 
 from __future__ import annotations
@@ -16,92 +16,17 @@ from __future__ import annotations
 import configparser
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from fiber_core.errors import ConfigError
+from fiber_core.backends import local
+from fiber_core.backends.local import LocalBackend
+from fiber_core.base.errors import ConfigError, UnknownBackendError
+from fiber_core.base.options import Option
+from fiber_core.contract.backend import Backend
+from fiber_core.contract.registry import KNOWN_PACKAGES, registry
 
 CONFIG_FILE = ".fiberconfig"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def _parse_bool(text: str) -> bool:
-    low = text.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
-
-
-def _parse_list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def parse_pairs(items: Iterable[str], what: str) -> dict[str, str]:
-    """``KEY=VALUE`` entries (from a ``list`` option or the command line) as a dict.
-
-    A bad entry is a :class:`ConfigError` that names ``what`` it belongs to.
-    """
-    out = {}
-    for item in items:
-        key, found, value = item.partition("=")
-        if not found or not key.strip():
-            raise ConfigError(f"bad {what} entry {item!r}: expected KEY=VALUE")
-        out[key.strip()] = value
-    return out
-
-
-_PARSERS: dict[type, Callable[[str], Any]] = {
-    bool: _parse_bool,
-    int: int,
-    float: float,
-    str: str,
-    list: _parse_list,
-}
-
-
-class Option(NamedTuple):
-    """One configuration key: its name, type, default and a line of help.
-
-    ``type`` is one of ``bool``, ``int``, ``float``, ``str``, ``list`` (a
-    comma-separated string in files and variables). ``choices`` restricts the
-    allowed values. ``secret`` options are never printed by ``fiber config``.
-    """
-
-    name: str
-    type: type = str
-    default: Any = None
-    help: str = ""
-    choices: tuple[Any, ...] = ()
-    secret: bool = False
-
-    def parse(self, value: Any, key: str, source: str) -> Any:
-        """Convert ``value`` (a string or an already-typed value) or raise ConfigError."""
-        if value is None:
-            return None
-        try:
-            if isinstance(value, str) and self.type is not str:
-                result = _PARSERS[self.type](value)
-            elif self.type is float and isinstance(value, int) and not isinstance(value, bool):
-                result = float(value)
-            elif self.type is list and isinstance(value, (list, tuple)):
-                result = [str(v) for v in value]
-            elif isinstance(value, self.type) and not (
-                self.type is int and isinstance(value, bool)
-            ):
-                result = value
-            else:
-                raise ValueError(f"expected {self.type.__name__}, got {type(value).__name__}")
-        except ValueError as e:
-            raise ConfigError(
-                f"bad value {value!r} for {key} (from {source}): {e}"
-            ) from None
-        if self.choices and result not in self.choices:
-            allowed = ", ".join(map(str, self.choices))
-            raise ConfigError(f"bad value {value!r} for {key} (from {source}): expected one of {allowed}")
-        return result
 
 
 GLOBAL_OPTIONS: tuple[Option, ...] = (
@@ -137,6 +62,8 @@ class Config:
         self._file: configparser.ConfigParser | None = None
         self._file_path: str | None = None
         self._backend_options: dict[str, tuple[Option, ...]] = {}
+        self.generation = 0
+        """Bumped by :meth:`init` and :meth:`reset`: what was resolved before is stale."""
 
     # -- sources -----------------------------------------------------------------
 
@@ -144,8 +71,6 @@ class Config:
         """Set values in code (``fiber_core.init``); they beat variables and files."""
         known = self._known_keys()
         if not known.keys() >= kwargs.keys():
-            from fiber_core.registry import registry
-
             registry.backends()  # load the installed plugins: their options become known
             known = self._known_keys()
         for key, value in kwargs.items():
@@ -159,6 +84,7 @@ class Config:
                 value = option.parse(value, key, "init()")
             with self._lock:
                 self._init[key] = value
+                self.generation += 1
 
     def reset(self) -> None:
         """Forget values set by :meth:`init` and re-read ``.fiberconfig`` on next use."""
@@ -166,14 +92,13 @@ class Config:
             self._init.clear()
             self._file = None
             self._file_path = None
+            self.generation += 1
 
     def register_backend_options(self, backend: str, options: Iterable[Option]) -> None:
         self._backend_options[backend] = tuple(options)
 
     def _is_unloaded_backend_key(self, key: str) -> bool:
         # init(docker_image=...) while fiber-docker is not installed: kept, checked once it is.
-        from fiber_core.registry import KNOWN_PACKAGES
-
         prefix = key.split("_", 1)[0]
         return "_" in key and prefix in KNOWN_PACKAGES and prefix not in self._backend_options
 
@@ -283,3 +208,41 @@ def _show(value: Any, option: Option) -> str:
 
 config = Config()
 """The process-wide configuration."""
+
+registry.add_builtin(local, LocalBackend)
+registry.on_register(lambda cls: config.register_backend_options(cls.settings_section(), cls.options))
+
+
+def selected_backend_name(explicit: str | None = None) -> str:
+    """The backend chosen by argument > init() > FIBER_BACKEND > .fiberconfig > detected > local.
+
+    *Detected* is what a plugin's :func:`~fiber_core.contract.hookspecs.fiber_detect_backend`
+    says, asked only when nothing is configured (inside a pod, the Kubernetes plugin).
+    """
+    if explicit:
+        return registry.canonical(explicit)
+    value = config.lookup("backend")
+    if value.source == "default":
+        detected = registry.detect()
+        if detected:
+            return registry.canonical(detected)
+    try:
+        return registry.canonical(value.value)
+    except UnknownBackendError as e:
+        raise UnknownBackendError(f"{e} (backend set by {value.source})") from None
+
+
+def create_backend(name: str, run_id: str, rundir: str | None = None) -> Backend:
+    """A new instance of the backend ``name`` with its settings resolved now."""
+    cls = registry.get_class(name)
+    backend = cls(config.backend_settings(cls.settings_section()), run_id, rundir)
+    backend.peer_timeout = config.get("peer_timeout")
+    return backend
+
+
+def listen_host(backend: Backend) -> str:
+    """The address this process listens on for the jobs of ``backend``: decided here only.
+
+    The ``listen_host`` setting when given, else what the backend says its jobs reach.
+    """
+    return config.get("listen_host") or backend.get_listen_addr()

@@ -9,7 +9,7 @@ The named module (or object) is registered with pluggy and its ``fiber_*``
 functions marked with :data:`hookimpl` are called. A hook is a broadcast to every
 plugin: use hooks to *announce* things. A backend is a stateful object that the
 user picks, so calls on jobs never go through hooks: they are plain method calls
-on the :class:`fiber_core.backend.Backend` instance.
+on the :class:`fiber_core.contract.backend.Backend` instance.
 """
 
 from __future__ import annotations
@@ -21,12 +21,18 @@ import pluggy
 if TYPE_CHECKING:
     import argparse
 
-    from fiber_core.registry import BackendRegistrar
+    from fiber_core.contract.registry import BackendRegistrar
+
 
 hookspec = pluggy.HookspecMarker("fiber")
+
+
 """Marker for hook specifications (used by this module only)."""
 
+
 hookimpl = pluggy.HookimplMarker("fiber")
+
+
 """Marker for hook implementations: decorate your plugin's ``fiber_*`` functions."""
 
 
@@ -39,7 +45,7 @@ def fiber_register_backends(register: BackendRegistrar) -> None:
     return value is ignored.
 
     :param register: call ``register(MyBackend)`` once per backend class. The
-        class must subclass :class:`fiber_core.backend.Backend` and set ``name``
+        class must subclass :class:`fiber_core.contract.backend.Backend` and set ``name``
         (lowercase) and, optionally, ``aliases``. Registering a name twice is an
         error unless it is the same class.
 
@@ -63,4 +69,17 @@ def fiber_add_commands(subparsers: argparse._SubParsersAction) -> None:
     returns the exit status. ``fiber run`` comes from the fiber-k8s plugin this way.
 
     :param subparsers: the object ``argparse`` returns from ``add_subparsers()``.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_detect_backend() -> str | None:
+    """Name the backend this process should use because of where it runs.
+
+    Called once per process when no backend is configured (no argument, ``init()``,
+    ``FIBER_BACKEND`` or ``.fiberconfig``), before falling back to ``local``. The
+    first non-``None`` answer wins. Keep it cheap: read the environment, do not
+    call a cluster. The Kubernetes plugin answers ``"kubernetes"`` inside a pod.
+
+    :return: a backend name or alias, or ``None`` to leave the choice to others.
     """

@@ -19,9 +19,12 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from fiber_core.errors import FiberError
-from fiber_core.process import Process
-from fiber_core.queues import Queue
+from fiber_core.base.errors import FiberError
+from fiber_core.parallel.queues import Queue
+from fiber_core.processes.process import Process
+from fiber_core.runtime.hub import reachable_host
+from fiber_core.runtime.run import ENV_HUB
+from fiber_core.wire.framing import wait
 
 
 class RingError(FiberError):
@@ -34,11 +37,9 @@ class RingError(FiberError):
 
 def _member(rank: int, size: int, func: Callable, initializer: Callable | None, initargs: tuple,
             rendezvous: Queue) -> None:
-    from fiber_core.managers import _reachable_host
-    from fiber_core.runtime import ENV_HUB
 
     if rank == 0:
-        host = _reachable_host(os.environ[ENV_HUB])
+        host = reachable_host(os.environ[ENV_HUB])
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
@@ -90,7 +91,6 @@ class Ring:
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for every member; on the first failure stop the rest and raise RingError."""
-        from fiber_core.connection import wait
 
         pending = {p.sentinel: (rank, p) for rank, p in enumerate(self.members)}
         while pending:

@@ -10,8 +10,14 @@ from __future__ import annotations
 import multiprocessing
 
 ProcessError = multiprocessing.ProcessError
+
+
 BufferTooShort = multiprocessing.BufferTooShort
+
+
 TimeoutError = multiprocessing.TimeoutError  # noqa: A001 - same name as the stdlib's
+
+
 AuthenticationError = multiprocessing.AuthenticationError
 
 
@@ -28,6 +34,10 @@ class ConfigError(FiberError, ValueError):
 
 class UnknownBackendError(FiberError, LookupError):
     """The selected backend is not installed; the message says what to pip-install."""
+
+
+class PluginError(FiberError):
+    """An installed plugin is broken (a misspelled hook, a bad registration)."""
 
 
 class BackendError(FiberError):
@@ -62,18 +72,3 @@ class RemoteError(FiberError):
 
     def __str__(self) -> str:
         return "\n\nRemote traceback:\n" + self.tb
-
-
-__all__ = [
-    "AuthenticationError",
-    "BackendError",
-    "BufferTooShort",
-    "ConfigError",
-    "FiberError",
-    "JobStartError",
-    "PicklingError",
-    "ProcessError",
-    "RemoteError",
-    "TimeoutError",
-    "UnknownBackendError",
-]

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import logging
 
+
 LOGGER_NAME = "fiber"
+
+
 DEFAULT_FORMAT = "[%(levelname)s/%(processName)s] %(message)s"
 
 
@@ -27,6 +30,11 @@ class _Log:
 
 
 log = _Log()
+
+
+def tail(text: str, lines: int = 20) -> str:
+    """The last ``lines`` lines of ``text`` (a job's log), without surrounding blank space."""
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def log_to_stderr(level: int | None = None) -> logging.Logger:

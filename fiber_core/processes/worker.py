@@ -1,4 +1,4 @@
-"""The worker bootstrap: what every job runs (``python -m fiber_core.worker``).
+"""The worker bootstrap: what every job runs (``python -m fiber_core.processes.worker``).
 
 It dials the parent named in ``FIBER_PARENT_HUB``, authenticates with the run's
 key, receives the pickled process object, runs it and reports the exit code.
@@ -15,6 +15,13 @@ import os
 import signal
 import sys
 import threading
+
+from fiber_core.processes import process as process_mod
+from fiber_core.runtime.config import config
+from fiber_core.runtime.hub import dial
+from fiber_core.runtime.run import ENV_HUB, ENV_TOKEN, runtime
+from fiber_core.wire.framing import Connection
+from fiber_core.wire.serialize import loads
 
 
 def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001
@@ -95,10 +102,6 @@ def _import_main(ref: tuple[str, str] | None) -> None:
 
 
 def main() -> int:
-    from fiber_core import process as process_mod
-    from fiber_core.config import config
-    from fiber_core.connection import Connection, dial, loads
-    from fiber_core.runtime import ENV_HUB, ENV_TOKEN, runtime
 
     rt = runtime()
     try:
@@ -155,7 +158,7 @@ def main() -> int:
         process_mod._exit_children()
     except Exception:
         pass
-    queues = sys.modules.get("fiber_core.queues")
+    queues = sys.modules.get("fiber_core.parallel.queues")  # only if this job used a queue
     if queues is not None:
         queues.settle()  # os._exit skips atexit: acknowledge the items this process took
     finishing.set()

@@ -1,0 +1,447 @@
+"""The backend contract: what a backend must do to run Fiber's jobs.
+
+A *job* is one running instance of a command somewhere: a local process, a
+container, a pod, a process on an SSH host, an AWS Batch job. Every
+``fiber_core.Process`` is one job whose command is the worker bootstrap
+(``python -m fiber_core.processes.worker``); the bootstrap connects back to the
+parent, authenticates, receives the process object and runs it. So a backend
+knows nothing of pickling, queues or pools: it starts a command, says when and
+why it ended, and stops it.
+
+Writing a backend
+-----------------
+Subclass :class:`Backend`, set :attr:`Backend.name`, implement
+:meth:`~Backend.create_job` and :meth:`~Backend.terminate_job`, and say when a
+job ends: either finish its :class:`~fiber_core.contract.jobs.JobState` from a
+watcher (an event stream, a batched status query), or override
+:meth:`~Backend.poll_job` to ask the platform. Keep the job's output in
+``job.state.log`` (or override :meth:`~Backend.get_job_logs`), override
+:meth:`~Backend.kill_job` when the platform has a harder stop than terminate,
+and :meth:`~Backend.worker_command` to name the interpreter inside jobs. Then
+register the class from a plugin module (see :mod:`fiber_core.contract.hookspecs`).
+This whole backend runs each job as a process started through a shell, and
+passes the conformance suite (``tests/test_authoring.py`` runs it as written)::
+
+    import os, shlex, signal, subprocess, sys, threading
+    from fiber_core.contract import Backend, Job, Option, hookimpl
+
+    class ShellBackend(Backend):
+        name = "shell"
+        options = (Option("shell", str, "/bin/sh", "the shell that starts jobs"),)
+
+        def create_job(self, spec):
+            command = " ".join(map(shlex.quote, spec.command))
+            popen = subprocess.Popen(
+                [self.settings["shell"], "-c", "exec " + command],
+                env={**os.environ, **spec.env}, cwd=spec.cwd, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            job = Job(id=str(popen.pid), spec=spec, handle=popen)
+            threading.Thread(target=self._follow, args=(job,), daemon=True).start()
+            return job
+
+        def _follow(self, job):
+            for chunk in iter(lambda: job.handle.stdout.read1(65536), b""):
+                job.state.log.append(chunk)
+            job.state.finish(job.handle.wait())  # first end wins; reason from stop_requested
+
+        def terminate_job(self, job):
+            self._signal(job, signal.SIGTERM)
+
+        def kill_job(self, job):
+            self._signal(job, signal.SIGKILL)
+
+        def _signal(self, job, sig):
+            if not job.state.done():
+                try:
+                    os.killpg(job.handle.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+        def worker_command(self):
+            return [sys.executable]
+
+    @hookimpl
+    def fiber_register_backends(register):
+        register(ShellBackend)
+
+Prove it with the conformance suite shipped in :mod:`fiber_core.testing`.
+
+The rules every method follows
+------------------------------
+* Methods are called from several threads at once; protect shared state.
+* They never block for long: a cluster that does not answer within the
+  backend's own timeout is a :class:`~fiber_core.base.errors.BackendError` saying
+  what to check, never a hang.
+* Exit codes follow :mod:`multiprocessing`: ``None`` while the job runs, the
+  command's exit status after, ``-N`` when it was ended by signal ``N``
+  (``-15`` after :meth:`Backend.terminate_job`, ``-9`` after
+  :meth:`Backend.kill_job`). Use :func:`exitcode_from_status` for systems that
+  report ``128 + N``.
+* Say *why* a job ended when the platform tells (an eviction, an OOM kill, a
+  lost node): ``job.state.finish(code, EndReason.PREEMPTED, "pod evicted")``.
+  Fiber marks ``job.state.stop_requested`` before it calls terminate or kill, so
+  a plain ``finish(code)`` after those records :attr:`EndReason.STOPPED`.
+* Errors from an SDK are wrapped: ``raise BackendError("...what to do...") from e``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fiber_core.base.options import Option
+from fiber_core.contract.jobs import EndReason, JobState, Watcher
+
+__all__ = ["Backend", "Job", "JobSpec", "exitcode_from_status"]
+
+
+@dataclass
+class JobSpec:
+    """Everything a backend needs to start one job. Built by Fiber, read by backends.
+
+    Fields a backend cannot honour (a GPU on the local backend, an image on an
+    SSH host) are ignored, unless ignoring them would run the job wrongly; then
+    :meth:`Backend.create_job` raises :class:`~fiber_core.base.errors.BackendError`.
+    """
+
+    command: list[str]
+    """argv of the job: the worker bootstrap, ``[python, "-m", "fiber_core.processes.worker"]``."""
+    name: str = "fiber-job"
+    """Human-readable name (the Process name); not unique. Backends may sanitise it."""
+    image: str | None = None
+    """Container image, for container backends; ``None`` means the backend's default."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables to set in the job, on top of the backend's defaults.
+    Contains the run's authentication key: never log or display it."""
+    cpu: float | None = None
+    """CPUs to reserve (may be fractional); ``None`` for the backend's default."""
+    memory: int | None = None
+    """Memory limit in MiB; ``None`` for the backend's default."""
+    gpu: int | None = None
+    """Number of GPUs; ``None`` or 0 for none. ``-1`` means every GPU of the node."""
+    gpu_type: str | None = None
+    """GPU model (``"a10g"``, ``"v100"``): how it is matched is the backend's choice."""
+    cwd: str | None = None
+    """Working directory of the job; ``None`` for the backend's default."""
+    volumes: dict[str, str] = field(default_factory=dict)
+    """Mounts, ``{source: target}``: a host path or named volume to a path in the job."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Metadata to attach where the backend can (container labels, pod labels).
+    Always holds ``fiber.run`` (the run id), ``fiber.parent`` and ``fiber.name``."""
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    """Free-form, backend-specific settings for this job only."""
+
+
+@dataclass(eq=False)
+class Job:
+    """A started job. Created by :meth:`Backend.create_job`, passed back to the backend.
+
+    ``id`` is the backend's own identifier (a pid, a container id, a pod name).
+    ``handle`` holds whatever the backend needs (a Popen, an SDK object).
+    ``host`` names the machine it runs on, when known: jobs with the same
+    ``host`` share that machine's memory and files. ``state`` is its record:
+    exit code, why it ended, its log.
+    """
+
+    id: str
+    spec: JobSpec
+    handle: Any = None
+    host: str | None = None
+    state: JobState = field(default_factory=JobState)
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit code once the job ended (``state.exitcode``), else ``None``."""
+        return self.state.exitcode
+
+
+def exitcode_from_status(status: int | None) -> int | None:
+    """Map a shell-style status (``128 + N`` for signal ``N``) to ``multiprocessing``'s ``-N``."""
+    if status is not None and 128 < status < 128 + 65:
+        return -(status - 128)
+    return status
+
+
+class Backend(ABC):
+    """Starts, watches and stops jobs on one kind of infrastructure.
+
+    One instance exists per process that starts jobs (the program's main process,
+    and any job that itself starts processes). It is created by Fiber with the
+    backend's resolved settings, the run id and the run's directory, and closed
+    with :meth:`cleanup` when the process exits.
+
+    Class attributes a subclass sets:
+
+    ``name``
+        The name users select it by: ``FIBER_BACKEND=<name>``. Lowercase.
+    ``aliases``
+        Other accepted names (``("k8s",)`` for ``kubernetes``).
+    ``options``
+        The :class:`~fiber_core.base.options.Option` settings it reads, namespaced by
+        ``name``: ``[<name>] key`` in ``.fiberconfig``, ``FIBER_<NAME>_KEY`` in
+        the environment. Resolved values arrive in :attr:`settings`.
+    ``package``
+        The distribution that provides it, shown by ``fiber backends``.
+    ``shares_this_machine``
+        True when jobs run as plain processes of this machine, on its CPUs and its
+        filesystem (the local backend). A Pool then starts its workers at most one
+        per CPU at a time, so the first is ready sooner instead of all of them
+        sharing the CPUs while they start; a manager serves on a Unix socket.
+    ``config_section``
+        Where its options live when the name cannot be used (``aws-batch`` has a
+        dash, which environment variable names cannot hold): ``"aws"`` gives
+        ``[aws]`` and ``FIBER_AWS_*``. Defaults to ``name``.
+    """
+
+    name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[tuple[Option, ...]] = ()
+    package: ClassVar[str | None] = None
+    config_section: ClassVar[str | None] = None
+    shares_this_machine: ClassVar[bool] = False
+
+    peer_timeout: float = 30.0
+    """Seconds after which a TCP peer that stopped answering counts as gone (the
+    ``peer_timeout`` setting, set by Fiber): for the backend's own long-lived
+    connections, with :func:`fiber_core.base.net.keepalive`."""
+
+    @classmethod
+    def settings_section(cls) -> str:
+        """The configuration section of this backend's options."""
+        return cls.config_section or cls.name
+
+    def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
+                 rundir: str | None = None) -> None:
+        """``settings`` holds every option of :attr:`options`, typed; ``run_id`` is unique per
+        run; ``rundir`` is a private directory of this process, removed when it exits."""
+        self.settings: dict[str, Any] = dict(settings or {})
+        self.run_id = run_id
+        self._rundir = rundir
+        self._own_rundir: str | None = None
+        self._jobs: list[Job] = []
+        self._jobs_lock = threading.Lock()
+        self._watchers: list[Watcher] = []
+
+    @property
+    def rundir(self) -> str:
+        """A private directory (mode 0700) for the backend's files on this machine, such as logs.
+
+        Fiber's run directory, removed when the process exits; for a backend made
+        without one (tests), a temporary directory that :meth:`cleanup` removes.
+        """
+        if self._rundir is None:
+            with self._jobs_lock:
+                if self._own_rundir is None:
+                    self._own_rundir = tempfile.mkdtemp(prefix=f"fiber-{self.name}-")
+                self._rundir = self._own_rundir
+        return self._rundir
+
+    # -- what a backend must implement ------------------------------------------
+
+    @abstractmethod
+    def create_job(self, spec: JobSpec) -> Job:
+        """Start a job running ``spec.command`` and return at once.
+
+        Must not wait for the job to reach any state beyond *accepted by the
+        cluster*: a job waiting for capacity (a pending pod, a RUNNABLE Batch job)
+        is started, not failed. Raise :class:`~fiber_core.base.errors.BackendError`
+        when the job cannot be started at all (unreachable cluster, missing image),
+        with a message that says what to fix.
+        """
+
+    @abstractmethod
+    def terminate_job(self, job: Job) -> None:
+        """Ask the job to stop (``SIGTERM`` or the platform's equivalent) and return.
+
+        Idempotent: terminating a finished or already-terminated job does nothing
+        and raises nothing. After it the exit code is ``-15`` where the platform
+        can tell.
+        """
+
+    # -- what a backend may override ---------------------------------------------
+
+    def poll_job(self, job: Job) -> int | None:
+        """Return ``None`` while the job runs (or waits to run), else its exit code.
+
+        The default reads ``job.state``, which the backend finishes when it learns
+        the job ended. Called often: a backend that overrides it to ask its
+        platform answers from a cache kept fresh by one watch or one batched query
+        per run (a :meth:`watch`), not one request per call, and finishes
+        ``job.state`` when it sees the end. A job the cluster lost (node gone, pod
+        evicted) is finished: a non-zero code, negative if a signal is known, and
+        the reason.
+        """
+        return job.state.exitcode
+
+    def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Start several jobs in one call; return them in the order of ``specs``.
+
+        Backends whose platform starts many jobs at once (AWS Batch array jobs,
+        concurrent pod creation) override it. The default calls
+        :meth:`create_job` for each. All or nothing: when it raises, no job of
+        the call is left running.
+        """
+        jobs: list[Job] = []
+        try:
+            for spec in specs:
+                jobs.append(self.create_job(spec))
+        except BaseException:
+            for job in jobs:
+                try:
+                    job.state.stop_requested = True
+                    self.kill_job(job)
+                except Exception:
+                    pass
+            raise
+        return jobs
+
+    def kill_job(self, job: Job) -> None:
+        """Stop the job at once (``SIGKILL``); its exit code is then ``-9`` where the platform
+        can tell. Defaults to :meth:`terminate_job`: override it when the platform can
+        do better, or the conformance suite's ``test_kill`` fails."""
+        self.terminate_job(job)
+
+    def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
+        """Block until the job ends or ``timeout`` seconds pass; return :meth:`poll_job`.
+
+        The default wakes as soon as ``job.state`` is finished, and meanwhile polls
+        with a backoff from 1 ms to 100 ms (for backends that override
+        :meth:`poll_job`). Backends with a native wait (``Popen.wait``) may override it.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while True:
+            code = self.poll_job(job)
+            if code is not None:
+                return code
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                delay = min(delay, left)
+            job.state.wait(delay)
+            delay = min(delay * 2, 0.1)
+
+    def get_job_logs(self, job: Job) -> str:
+        """What the job wrote to stdout and stderr, as far as the backend keeps it.
+
+        Used to explain a job that died before it reached its parent. The default
+        returns ``job.state.log``; a job with no output yet (not scheduled, say)
+        gives ``""``, never an error.
+        """
+        return job.state.log.text()
+
+    def get_listen_addr(self) -> str:
+        """The host or IP address that jobs use to reach this process.
+
+        Fiber binds its listener on this address. The default, ``127.0.0.1``,
+        suits backends whose jobs share this machine's network (local, Docker with
+        host networking). Remote backends return an address routable from the
+        jobs, or raise :class:`~fiber_core.base.errors.BackendError` explaining what to
+        configure (``listen_host``).
+        """
+        return "127.0.0.1"
+
+    def worker_command(self) -> list[str]:
+        """The argv prefix that starts a Python interpreter inside a job.
+
+        Fiber appends ``-m fiber_core.processes.worker``. The ``python`` setting
+        overrides it. The default, ``python3``, suits images and remote hosts; a
+        backend whose jobs share this machine returns ``[sys.executable]``.
+        """
+        return ["python3"]
+
+    def cleanup(self) -> None:
+        """Release everything this backend created in this run.
+
+        Called once when the process exits (normally or by an exception), and
+        safe to call twice. The default stops the backend's watchers, kills every
+        tracked job that is still running, and removes the temporary directory it
+        made. Backends that leave objects behind finished jobs (stopped
+        containers, completed pods) override it, take what is tracked with
+        :meth:`take_jobs`, and call ``super().cleanup()``.
+        """
+        for watcher in self._watchers:
+            watcher.stop()
+        for job in self.take_jobs():
+            try:
+                if self.poll_job(job) is None:
+                    job.state.stop_requested = True
+                    self.kill_job(job)
+            except Exception:
+                pass
+        if self._own_rundir is not None:
+            shutil.rmtree(self._own_rundir, ignore_errors=True)
+
+    @classmethod
+    def clean(cls, settings: Mapping[str, Any], run_id: str | None = None) -> list[str]:
+        """Remove what crashed runs left behind (``fiber clean --backend NAME``).
+
+        Removes the jobs of ``run_id``, or of every Fiber run when ``None``, and
+        returns a description of each thing removed. The default removes nothing.
+        """
+        return []
+
+    # -- helpers for backends ---------------------------------------------------------
+
+    def watch(self, step: Callable[[], float | None], name: str, interval: float = 1.0,
+              max_backoff: float = 30.0) -> Watcher:
+        """Start a :class:`~fiber_core.contract.jobs.Watcher` that :meth:`cleanup` stops."""
+        watcher = Watcher(step, f"fiber-{self.name}-{name}", interval, max_backoff)
+        with self._jobs_lock:
+            self._watchers.append(watcher)
+        return watcher
+
+    def take_jobs(self) -> list[Job]:
+        """Stop tracking every job and return them (for :meth:`cleanup`)."""
+        with self._jobs_lock:
+            jobs, self._jobs = self._jobs, []
+        return jobs
+
+    @property
+    def jobs(self) -> list[Job]:
+        """The jobs started in this run that are still tracked."""
+        with self._jobs_lock:
+            return list(self._jobs)
+
+    # -- called by Fiber; not for backends to override ----------------------------
+
+    def start_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Start jobs through :meth:`create_jobs` and track them for :meth:`cleanup`."""
+        jobs = self.create_jobs(specs)
+        with self._jobs_lock:
+            self._jobs.extend(jobs)
+        return jobs
+
+    def start_job(self, spec: JobSpec) -> Job:
+        """Start one job through :meth:`create_job` and track it for :meth:`cleanup`."""
+        job = self.create_job(spec)
+        with self._jobs_lock:
+            self._jobs.append(job)
+        return job
+
+    def stop_job(self, job: Job, force: bool = False) -> None:
+        """Mark the end as asked for by Fiber, then :meth:`kill_job` or :meth:`terminate_job`."""
+        job.state.stop_requested = True
+        if force:
+            self.kill_job(job)
+        else:
+            self.terminate_job(job)
+
+    def untrack_job(self, job: Job) -> None:
+        """Stop tracking ``job``, which has ended: :meth:`cleanup` need not look at it."""
+        with self._jobs_lock:
+            try:
+                self._jobs.remove(job)
+            except ValueError:
+                pass
+
+    def end_reason(self, job: Job) -> EndReason | None:
+        """Why ``job`` ended (``None`` while it runs or when the backend cannot tell)."""
+        return job.state.reason if job.state.done() else None

@@ -1,0 +1,402 @@
+"""Managers: shared objects served by a job, reached through proxies from anywhere.
+
+``BaseManager``, ``SyncManager`` and ``Manager()`` are the standard library's
+manager protocol and proxies (which authenticate every connection with an HMAC
+challenge before anything is unpickled), with three differences:
+
+* the server runs as a Fiber job on the selected backend, started through
+  :class:`fiber_core.Process`, and binds every interface of its host;
+* the address it reports is the one its host uses to reach the parent, so
+  proxies work from any process of the program, on any machine;
+* every process of the run uses the run's key, so proxies can be passed to
+  children (and grandchildren) as arguments.
+
+:class:`AsyncManager` adds non-blocking proxies: each method call returns an
+:class:`AsyncHandle` at once. Calls on one proxy are pipelined over its own
+connection and served in order; calls on different proxies run concurrently in
+the server. This is what drives N remote simulators from one policy::
+
+    envs = [manager.Env() for _ in range(n)]
+    handles = [env.step(a) for env, a in zip(envs, actions)]
+    observations = [h.get() for h in handles]
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing.managers as _std
+import multiprocessing.process as _std_process
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fiber_core.base.errors import FiberError, TimeoutError
+from fiber_core.parallel.pool import Pool
+from fiber_core.processes.pipe import Pipe
+from fiber_core.processes.process import Process
+from fiber_core.runtime.hub import reachable_host
+from fiber_core.runtime.run import ENV_HUB, runtime
+
+State = _std.State
+
+
+Token = _std.Token
+
+
+BaseProxy = _std.BaseProxy
+
+
+RemoteError = _std.RemoteError
+
+
+Namespace = _std.Namespace
+
+
+def share_run_key() -> bytes:
+    """Give this process the run's key as its stdlib authkey (proxies use it)."""
+    key = runtime().authkey
+    _std_process.current_process().authkey = key
+    return key
+
+
+def _serve(cls: type, registry: dict, authkey: bytes, serializer: str, writer: Any,
+           initializer: Callable | None, initargs: tuple, same_host: bool) -> None:
+    """The manager job: create the server, report its address, serve.
+
+    On the local backend every client shares this host: a Unix socket, as the
+    standard library uses. Elsewhere: TCP on all interfaces, reported as the
+    address this host has on the route to the parent.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    share_run_key()
+    if initializer is not None:
+        initializer(*initargs)
+    if same_host:
+        server = cls._Server(registry, None, authkey, serializer)
+        writer.send(server.address)
+    else:
+        server = cls._Server(registry, ("0.0.0.0", 0), authkey, serializer)
+        writer.send((reachable_host(os.environ[ENV_HUB]), server.address[1]))
+    writer.close()
+    server.serve_forever()
+
+
+class BaseManager(_std.BaseManager):
+    """:class:`multiprocessing.managers.BaseManager` whose server is a Fiber job.
+
+    ``address`` and ``authkey`` default to a free port and the run's key. Pass an
+    ``address`` to :meth:`connect` to an existing manager server.
+    """
+
+    def __init__(self, address: Any = None, authkey: bytes | None = None,
+                 serializer: str = "pickle", ctx: Any = None, *,
+                 shutdown_timeout: float = 1.0, backend: str | None = None) -> None:
+        key = authkey if authkey is not None else share_run_key()
+        try:
+            super().__init__(address, key, serializer, ctx,
+                             shutdown_timeout=shutdown_timeout)
+        except TypeError:  # Python 3.10: no shutdown_timeout
+            super().__init__(address, key, serializer, ctx)
+            self._shutdown_timeout = shutdown_timeout
+        self._backend = backend
+
+    @classmethod
+    def register(cls, typeid: str, callable: Callable | None = None, proxytype: Any = None,
+                 exposed: Any = None, method_to_typeid: Any = None,
+                 create_method: bool = True) -> None:
+        """Register a type, as the stdlib does; a non-callable is refused at once."""
+        if callable is not None and not builtins_callable(callable):
+            raise TypeError(f"register({typeid!r}, ...): {callable!r} is not callable")
+        if proxytype is None:
+            proxytype = getattr(cls, "_default_proxytype", None)
+        super().register(typeid, callable, proxytype, exposed, method_to_typeid, create_method)
+
+    def start(self, initializer: Callable | None = None, initargs: tuple = ()) -> None:
+        """Start the server as a job on the selected backend and wait for its address."""
+        if self._state.value != State.INITIAL:
+            if self._state.value == State.STARTED:
+                raise _std.ProcessError("Already started server")
+            raise _std.ProcessError("Manager has shut down")
+        if initializer is not None and not builtins_callable(initializer):
+            raise TypeError("initializer must be a callable")
+        reader, writer = Pipe(duplex=False)
+
+        self._process = Process(
+            target=_serve, backend=self._backend,
+            args=(type(self), self._registry, bytes(self._authkey), self._serializer, writer,
+                  initializer, initargs, runtime().get_backend(self._backend).shares_this_machine))
+        self._process.name = f"{type(self).__name__}-{':'.join(map(str, self._process._identity))}"
+        self._process.start()
+        try:
+            if not _poll_until_dead(reader, self._process):
+                self._process.join(5)
+                run = self._process._run
+                tail = run.log_tail(15) if run else ""
+                raise FiberError(
+                    f"manager server {self._process.name} exited with code "
+                    f"{self._process.exitcode} before it was ready"
+                    + (f"; the end of its log:\n{tail}" if tail else ""))
+            self._address = reader.recv()
+        finally:
+            reader.close()
+        self._state.value = State.STARTED
+        args = (self._process, self._address, self._authkey, self._state, self._Client)
+        if sys.version_info >= (3, 11):  # the stdlib's finalizer gained shutdown_timeout
+            args += (self._shutdown_timeout,)
+        self.shutdown = _std.util.Finalize(self, type(self)._finalize_manager, args=args,
+                                           exitpriority=0)
+
+    def get_server(self) -> Any:
+        raise NotImplementedError(
+            "get_server() runs the server in this process; use start() (a job) or "
+            "multiprocessing.managers for an in-process server")
+
+
+def builtins_callable(obj: object) -> bool:
+    return callable(obj)
+
+
+def _poll_until_dead(reader: Any, process: Any) -> bool:
+    """Wait for the server's address, or for the server job to end first."""
+    while not reader.poll(0.05):
+        if not process.is_alive():
+            return reader.poll(0)
+    return True
+
+
+class SyncManager(BaseManager, _std.SyncManager):
+    """The stdlib's SyncManager types (dict, list, Namespace, Value, Array, Queue,
+    JoinableQueue, Lock, RLock, Event, Condition, Semaphore, BoundedSemaphore,
+    Barrier, Pool), served by a Fiber job. ``Pool`` is a Fiber pool."""
+
+
+def _pool_factory(*args: Any, **kwargs: Any) -> Any:
+
+    return Pool(*args, **kwargs)
+
+
+SyncManager.register("Pool", _pool_factory, _std.PoolProxy)
+
+
+def Manager(*, backend: str | None = None) -> SyncManager:  # noqa: N802
+    """Start and return a :class:`SyncManager` (``multiprocessing.Manager()``)."""
+    m = SyncManager(backend=backend)
+    m.start()
+    return m
+
+
+class AsyncHandle:
+    """The pending result of one asynchronous method call."""
+
+    __slots__ = ("_event", "_ok", "_value", "_pipeline")
+
+    def __init__(self, pipeline: _Pipeline | None = None) -> None:
+        self._event = threading.Event()
+        self._ok = False
+        self._value: Any = None
+        self._pipeline = pipeline
+
+    def _set(self, ok: bool, value: Any) -> None:
+        self._ok, self._value = ok, value
+        self._pipeline = None
+        self._event.set()
+
+    def ready(self) -> bool:
+        pipeline = self._pipeline
+        if pipeline is not None and not self._event.is_set():
+            pipeline.read_arrived()  # nobody else may be reading the replies
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        pipeline = self._pipeline
+        if pipeline is not None:
+            pipeline.wait_for(self, timeout)
+        return self._event.is_set()
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The call's result; raises its exception, or TimeoutError after ``timeout`` s."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"no reply within {timeout}s")
+        if self._ok:
+            return self._value
+        raise self._value
+
+
+class _Pipeline:
+    """One connection per async proxy: requests go out at once, replies come back in order.
+
+    There is no reader thread: whoever waits for a handle reads replies off the
+    connection (under ``recv_lock``) and resolves the handles they belong to, in
+    order, until its own is resolved. That saves a thread hand-off per call.
+    """
+
+    def __init__(self, proxy: AsyncProxy) -> None:
+        self.conn = proxy._Client(proxy._token.address, authkey=proxy._authkey)
+        _std.dispatch(self.conn, None, "accept_connection", (f"async-{proxy._id}",))
+        self.send_lock = threading.Lock()
+        self.recv_lock = threading.Lock()
+        self.waiting: collections.deque[AsyncHandle] = collections.deque()
+        self.proxy = proxy
+
+    def call(self, methodname: str, args: tuple, kwds: dict) -> AsyncHandle:
+        handle = AsyncHandle(self)
+        with self.send_lock:
+            self.waiting.append(handle)
+            try:
+                self.conn.send((self.proxy._id, methodname, args, kwds))
+            except Exception as e:
+                self.waiting.pop()
+                raise FiberError(f"the manager serving this object is gone: {e}") from e
+        return handle
+
+    def wait_for(self, handle: AsyncHandle, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not handle._event.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            # Another thread may be reading: it resolves our handle too if it comes first.
+            if not self.recv_lock.acquire(timeout=0.005 if left is None else min(left, 0.005)):
+                continue
+            try:
+                if handle._event.is_set():
+                    return
+                if left is not None and not self.conn.poll(left):
+                    return
+                self._read_one()
+            finally:
+                self.recv_lock.release()
+
+    def read_arrived(self) -> None:
+        """Resolve the handles whose replies are already here, unless another thread reads."""
+        if not self.recv_lock.acquire(blocking=False):
+            return
+        try:
+            while self.waiting and self.conn.poll(0):
+                self._read_one()
+        finally:
+            self.recv_lock.release()
+
+    def _read_one(self) -> None:
+        try:
+            kind, result = self.conn.recv()
+        except Exception as e:
+            err = FiberError(f"the manager serving this object is gone: {e!r}")
+            with self.send_lock:
+                pending, self.waiting = list(self.waiting), collections.deque()
+                self.proxy._pipeline = None
+            for h in pending:
+                h._set(False, err)
+            return
+        handle = self.waiting.popleft()
+        if kind == "#RETURN":
+            handle._set(True, result)
+        elif kind == "#PROXY":
+            handle._set(True, self.proxy._rebuild_child(*result))
+        else:
+            handle._set(False, _std.convert_to_error(kind, result))
+
+
+class AsyncProxy(BaseProxy):
+    """A proxy whose method calls return :class:`AsyncHandle` objects at once."""
+
+    _pipeline: _Pipeline | None = None
+    _pipeline_lock = threading.Lock()
+
+    def _callmethod(self, methodname: str, args: tuple = (), kwds: dict | None = None) -> AsyncHandle:
+        pipeline = self._pipeline
+        if pipeline is None:
+            with AsyncProxy._pipeline_lock:
+                pipeline = self._pipeline
+                if pipeline is None:
+                    try:
+                        pipeline = self._pipeline = _Pipeline(self)
+                    except OSError as e:
+                        raise FiberError(
+                            f"cannot reach the manager at {self._token.address}: it has shut "
+                            f"down or its job ended ({e})") from e
+        return pipeline.call(methodname, tuple(args), dict(kwds or {}))
+
+    def _callmethod_sync(self, methodname: str, args: tuple = (), kwds: dict | None = None) -> Any:
+        return BaseProxy._callmethod(self, methodname, args, kwds or {})
+
+    def _rebuild_child(self, exposed: Any, token: Token) -> Any:
+        proxytype = self._manager._registry[token.typeid][-1] if self._manager else AsyncAutoProxy
+        token.address = self._token.address
+        proxy = proxytype(token, self._serializer, manager=self._manager, authkey=self._authkey,
+                          exposed=exposed)
+        conn = self._Client(token.address, authkey=self._authkey)
+        _std.dispatch(conn, None, "decref", (token.id,))
+        return proxy
+
+    def _getvalue(self) -> Any:
+        return self._callmethod_sync("#GETVALUE")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} object, typeid {self._token.typeid!r} at {id(self):#x}>"
+
+    def __str__(self) -> str:
+        try:
+            return self._callmethod_sync("__repr__")
+        except Exception:
+            return repr(self)[:-1] + "; '__str__()' failed>"
+
+    def __reduce__(self) -> tuple:
+        fn, args = BaseProxy.__reduce__(self)[:2]
+        return fn, args
+
+
+def _make_async_type(name: str, exposed: tuple) -> type:
+    def make(method: str) -> Callable:
+        def call(self: AsyncProxy, *args: Any, **kwds: Any) -> AsyncHandle:
+            return self._callmethod(method, args, kwds)
+
+        call.__name__ = method
+        return call
+
+    namespace = {m: make(m) for m in exposed}
+    namespace["_exposed_"] = exposed
+    return type(name, (AsyncProxy,), namespace)
+
+
+_async_types: dict[tuple[str, tuple], type] = {}
+
+
+def AsyncAutoProxy(token: Token, serializer: str, manager: Any = None, authkey: bytes | None = None,  # noqa: N802
+                   exposed: Any = None, incref: bool = True, manager_owned: bool = False) -> AsyncProxy:
+    """Like the stdlib's AutoProxy, with asynchronous methods."""
+    client = _std.listener_client[serializer][1]
+    if exposed is None:
+        conn = client(token.address, authkey=authkey)
+        try:
+            exposed = _std.dispatch(conn, None, "get_methods", (token,))
+        finally:
+            conn.close()
+    if authkey is None and manager is not None:
+        authkey = manager._authkey
+    if authkey is None:
+        authkey = _std_process.current_process().authkey
+    key = (token.typeid, tuple(exposed))
+    cls = _async_types.get(key)
+    if cls is None:
+        cls = _async_types[key] = _make_async_type(f"AsyncAutoProxy[{token.typeid}]", tuple(exposed))
+    proxy = cls(token, serializer, manager=manager, authkey=authkey, incref=incref,
+                manager_owned=manager_owned)
+    proxy._isauto = True
+    return proxy
+
+
+class AsyncManager(BaseManager):
+    """A :class:`BaseManager` whose proxies' methods return :class:`AsyncHandle` objects.
+
+    Register your types as with ``BaseManager.register``; every call on a proxy
+    returns at once, ``handle.get(timeout)`` returns that call's result or raises
+    its exception. Handles may be collected in any order and from any thread.
+    """
+
+    _default_proxytype = AsyncAutoProxy

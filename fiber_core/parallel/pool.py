@@ -1,0 +1,1022 @@
+"""``Pool``: the :class:`multiprocessing.pool.Pool` API over job-backed workers.
+
+How it works
+------------
+Every worker is a daemonic :class:`~fiber_core.processes.process.Process` (a job on the
+selected backend) that connects back to the pool's master thread and *pulls*
+work: it asks for a batch when it is ready, so a slow or late worker never
+holds up the others, and work starts as soon as the first worker is up.
+
+The master thread keeps a *pending table*: which batch each worker holds. When
+a worker dies (killed, out of memory, node lost), its batches go back to the
+front of the queue and a replacement job is started; a result is accepted once
+per task, so every result reaches the caller exactly once, and ``map`` keeps
+its order. A task that raises is not retried: its exception is re-raised in the
+caller with the remote traceback as ``__cause__``. A task that kills every
+worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts, and
+workers that die before they are ready (bad image, failing initializer) fail
+the pool after :data:`MAX_START_FAILURES` in a row (:data:`MAX_START_KILLS` in
+a row when a signal ended them, which may be a lost host rather than a broken
+worker), with the exit code and the tail of the worker's log: the pool never
+retries forever.
+
+Batching defaults
+-----------------
+A *unit* is ``chunksize`` consecutive items (``chunksize`` never changes
+results, only how work is grouped). When ``map``/``starmap`` get no
+``chunksize``, the input is cut into ``AUTO_UNITS_PER_WORKER * processes``
+units of equal size (give or take one item; one item each for short inputs):
+fine enough that the last units balance well, coarse enough that per-unit costs
+vanish for tiny tasks. When an earlier job timed the same function, fewer units
+if that leaves each :data:`MIN_UNIT_SECONDS` of work (never fewer than 4 per
+worker, multiprocessing's default). ``imap`` and ``imap_unordered`` default to
+one item, as in the stdlib.
+
+The master sends a worker as many units per message as fit in
+:data:`TARGET_BATCH_SECONDS` of measured work (:data:`MAP_BATCH_SECONDS` for
+``map``/``starmap``, whose results are only seen at the end), at least one, at
+most :data:`MAX_BATCH_UNITS`, and no more than half a fair share of what is
+queued (queue / (2 * processes)), unless that is less than
+:data:`MIN_SPLIT_SECONDS` of work, too little to be worth a message of its own:
+then up to a full fair share. Task times are measured per job (a ``map``, an
+``apply``...); until a job's first batch is back, the same function's time per
+item in an earlier job stands in, or else its messages carry one unit.
+
+Every ready worker gets a message before any gets a second. A second message in
+flight (prefetch) needs a measured or known time, and is sent for a ``map`` while
+the queue holds two units per worker, otherwise only while batches are shorter
+than :data:`PREFETCH_BELOW_SECONDS`, so that long tasks are never queued behind a
+busy worker; and never with more than :data:`PREFETCH_MAX_BYTES`: a worker reads
+its socket between batches only (no reader thread to hand messages over), so a
+prefetch waits in the socket buffer. The caller's thread sends the first batches
+of new work itself; after that the master sends a worker its next batch when its
+results come in, looking at that worker only.
+
+Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import pickle
+import queue as _queue
+import selectors
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from fiber_core.base.errors import FiberError, JobStartError, TimeoutError
+from fiber_core.base.log import log
+from fiber_core.processes.process import Process, cpu_count
+from fiber_core.runtime.hub import dial
+from fiber_core.runtime.run import runtime, sending_to
+from fiber_core.wire.framing import Connection
+from fiber_core.wire.serialize import dumps, loads
+
+TARGET_BATCH_SECONDS = 0.02
+
+
+MAP_BATCH_SECONDS = 0.25
+
+
+MAX_BATCH_UNITS = 1000
+
+
+PREFETCH_BELOW_SECONDS = 0.05
+
+
+PREFETCH_MAX_BYTES = 32 * 1024
+
+
+MIN_SPLIT_SECONDS = 0.001
+
+
+AUTO_UNITS_PER_WORKER = 64
+
+
+MIN_UNIT_SECONDS = 0.001
+
+
+MAX_TASK_ATTEMPTS = 3
+
+
+MAX_START_FAILURES = 3
+
+
+MAX_START_KILLS = 10
+
+
+_FUNC_CACHE = 64
+
+
+_APPLY, _MAP, _STARMAP = 0, 1, 2
+
+
+_job_counter = itertools.count()
+
+
+class RemoteTraceback(Exception):
+    """Carries the traceback text of an exception raised in a worker (its ``__cause__``)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class MaybeEncodingError(FiberError):
+    """A task's result (or exception) could not be pickled in the worker."""
+
+    def __init__(self, exc: str, value: str) -> None:
+        super().__init__(exc, value)
+        self.exc, self.value = exc, value
+
+    def __str__(self) -> str:
+        return f"Error sending result: '{self.value}'. Reason: '{self.exc}'"
+
+
+def _rebuild_exc(exc: BaseException, tb: str) -> BaseException:
+    exc.__cause__ = RemoteTraceback(f'\n"""\n{tb}"""')
+    return exc
+
+
+def _run_unit(func: Callable, kind: int, items: list) -> tuple[bool, Any]:
+    try:
+        if kind == _MAP:
+            return True, list(map(func, items))
+        if kind == _STARMAP:
+            return True, list(itertools.starmap(func, items))
+        args, kwds = items[0]
+        return True, [func(*args, **kwds)]
+    except Exception as e:
+        return False, (e, traceback.format_exc())
+
+
+def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
+    try:
+        return dumps((batch_id, elapsed, results))
+    except Exception:
+        fixed = []
+        for ok, value in results:
+            try:
+                dumps(value)
+                fixed.append((ok, value))
+            except Exception as e:
+                shown = value[0] if not ok else value
+                err = MaybeEncodingError(repr(e), repr(shown)[:500])
+                fixed.append((False, (err, "")))
+        return dumps((batch_id, elapsed, fixed))
+
+
+def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
+                 initargs: tuple, maxtasks: int | None) -> None:
+    sock = dial(hub, runtime().authkey, f"pool:{pool_id}")
+    conn = Connection(sock)
+    conn.send_bytes(b"H%d" % worker_id)
+    if initializer is not None:
+        initializer(*initargs)
+    conn.send_bytes(b"R")
+    # Read in this thread: no hand-off to wake up per message. The master only sends
+    # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
+    funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+    done = 0
+    while maxtasks is None or done < maxtasks:
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if msg[:1] == b"Q":
+            break
+        batch_id, func_id, func_bytes, kind, units = loads(memoryview(msg)[1:])
+        if func_bytes is not None:
+            funcs[func_id] = loads(func_bytes)
+            if len(funcs) > _FUNC_CACHE:
+                funcs.popitem(last=False)
+        func = funcs[func_id]
+        start = time.perf_counter()
+        results = [_run_unit(func, kind, loads(unit)) for unit in units]
+        done += len(units)
+        conn._send(_encode_results(batch_id, time.perf_counter() - start, results), b"D")
+    conn.close()
+
+
+class ApplyResult:
+    """The result of ``apply_async``; the base of the other result types."""
+
+    def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None) -> None:
+        self._pool = pool
+        self._event = threading.Event()
+        self._callback = callback
+        self._error_callback = error_callback
+        self._success = False
+        self._value: Any = None
+        self._job_id = next(_job_counter)
+
+    def ready(self) -> bool:
+        return self._event.is_set()
+
+    def successful(self) -> bool:
+        if not self.ready():
+            raise ValueError(f"{self!r} not ready")
+        return self._success
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._event.wait(timeout)
+
+    def get(self, timeout: float | None = None) -> Any:
+        self.wait(timeout)
+        if not self.ready():
+            raise TimeoutError
+        if self._success:
+            return self._value
+        raise self._value
+
+    # Called by the master thread.
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        self._finish(ok, values[0] if ok else values)
+
+    def _finish(self, ok: bool, value: Any) -> None:
+        if self._event.is_set():
+            return
+        self._success, self._value = ok, value
+        cb = self._callback if ok else self._error_callback
+        if cb is not None:
+            try:
+                cb(value)
+            except Exception:
+                log.exception("fiber: pool callback raised")
+        self._event.set()
+        self._pool._job_done(self)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._finish(False, exc)
+
+
+AsyncResult = ApplyResult
+
+
+class MapResult(ApplyResult):
+    """The result of ``map_async``/``starmap_async``: a list in input order."""
+
+    def __init__(self, pool: Pool, nunits: int,
+                 callback: Callable | None, error_callback: Callable | None) -> None:
+        super().__init__(pool, callback, error_callback)
+        self._chunks: list[Any] = [None] * nunits
+        self._left = nunits
+        if nunits == 0:
+            self._success, self._value = True, []
+            self._event.set()
+
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        if self._event.is_set():
+            return
+        if not ok:
+            self._finish(False, values)
+            return
+        self._chunks[unit] = values
+        self._left -= 1
+        if self._left == 0:
+            self._finish(True, list(itertools.chain.from_iterable(self._chunks)))
+            self._chunks = []
+
+
+class IMapIterator:
+    """The iterator ``imap`` returns: results in input order, as they arrive."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._cond = threading.Condition(threading.Lock())
+        self._items: collections.deque = collections.deque()
+        self._ready: dict[int, tuple[bool, Any]] = {}
+        self._next_unit = 0
+        self._length: int | None = None  # units, known once the input is consumed
+        self._yielded_units = 0
+        self._job_id = next(_job_counter)
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def next(self, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._items:
+                    ok, value = self._items.popleft()
+                    if ok:
+                        return value
+                    raise value
+                if self._length is not None and self._yielded_units >= self._length:
+                    raise StopIteration
+                # Woken without news (a unit that came out of order): wait the rest only.
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and (left <= 0 or not self._cond.wait(left)):
+                    raise TimeoutError
+                if left is None:
+                    self._cond.wait()
+
+    __next__ = next
+
+    def _push(self, ok: bool, values: Any) -> None:
+        self._yielded_units += 1
+        if ok:
+            self._items.extend((True, v) for v in values)
+        else:
+            self._items.append((False, values))
+
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        with self._cond:
+            self._ready[unit] = (ok, values)
+            while self._next_unit in self._ready:
+                self._push(*self._ready.pop(self._next_unit))
+                self._next_unit += 1
+            self._cond.notify_all()
+            self._maybe_done()
+
+    def _set_length(self, nunits: int) -> None:
+        with self._cond:
+            self._length = nunits
+            self._cond.notify_all()
+            self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self._length is not None and self._yielded_units >= self._length:
+            self._pool._job_done(self)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._items.append((False, exc))
+            self._length = self._yielded_units + 1 if self._length is None else self._length
+            self._yielded_units = self._length
+            self._cond.notify_all()
+        self._pool._job_done(self)
+
+
+class IMapUnorderedIterator(IMapIterator):
+    """The iterator ``imap_unordered`` returns: results as they complete."""
+
+    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+        with self._cond:
+            self._push(ok, values)
+            self._cond.notify_all()
+            self._maybe_done()
+
+
+class _Unit:
+    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count")
+
+    def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
+                 kind: int, count: int = 1) -> None:
+        self.job, self.index, self.data = job, index, data
+        self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
+        self.count = count  # items in the unit
+        self.attempts = 0
+
+
+class _Worker:
+    def __init__(self, wid: int, process: Process) -> None:
+        self.id = wid
+        self.process = process
+        self.conn: Connection | None = None
+        self.ready = False
+        self.lost = False
+        self.retiring = False
+        self.pending: dict[int, list[_Unit]] = {}
+        self.assigned = 0
+        self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
+
+
+class Pool:
+    """A pool of job-backed workers with the API of :class:`multiprocessing.pool.Pool`.
+
+    Fiber adds keyword-only arguments: ``backend`` (a backend for the workers),
+    resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` and ``image``
+    for each worker's job (defaulting to what :func:`fiber_core.meta` put on the
+    ``initializer``, then to configuration), and :meth:`resize`.
+    """
+
+    def __init__(self, processes: int | None = None, initializer: Callable | None = None,
+                 initargs: tuple = (), maxtasksperchild: int | None = None, context: Any = None,
+                 *, backend: str | None = None, **resources: Any) -> None:
+
+        if processes is None:
+            processes = cpu_count()
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        if maxtasksperchild is not None and (
+                not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        self._initializer = initializer
+        self._initargs = tuple(initargs)
+        self._maxtasks = maxtasksperchild
+        self._backend = backend
+        meta = getattr(initializer, "__fiber_meta__", None) or {}
+        self._resources = {k: v for k, v in {**meta, **resources}.items() if v is not None}
+        self._processes = processes
+        self._id = os.urandom(16).hex()
+        self._lock = threading.RLock()  # callbacks may call back into the pool
+        self._queue: collections.deque[_Unit] = collections.deque()
+        self._workers: dict[int, _Worker] = {}
+        self._wid = itertools.count(1)
+        self._jobs: dict[int, Any] = {}
+        self._state = "RUN"
+        self._error: BaseException | None = None
+        self._start_failures = 0  # workers in a row that exited before they were ready ...
+        self._start_kills = 0  # ... and that a signal ended before they were ready
+        self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
+        # per pickled function: the last job's mean time per item, to size a new job's first batches
+        # (keyed by the hash of the pickle: no big closure is kept alive for this)
+        self._item_seconds: collections.OrderedDict[int, float] = collections.OrderedDict()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._incoming: _queue.SimpleQueue[tuple[int, socket.socket]] = _queue.SimpleQueue()
+        self._done = threading.Event()
+        self._requeued = False  # the master must offer re-queued work to every worker
+        hub = runtime().hub
+        # What the workers' backend reaches this process at (also put in pickled queues).
+        workers_backend = runtime().get_backend(backend)
+        self._hub = runtime().addresses_for(workers_backend)
+        # Workers that start on this machine's CPUs start a few at a time (see _top_up).
+        self._burst = cpu_count() if workers_backend.shares_this_machine else None
+        hub.register(f"pool:{self._id}", self._on_connect)
+        try:
+            with self._lock:
+                self._top_up()
+        except BaseException:
+            self._state = "TERMINATE"
+            for w in self._workers.values():
+                w.process.kill()
+            hub.unregister(f"pool:{self._id}")
+            raise
+        self._thread = threading.Thread(target=self._master, daemon=True, name="fiber-pool-master")
+        self._thread.start()
+
+    # -- workers ---------------------------------------------------------------------
+
+    def _start_worker(self) -> _Worker:
+        wid = next(self._wid)
+        p = Process(target=_worker_main, name=f"PoolWorker-{wid}", daemon=True, backend=self._backend,
+                    args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks),
+                    **self._resources)
+        p.start()
+        w = _Worker(wid, p)
+        self._workers[wid] = w
+        self._watch(p.sentinel, ("exit", w))
+        return w
+
+    def _watch(self, fileobj: Any, data: tuple) -> None:
+        """Add a descriptor to the master's selector.
+
+        A descriptor number can only be registered twice if an earlier owner closed it
+        without unregistering; the new owner wins rather than crashing the master.
+        """
+        try:
+            self._sel.register(fileobj, selectors.EVENT_READ, data)
+        except KeyError:
+            self._sel.unregister(fileobj)
+            self._sel.register(fileobj, selectors.EVENT_READ, data)
+
+    def _on_connect(self, target: str, sock: socket.socket) -> None:
+        # Runs in a hub thread: read the hello, hand the socket to the master.
+        try:
+            hello = Connection(sock).recv_bytes()
+            wid = int(hello[1:])
+        except (EOFError, OSError, ValueError):
+            sock.close()
+            return
+        self._incoming.put((wid, sock))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    # -- master loop -------------------------------------------------------------------
+
+    def _master(self) -> None:
+        try:
+            while True:
+                # A result or a ready message gives room to its worker only: dispatching to
+                # it alone keeps a message's cost independent of the pool's size. Anything
+                # else (new work, re-queued work, a resize, a quiet second) looks at all.
+                events = self._sel.select(1.0)
+                touched: list[_Worker] | None = [] if events else None
+                for key, _ in events:
+                    kind, w = key.data
+                    if kind == "wake":
+                        try:
+                            self._wake_r.recv(4096)
+                        except OSError:
+                            pass
+                        touched = None
+                    elif kind == "conn":
+                        self._on_message(w)
+                        if touched is not None:
+                            touched.append(w)
+                    elif kind == "exit":
+                        self._on_exit(w)
+                        touched = None
+                if self._requeued:
+                    self._requeued = False
+                    touched = None
+                while not self._incoming.empty():
+                    self._adopt(*self._incoming.get())
+                with self._lock:
+                    if self._state == "TERMINATE":
+                        break
+                    self._dispatch(touched)
+                    if self._state == "CLOSE" and not self._jobs and not self._queue:
+                        self._retire_all()
+                        if not self._workers:
+                            break
+        except Exception as e:  # a bug here must fail the callers, never hang them
+            log.exception("fiber: pool master failed")
+            self._error = FiberError(f"pool master thread failed: {e!r}")
+            self._fail_all(self._error)
+        finally:
+            self._done.set()
+
+    def _adopt(self, wid: int, sock: socket.socket) -> None:
+        w = self._workers.get(wid)
+        if w is None or w.lost or w.conn is not None:
+            sock.close()
+            return
+        w.conn = Connection(sock)
+        self._watch(sock, ("conn", w))
+        if w.retiring:
+            try:
+                w.conn.send_bytes(b"Q")
+            except OSError:
+                pass
+
+    def _on_message(self, w: _Worker) -> None:
+        assert w.conn is not None
+        try:
+            msg = w.conn.recv_bytes()
+        except (EOFError, OSError):
+            self._lose(w)
+            return
+        op = msg[:1]
+        if op == b"D":
+            try:
+                batch_id, elapsed, results = loads(memoryview(msg)[1:])
+            except Exception as e:
+                # Pickled in the worker but cannot be rebuilt here. A worker answers its
+                # batches in order, so this answers its oldest pending one.
+                err = FiberError(f"cannot unpickle a result sent by {w.process.name}: {e!r}")
+                for unit in w.pending.pop(next(iter(w.pending))):
+                    unit.job._set_unit(unit.index, False, err)
+                self._retire_if_done(w)
+                return
+            units = w.pending.pop(batch_id)
+            job_id = units[0].func_id
+            if job_id in self._jobs:
+                per_unit = elapsed / len(units)
+                est = self._unit_seconds.get(job_id)
+                self._unit_seconds[job_id] = per_unit if est is None else 0.8 * est + 0.2 * per_unit
+                key = hash(units[0].func_bytes)
+                self._item_seconds[key] = elapsed / max(1, sum(u.count for u in units))
+                self._item_seconds.move_to_end(key)
+                if len(self._item_seconds) > _FUNC_CACHE:
+                    self._item_seconds.popitem(last=False)
+            for unit, (ok, value) in zip(units, results):
+                if not ok:
+                    exc, tb = value
+                    value = _rebuild_exc(exc, tb) if tb else exc
+                unit.job._set_unit(unit.index, ok, value)
+            self._retire_if_done(w)
+        elif op == b"R":
+            w.ready = True
+            self._start_failures = self._start_kills = 0
+            with self._lock:
+                if self._state == "RUN" or self._queue:
+                    self._top_up()
+
+    def _retire_if_done(self, w: _Worker) -> None:
+        if w.retiring and not w.pending and w.conn is not None:
+            try:
+                w.conn.send_bytes(b"Q")
+            except OSError:
+                pass
+
+    def _lose(self, w: _Worker) -> None:
+        """The worker's connection ended: put its tasks back at the front of the queue."""
+        if w.lost:
+            return
+        w.lost = True
+        if w.conn is not None:
+            try:
+                self._sel.unregister(w.conn._sock)
+            except (KeyError, ValueError):
+                pass
+            w.conn.close()
+        with self._lock:
+            batches = list(w.pending.values())
+            w.pending.clear()
+            # A worker runs its batches in order: only the first was running when it
+            # died; the others were prefetched and are not charged an attempt.
+            for unit in batches[0] if batches else ():
+                unit.attempts += 1
+            for unit in reversed([u for units in batches for u in units]):
+                if unit.attempts >= MAX_TASK_ATTEMPTS:
+                    unit.job._set_unit(unit.index, False, FiberError(
+                        f"task lost: {unit.attempts} workers died while running it "
+                        f"(last: {w.process.name}); it is not retried again"))
+                else:
+                    self._queue.appendleft(unit)
+                    self._requeued = True
+
+    def _on_exit(self, w: _Worker) -> None:
+        self._lose(w)
+        try:
+            self._sel.unregister(w.process.sentinel)
+        except (KeyError, ValueError):
+            pass
+        w.process.join()
+        code = w.process.exitcode
+        with self._lock:
+            self._workers.pop(w.id, None)
+            if self._state == "TERMINATE" or w.retiring:
+                return
+            if self._state == "CLOSE" and not self._queue and not self._jobs:
+                return  # closing, and nothing is left to do
+            if not w.ready:
+                if code is not None and code < 0:
+                    self._start_kills += 1
+                else:
+                    self._start_failures += 1
+                if (self._start_failures >= MAX_START_FAILURES
+                        or self._start_kills >= MAX_START_KILLS):
+                    run = w.process._run
+                    tail = run.log_tail() if run else ""
+                    logs = run.logs if run else ""
+                    err = JobStartError(
+                        f"pool workers die before they are ready "
+                        f"({max(self._start_failures, self._start_kills)} in a row); "
+                        f"the last, {w.process.name}, exited with code {code}"
+                        + (f"; the end of its log:\n{tail}" if tail else ""),
+                        exitcode=code, logs=logs)
+                    self._error = err
+                    self._state = "TERMINATE"
+                    self._fail_all_locked(err)
+                    self._kill_workers()
+                    return
+            elif code not in (0, None) and not w.retiring:
+                log.warning("fiber: pool worker %s died (exit code %s); its tasks were re-queued",
+                            w.process.name, code)
+            self._top_up()
+
+    def _top_up(self) -> None:
+        """Start workers until the pool has its size; called with the lock held.
+
+        On a backend whose jobs share this machine's CPUs, at most one worker per
+        CPU is starting at any time: the rest start as those become ready, so the
+        first result comes after one start, not after all of them shared the CPUs.
+        """
+        active = [w for w in self._workers.values() if not w.retiring and not w.lost]
+        starting = sum(1 for w in active if not w.ready)
+        for _ in range(self._processes - len(active)):
+            if self._burst is not None and starting >= self._burst:
+                break
+            self._start_worker()
+            starting += 1
+
+    def _dispatch(self, only: list[_Worker] | None = None) -> None:
+        """Hand batches to ready workers (all, or ``only``) that have room. Called with the lock held."""
+        if not self._queue:
+            return
+        ready = [w for w in (self._workers.values() if only is None else only)
+                 if w.conn is not None and not w.lost and not w.retiring and w.ready]
+        if not ready:
+            return
+        # A fair share counts the workers still starting too: they will want work soon.
+        sharers = 2 * max(len(ready), self._processes)
+        # Breadth first: every idle worker gets a batch before any gets a second.
+        for level in (0, 1):
+            for w in ready:
+                if not self._queue:
+                    return
+                if len(w.pending) != level:
+                    continue
+                front = self._queue[0]
+                est = self._unit_seconds.get(front.func_id)
+                measured = est is not None
+                if not measured:  # this job's task times are not known yet: the function's?
+                    per_item = self._item_seconds.get(hash(front.func_bytes))
+                    est = None if per_item is None else per_item * front.count
+                if est is None:
+                    if level:
+                        continue
+                    size = 1
+                else:
+                    # A hint from an earlier job may be far off: no batch of more than half
+                    # a fair share (so two in flight: one share), until this job's own
+                    # times are known.
+                    est = max(est, 1e-7)
+                    share = len(self._queue) // sharers
+                    if measured:
+                        # Not worth a message below MIN_SPLIT_SECONDS of work: then up to a
+                        # full fair share (more would leave others idle).
+                        share = max(share, min(int(MIN_SPLIT_SECONDS / est),
+                                               2 * len(self._queue) // sharers))
+                    # map's results are only seen at the end: bigger batches, fewer messages,
+                    # and a prefetch as long as every worker can still get two batches.
+                    is_map = type(front.job) is MapResult
+                    target = MAP_BATCH_SECONDS if is_map else TARGET_BATCH_SECONDS
+                    size = max(1, min(int(target / est), MAX_BATCH_UNITS, share))
+                    if level and (self._prefetch_too_big(w, front) or (
+                            len(self._queue) < sharers if is_map
+                            else est * size >= PREFETCH_BELOW_SECONDS)):
+                        continue
+                if self._maxtasks is not None:
+                    room = self._maxtasks - w.assigned
+                    if room <= 0:
+                        continue
+                    size = min(size, room)
+                self._send_batch(w, size, PREFETCH_MAX_BYTES if level else None)
+
+    def _prefetch_too_big(self, w: _Worker, front: _Unit) -> bool:
+        """A prefetch waits in the socket until the worker is done: it must fit there."""
+        size = len(front.data)
+        if front.func_id not in w.funcs:
+            size += len(front.func_bytes)
+        return size > PREFETCH_MAX_BYTES
+
+    def _send_batch(self, w: _Worker, n: int, max_bytes: int | None = None) -> None:
+        units = []
+        first = self._queue[0]
+        nbytes = 0
+        while self._queue and len(units) < n:
+            u = self._queue[0]
+            if u.func_id != first.func_id:
+                break
+            if units and (u.attempts or first.attempts):
+                break  # a unit that was running when its worker died goes alone
+            nbytes += len(u.data)
+            if units and max_bytes is not None and nbytes > max_bytes:
+                break
+            units.append(self._queue.popleft())
+        batch_id = next(_job_counter)
+        send_func = first.func_id not in w.funcs
+        if send_func:
+            w.funcs[first.func_id] = None
+            if len(w.funcs) > _FUNC_CACHE:
+                w.funcs.popitem(last=False)
+        payload = pickle.dumps((batch_id, first.func_id, first.func_bytes if send_func else None,
+                                first.kind, [u.data for u in units]), protocol=pickle.HIGHEST_PROTOCOL)
+        w.pending[batch_id] = units
+        w.assigned += len(units)
+        assert w.conn is not None
+        try:
+            w.conn._send(payload, b"T")
+        except OSError:
+            pass  # its exit or EOF re-queues the batch
+
+    def _retire_all(self) -> None:
+        for w in self._workers.values():
+            if not w.retiring and not w.pending:
+                w.retiring = True
+                if w.conn is not None:
+                    try:
+                        w.conn.send_bytes(b"Q")
+                    except OSError:
+                        pass
+                # A worker that has not connected yet is told to quit when it does.
+
+    def _kill_workers(self) -> None:
+        for w in list(self._workers.values()):
+            w.retiring = True
+            w.process.kill()
+
+    def _fail_all_locked(self, exc: BaseException) -> None:
+        self._queue.clear()
+        for job in list(self._jobs.values()):
+            job._fail(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            self._fail_all_locked(exc)
+
+    def _job_done(self, job: Any) -> None:
+        self._jobs.pop(job._job_id, None)
+        self._unit_seconds.pop(job._job_id, None)
+
+    # -- submitting work ------------------------------------------------------------------
+
+    def _check_running(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._state != "RUN":
+            raise ValueError("Pool not running")
+
+    def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list],
+                func_bytes: bytes | None = None) -> int:
+        """Pickle every unit now (so a bad argument fails here), then queue them."""
+        chunks = list(chunks)
+        with sending_to(self._hub):
+            if func_bytes is None:
+                func_bytes = dumps(func)
+            units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
+                     for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks)))]
+        with self._lock:
+            self._check_running()
+            self._jobs[job._job_id] = job
+            self._queue.extend(units)
+            # Hand out the first batches from this thread: one wake-up less on the way.
+            try:
+                self._dispatch()
+            except Exception:
+                log.exception("fiber: dispatching from the caller failed; the master will")
+            left = bool(self._queue)
+        if left:
+            self._wake()
+        return len(units)
+
+    def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
+                    callback: Callable | None = None, error_callback: Callable | None = None) -> ApplyResult:
+        self._check_running()
+        result = ApplyResult(self, callback, error_callback)
+        self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]])
+        return result
+
+    def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None) -> Any:
+        return self.apply_async(func, args, kwds).get()
+
+    def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: int | None,
+                   callback: Callable | None, error_callback: Callable | None) -> MapResult:
+        self._check_running()
+        items = list(iterable)
+        with sending_to(self._hub):
+            func_bytes = dumps(func)
+        if chunksize is None:
+            # Units fine enough to balance, coarse enough to be cheap: as many as
+            # AUTO_UNITS_PER_WORKER per worker, their sizes differing by one item at most;
+            # fewer if this function's tasks are known to be tiny, so that a unit holds
+            # MIN_UNIT_SECONDS of work, but never fewer than multiprocessing's 4 per worker.
+            nunits = AUTO_UNITS_PER_WORKER * self._processes
+            per_item = self._item_seconds.get(hash(func_bytes))
+            if per_item is not None:
+                nunits = min(nunits, max(4 * self._processes,
+                                         int(per_item * len(items) / MIN_UNIT_SECONDS)))
+            nunits = min(len(items), nunits)
+            q, r = divmod(len(items), nunits or 1)
+            bounds = [i * q + min(i, r) for i in range(nunits + 1)]
+            chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
+        elif chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        else:
+            chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
+        result = MapResult(self, len(chunks), callback, error_callback)
+        if chunks:
+            self._submit(result, func, kind, chunks, func_bytes)
+        return result
+
+    def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+                  callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
+        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback)
+
+    def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
+        return self._map_async(func, iterable, _MAP, chunksize, None, None).get()
+
+    def starmap_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+                      callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
+        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback)
+
+    def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
+        return self._map_async(func, iterable, _STARMAP, chunksize, None, None).get()
+
+    def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int) -> IMapIterator:
+        self._check_running()
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        with sending_to(self._hub):
+            func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
+        it = cls(self)
+        with self._lock:
+            self._jobs[it._job_id] = it
+
+        def feed() -> None:
+            n = 0
+            try:
+                source = iter(iterable)
+                while True:
+                    chunk = list(itertools.islice(source, chunksize))
+                    if not chunk:
+                        break
+                    with sending_to(self._hub):
+                        data = dumps(chunk)
+                    unit = _Unit(it, n, data, it._job_id, func_bytes, _MAP, len(chunk))
+                    with self._lock:
+                        if self._state == "TERMINATE":
+                            return
+                        self._queue.append(unit)
+                    n += 1
+                    self._wake()
+            except BaseException as e:
+                # The input (or pickling an item of it) failed: that error is the result at
+                # this position, after the results of the items before it.
+                it._set_unit(n, False, e)
+                it._set_length(n + 1)
+                return
+            it._set_length(n)
+
+        threading.Thread(target=feed, daemon=True, name="fiber-pool-feeder").start()
+        return it
+
+    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        return self._imap(IMapIterator, func, iterable, chunksize)
+
+    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
+        return self._imap(IMapUnorderedIterator, func, iterable, chunksize)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def resize(self, processes: int) -> None:
+        """Grow or shrink the pool to ``processes`` workers (Fiber extension).
+
+        Growing starts new jobs at once (local ones one per CPU at a time, as at
+        start). Shrinking retires idle workers first and
+        busy ones once their current batch is done; no task is lost.
+        """
+        if not isinstance(processes, int) or processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        with self._lock:
+            self._check_running()
+            self._processes = processes
+            active = [w for w in self._workers.values() if not w.retiring and not w.lost]
+            self._top_up()
+            extra = len(active) - processes
+            for w in sorted(active, key=lambda w: (len(w.pending), not w.ready))[:max(0, extra)]:
+                w.retiring = True
+                if w.conn is not None and not w.pending:
+                    try:
+                        w.conn.send_bytes(b"Q")
+                    except OSError:
+                        pass
+                elif w.conn is None:
+                    w.process.terminate()
+        self._wake()
+
+    def close(self) -> None:
+        """No more work will be submitted; workers exit once the queued work is done."""
+        with self._lock:
+            if self._state == "RUN":
+                self._state = "CLOSE"
+        self._wake()
+
+    def terminate(self) -> None:
+        """Stop every worker now. Unfinished results raise instead of hanging."""
+        with self._lock:
+            if self._state == "TERMINATE" and self._done.is_set():
+                return
+            self._state = "TERMINATE"
+            self._kill_workers()
+            self._fail_all_locked(self._error or FiberError("pool was terminated"))
+        self._wake()
+        self._wait_done()
+
+    def join(self) -> None:
+        """Wait for the workers to exit; call :meth:`close` or :meth:`terminate` first."""
+        if self._state == "RUN":
+            raise ValueError("Pool is still running")
+        self._wait_done()
+
+    def _wait_done(self) -> None:
+        if threading.current_thread() is self._thread:
+            return  # called from a callback, in the master: it ends once the callback returns
+        self._done.wait()
+        for w in list(self._workers.values()):
+            w.process.join()
+        runtime().hub.unregister(f"pool:{self._id}")
+
+    def __enter__(self) -> Pool:
+        self._check_running()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.terminate()
+
+    def __reduce__(self) -> None:  # type: ignore[override]
+        raise NotImplementedError(
+            "pool objects cannot be passed between processes or pickled")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} state={self._state} pool_size={self._processes}>"
+
+    @property
+    def _pool(self) -> list[Process]:
+        """The worker processes (the stdlib attribute some programs read)."""
+        with self._lock:
+            return [w.process for w in self._workers.values()]

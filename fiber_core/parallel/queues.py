@@ -1,0 +1,922 @@
+"""``Queue``, ``SimpleQueue`` and ``JoinableQueue`` for the processes of a run.
+
+A queue lives in the process that created it (its *owner*). The owner reads and
+writes it in memory; every other process, on any host, holds a handle that talks
+to the owner over one authenticated connection per thread. Items travel as
+pickled bytes and are unpickled only by the process that gets them. A queue
+works as long as its owner runs, which for the usual program (the main process
+creates the queues) is the whole run.
+
+Lending. A remote ``get()`` is a request and a reply, which would cap a child
+draining a busy queue at one item per round trip. A handle that is called in a
+tight loop therefore asks for up to ``window`` items at once, sized from how fast
+its program has been taking them. The owner *lends* them: they stay in the
+connection's lending table until the handle's ``get()`` hands each to the program
+and acknowledges it. Nothing lent is stranded or lost:
+
+* when any getter finds the queue empty while items are lent, the owner recalls
+  them: a thread of the borrowing handle answers at once, whether or not its
+  program is calling ``get()``, and the unused items go back to the front. A
+  non-blocking get that found nothing finds them on a later try. (A borrower
+  whose process is stopped, e.g. by SIGSTOP, answers when it resumes or when its
+  connection ends.);
+* a borrower that took nothing for :data:`_IDLE_LOAN` is asked for its items
+  back too, so that older items do not wait behind newer ones that other getters
+  take;
+* when the borrower's connection ends (it exits, is killed, its host is lost
+  past ``peer_timeout``), every unacknowledged item goes back to the front;
+* a handle acknowledges the items its program took in runs, about a millisecond
+  later (longer while its program holds the GIL in a long C call), and at once
+  when it closes or its process ends. If its connection ends before that, those
+  items are delivered again to other getters: not lost, as they would be from a
+  ``multiprocessing.Queue``.
+
+Once a handle borrows, all its gets and size requests use the borrowing
+connection, so that nothing it asks overtakes what it gave back.
+
+For ``qsize()`` and ``empty()``, a lent item counts as taken, except in the
+borrowing handle itself: a process that reports having taken everything must not
+leave the owner seeing items that are only waiting for an acknowledgement. For
+``maxsize``, a lent item keeps its room until it is taken (``full()`` says so).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue as _stdqueue
+import select
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+from fiber_core.base.errors import FiberError
+from fiber_core.runtime.hub import dial
+from fiber_core.runtime.run import outgoing_addresses, runtime
+from fiber_core.wire.framing import _HEADER, Connection, FrameReader
+from fiber_core.wire.serialize import dumps, loads
+
+Empty = _stdqueue.Empty
+
+
+Full = _stdqueue.Full
+
+
+_F = struct.Struct("!d")
+
+
+_Q = struct.Struct("!q")
+
+
+_CLIENT_CHECK = 0.2  # seconds between checks that a client blocked in get() still lives
+
+
+_I = struct.Struct("!I")
+
+
+_BLOCK = b"\x01" + _F.pack(-1.0)
+
+
+_NOBLOCK = b"\x00" + _F.pack(-1.0)
+
+
+_MAX_WINDOW = 512  # items lent at once, at most
+
+
+_BATCH_BYTES = 1 << 18  # a batch stops growing past this many bytes (it has at least one item)
+
+
+_WINDOW_SECONDS = 0.002  # a window holds what the program takes in about this long
+
+
+_ACK_DELAY = 0.001  # a borrower acknowledges what its program took about this late
+
+
+_IDLE_LOAN = 0.02  # a borrower that takes nothing for this long is asked for its items back
+
+
+_RECALL_TICK = 0.01  # how often the owner looks for idle loans while items are lent
+
+
+_RECALL_RETRY = 0.05  # a getter waiting while items are lent asks for a recall this often
+
+
+class _Loan:
+    """The items one client connection has borrowed and not yet acknowledged."""
+
+    def __init__(self, conn: Connection, send_lock: threading.Lock) -> None:
+        self.conn = conn
+        self.send_lock = send_lock
+        self.lent: deque[bytes] = deque()
+        self.active = time.monotonic()  # when it last borrowed or acknowledged
+        self.recalling = False
+
+
+class _Store:
+    """The owner's in-memory queue: pickled items, with the stdlib's blocking rules."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.items: deque[bytes] = deque()
+        self.lock = threading.Lock()
+        self.not_empty = threading.Condition(self.lock)
+        self.not_full = threading.Condition(self.lock)
+        self.all_done = threading.Condition(self.lock)
+        self.unfinished = 0
+        self.loans: dict[int, _Loan] = {}
+        self.lent = 0  # items lent and not yet acknowledged: they still take room
+        self.recall_wanted = threading.Condition(self.lock)
+        self.want_recall = False
+        self.recaller: threading.Thread | None = None
+
+    def put(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
+        with self.lock:
+            if self.maxsize > 0:
+                if not block:
+                    if len(self.items) + self.lent >= self.maxsize:
+                        raise Full
+                elif timeout is None:
+                    while len(self.items) + self.lent >= self.maxsize:
+                        self.not_full.wait()
+                else:
+                    if timeout < 0:
+                        raise ValueError("'timeout' must be a non-negative number")
+                    end = time.monotonic() + timeout
+                    while len(self.items) + self.lent >= self.maxsize:
+                        left = end - time.monotonic()
+                        if left <= 0:
+                            raise Full
+                        self.not_full.wait(left)
+            self.items.append(data)
+            self.unfinished += 1
+            if self.not_empty._waiters:  # type: ignore[attr-defined]  # a getter waits
+                self.not_empty.notify()
+
+    def get(self, block: bool = True, timeout: float | None = None, lend: bool = False) -> bytes:
+        """Take the next item; one to ``lend`` keeps taking room until it is acknowledged."""
+        with self.not_empty:
+            if not block:
+                if not self.items:
+                    self._recall()  # what is lent and unused comes back for a later get
+                    raise Empty
+            elif timeout is None:
+                while not self.items:
+                    self._recall()
+                    # A recall can be answered before the items it was meant for were
+                    # sent: while items are lent, ask again now and then.
+                    self.not_empty.wait(_RECALL_RETRY if self.lent else None)
+            else:
+                if timeout < 0:
+                    raise ValueError("'timeout' must be a non-negative number")
+                end = time.monotonic() + timeout
+                while not self.items:
+                    self._recall()
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        raise Empty
+                    self.not_empty.wait(min(left, _RECALL_RETRY) if self.lent else left)
+            data = self.items.popleft()
+            if lend:
+                self.lent += 1
+            else:
+                self.not_full.notify()
+            return data
+
+    # -- lending (the lock is held by the caller of every method below) ----------------
+
+    def lend(self, loan: _Loan, first: bytes, window: int) -> list[bytes]:
+        """``first`` (already taken) and up to ``window - 1`` more items, lent to ``loan``."""
+        batch = [first]  # counted in ``lent`` by ``get(lend=True)``
+        size = len(first)
+        items = self.items
+        while items and len(batch) < window and size < _BATCH_BYTES:
+            data = items.popleft()
+            batch.append(data)
+            size += len(data)
+        loan.lent.extend(batch)
+        loan.active = time.monotonic()
+        if self.lent == 1:  # the first lent item (``get`` counted it): idle loans are watched
+            self.recall_wanted.notify()
+        self.lent += len(batch) - 1
+        return batch
+
+    def ack(self, loan: _Loan, n: int) -> None:
+        taken = min(n, len(loan.lent))
+        for _ in range(taken):
+            loan.lent.popleft()
+        self.lent -= taken
+        loan.active = time.monotonic()
+        if taken and self.maxsize > 0:
+            self.not_full.notify(taken)
+
+    def give_back(self, loan: _Loan, n: int | None = None) -> None:
+        """Put the first ``n`` (default all) unacknowledged items of ``loan`` back in front."""
+        lent = loan.lent
+        back = list(lent) if n is None else [lent[i] for i in range(min(n, len(lent)))]
+        for _ in range(len(back)):
+            lent.popleft()
+        self.lent -= len(back)
+        self.items.extendleft(reversed(back))
+        loan.recalling = False
+        if back:
+            self.not_empty.notify(len(back))
+
+    def _recall(self) -> None:
+        """Have the recaller ask every borrower for its unused items: a getter waits."""
+        if self.lent and not self.want_recall:
+            self.want_recall = True
+            self.recall_wanted.notify()
+
+    def start_recaller(self) -> None:
+        """Start the recaller (the lock is held); it ends when the last loan does."""
+        if self.recaller is None:
+            self.recaller = threading.Thread(target=self._recall_loop, name="fiber-queue-recall",
+                                             daemon=True)
+            self.recaller.start()
+
+    def _recall_loop(self) -> None:
+        """Send recalls: to every borrower when a getter waits, to idle ones all along.
+
+        A borrower that stopped taking keeps older items from the other getters, so
+        those items are fetched back once it has been idle for :data:`_IDLE_LOAN`.
+        """
+        with self.lock:
+            while True:
+                if not self.loans:
+                    self.recaller = None
+                    return
+                if not self.want_recall:
+                    self.recall_wanted.wait(_RECALL_TICK if self.lent else None)
+                now = time.monotonic()
+                everyone, self.want_recall = self.want_recall, False
+                targets = [loan for loan in self.loans.values()
+                           if loan.lent and not loan.recalling
+                           and (everyone or now - loan.active >= _IDLE_LOAN)]
+                for loan in targets:
+                    loan.recalling = True
+                if not targets:
+                    continue
+                self.lock.release()
+                try:
+                    unsent = [loan for loan in targets if not _send_recall(loan)]
+                finally:
+                    self.lock.acquire()
+                for loan in unsent:
+                    loan.recalling = False  # tried again on the next round
+
+    def put_many(self, items: list[bytes]) -> None:
+        """Append ``items`` to an unbounded queue (which never blocks)."""
+        with self.lock:
+            self.items.extend(items)
+            self.unfinished += len(items)
+            self.not_empty.notify(len(items))
+
+    def unget(self, data: bytes, lent: bool = False) -> None:
+        """Put back, first in line, an item that its getter did not live to receive."""
+        with self.lock:
+            if lent:
+                self.lent -= 1
+            self.items.appendleft(data)
+            self.not_empty.notify()
+
+    def qsize(self) -> int:
+        """Items waiting here (lent ones count as taken: see the module's docstring)."""
+        with self.lock:
+            return len(self.items)
+
+    def room_used(self) -> int:
+        """What counts against ``maxsize``: items waiting here and items lent."""
+        with self.lock:
+            return len(self.items) + self.lent
+
+    def task_done(self) -> None:
+        with self.lock:
+            if self.unfinished <= 0:
+                raise ValueError("task_done() called too many times")
+            self.unfinished -= 1
+            if self.unfinished == 0:
+                self.all_done.notify_all()
+
+    def join(self) -> None:
+        with self.all_done:
+            while self.unfinished:
+                self.all_done.wait()
+
+
+def _send_recall(loan: _Loan) -> bool:
+    """Send ``R`` without waiting on a borrower that does not read (stopped, cut off)."""
+    if not loan.send_lock.acquire(blocking=False):
+        return False  # a batch is on its way: next round
+    try:
+        frame = _HEADER.pack(1) + b"R"
+        sock = loan.conn._socket()
+        sent = sock.send(frame, socket.MSG_DONTWAIT)
+        if sent < len(frame):
+            sock.sendall(frame[sent:])  # never split a frame
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # its connection is ending: the items come back with it
+    finally:
+        loan.send_lock.release()
+
+
+def _peer_gone(sock: socket.socket) -> bool:
+    """Whether the client closed ``sock`` (it sends nothing while it waits for a reply)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+        return bool(ready) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _get_for(store: _Store, sock: socket.socket, block: bool, timeout: float | None,
+             lend: bool = False) -> bytes:
+    """``store.get()`` for a client; given up if the client dies while it waits.
+
+    A process terminated while blocked in ``get()`` must not take the next item with it.
+    """
+    try:
+        return store.get(False, lend=lend)
+    except Empty:
+        if not block:
+            raise
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _CLIENT_CHECK if end is None else min(_CLIENT_CHECK, end - time.monotonic())
+        try:
+            item = store.get(True, max(left, 0.0), lend)
+        except Empty:
+            if end is not None and time.monotonic() >= end:
+                raise
+            if _peer_gone(sock):
+                raise EOFError("the client went away") from None
+            continue
+        if _peer_gone(sock):
+            store.unget(item, lend)
+            raise EOFError("the client went away")
+        return item
+
+
+def _item(msg: bytes | bytearray) -> bytes | memoryview:
+    """The item in a put request; a big one is not copied."""
+    return msg[10:] if len(msg) <= 65536 else memoryview(msg)[10:]
+
+
+def _serve(store: _Store, sock: socket.socket) -> None:
+    """Serve one client connection of a queue, in the hub thread that accepted it.
+
+    Requests: ``p`` put (reply only for bounded queues), ``g`` get (with a window:
+    a loan), ``a`` the item of a plain get arrived, ``s`` size, ``d`` task_done,
+    ``j`` join, ``L`` register this connection's loan, ``c`` acknowledge lent
+    items, ``r`` return lent items. An item sent for a plain get goes back in front
+    if the connection ends before its ``a``.
+    Replies: ``k`` ok, ``i`` item, ``b`` batch of lent items, ``E`` empty, ``F``
+    full, ``V`` ValueError; and, unasked, ``R`` recall (answered by ``r``).
+    """
+    conn = Connection(sock)
+    reader = FrameReader(sock)  # a client's puts are not answered: read them in batches
+    send_lock = threading.Lock()  # the recaller sends on a borrowing connection too
+    loan: _Loan | None = None
+    token = 0
+    pending = None  # a request read ahead
+    sent: bytes | None = None  # an item sent by a plain get, until the client says it has it
+    try:
+        while True:
+            msg, pending = reader.recv_bytes() if pending is None else pending, None
+            op = msg[:1]
+            if op == b"a":
+                sent = None
+                continue
+            if op == b"p" and store.maxsize <= 0:
+                # Unbounded: a put neither blocks nor gets a reply, so store at once
+                # all the puts that came in together.
+                items = [_item(msg)]
+                while reader.buffered():
+                    msg = reader.recv_bytes()
+                    if msg[:1] != b"p":
+                        pending = msg
+                        break
+                    items.append(msg[10:])
+                store.put_many(items)
+                continue
+            if op == b"c":  # acknowledgements come in runs: take a run at once
+                n = _I.unpack_from(msg, 1)[0]
+                while reader.buffered():
+                    msg = reader.recv_bytes()
+                    if msg[:1] != b"c":
+                        pending = msg
+                        break
+                    n += _I.unpack_from(msg, 1)[0]
+                with store.lock:
+                    store.ack(loan, n)  # type: ignore[arg-type]
+                continue
+            elif op == b"p":
+                block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
+                try:
+                    store.put(_item(msg), block, None if timeout < 0 else timeout)
+                    reply = b"k"
+                except Full:
+                    reply = b"F"
+                if store.maxsize > 0:
+                    conn.send_bytes(reply)
+            elif op == b"g":
+                block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
+                window = _I.unpack_from(msg, 10)[0] if len(msg) >= 14 else 1
+                try:
+                    item = _get_for(store, sock, block, None if timeout < 0 else timeout,
+                                    loan is not None)
+                except Empty:
+                    with send_lock:
+                        conn.send_bytes(b"E")
+                    continue
+                if loan is None:  # a plain get: the client says ``a`` once it has the item
+                    sent = item
+                    conn._send(item, b"i")
+                    continue
+                with store.lock:
+                    batch = store.lend(loan, item, window)
+                with send_lock:
+                    if len(batch) == 1:
+                        conn._send(item, b"i")
+                    else:
+                        sizes = b"".join(_I.pack(len(data)) for data in batch)
+                        conn.send_bytes(b"".join([b"b", _I.pack(len(batch)), sizes, *batch]))
+            elif op == b"r":
+                with store.lock:
+                    store.give_back(loan, _I.unpack_from(msg, 1)[0])  # type: ignore[arg-type]
+            elif op == b"L":
+                token = _Q.unpack_from(msg, 1)[0]
+                loan = _Loan(conn, send_lock)
+                with store.lock:
+                    store.loans[token] = loan
+                    store.start_recaller()
+            elif op == b"s":
+                with store.lock:
+                    sizes = _Q.pack(len(store.items)) + _Q.pack(len(store.items) + store.lent)
+                with send_lock:
+                    conn.send_bytes(b"k" + sizes)
+            elif op == b"d":
+                try:
+                    store.task_done()
+                    conn.send_bytes(b"k")
+                except ValueError:
+                    conn.send_bytes(b"V")
+            elif op == b"j":
+                store.join()
+                conn.send_bytes(b"k")
+    except (EOFError, OSError):
+        pass
+    finally:
+        if sent is not None:
+            store.unget(sent)  # the client ended before it had the item: first in line again
+        if loan is not None:
+            with store.lock:
+                store.loans.pop(token, None)
+                store.give_back(loan)
+                store.recall_wanted.notify()  # without loans, the recaller ends
+        conn.close()
+
+
+class _Borrower:
+    """A handle's connection for lent items, with a thread that reads it and one that acks.
+
+    The reader answers recalls even while the program is busy elsewhere. Items
+    taken by :meth:`get` are acknowledged in runs, by the acker within
+    :data:`_ACK_DELAY`, or first thing before any other message. All sends happen
+    under ``cond``'s lock, so the owner sees acknowledgements and returns in the
+    order in which items were taken.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.conn = Connection(sock)
+        self.token = int.from_bytes(os.urandom(8), "big") >> 1 or 1
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.items: deque[memoryview] = deque()
+        self.asked = 0  # get requests sent
+        self.answered = 0  # ... and answered
+        self.empty_answers: set[int] = set()
+        self.size_asked = self.size_answered = 0
+        self.size_reply = (0, 0)
+        self.acked = 0  # items acknowledged ...
+        self.unacked = 0  # ... and taken since
+        self.ack_due = threading.Condition(self.lock)
+        self.error: BaseException | None = None
+        self.closed = False
+        self.conn.send_bytes(b"L" + _Q.pack(self.token))
+        _borrowers.add(self)
+        threading.Thread(target=self._read, args=(sock,), name="fiber-queue-borrower",
+                         daemon=True).start()
+        threading.Thread(target=self._ack_loop, name="fiber-queue-acker", daemon=True).start()
+
+    def _send(self, msg: bytes) -> None:
+        """Send ``msg`` after the acknowledgements due (``cond``'s lock is held)."""
+        if self.unacked:
+            ack = b"c" + _I.pack(self.unacked)
+            if msg:  # both frames in one write
+                self.conn._socket().sendall(b"".join(
+                    (_HEADER.pack(len(ack)), ack, _HEADER.pack(len(msg)), msg)))
+            else:
+                self.conn.send_bytes(ack)
+            self.acked += self.unacked
+            self.unacked = 0
+        elif msg:
+            self.conn.send_bytes(msg)
+
+    def _ack_loop(self) -> None:
+        with self.ack_due:
+            while not self.closed and self.error is None:
+                if not self.unacked:
+                    self.ack_due.wait()
+                    continue
+                self.ack_due.wait(_ACK_DELAY)  # the program usually takes more meanwhile
+                try:
+                    self._send(b"")
+                except OSError:
+                    return
+
+    def settle(self) -> None:
+        """Acknowledge what the program took, then let the owner take back the rest."""
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            self.items.clear()
+            try:
+                self._send(b"")
+                self.conn._socket().shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.conn.close()
+            self.ack_due.notify()
+            self.cond.notify_all()  # a get() waiting on an answer ends
+        _borrowers.discard(self)
+
+    def busy(self) -> bool:
+        """Whether it holds items or awaits an answer (then gets must go through it)."""
+        return bool(self.items) or self.asked > self.answered
+
+    def take(self) -> memoryview | None:
+        """A lent item, if one is here (the fast path of ``get``)."""
+        with self.lock:
+            if not self.items or self.closed:
+                return None
+            data = self.items.popleft()
+            self.unacked += 1
+            if self.unacked == 1:
+                self.ack_due.notify()
+            return data
+
+    def held(self) -> int:
+        """Items lent to this handle and not yet taken."""
+        with self.cond:
+            return len(self.items)
+
+    def sizes(self) -> tuple[int, int] | None:
+        """The owner's (waiting, room used), asked on this connection; None if it is busy.
+
+        On this connection the request follows whatever this handle gave back or
+        acknowledged, so the owner counts it all first.
+        """
+        with self.cond:
+            if self.closed or self.error is not None or self.asked > self.answered:
+                return None
+            self.size_asked += 1
+            mine = self.size_asked
+            self._send(b"s")
+            while self.size_answered < mine:
+                if self.error is not None or self.closed:
+                    return None
+                self.cond.wait()
+            waiting, room = self.size_reply
+            return waiting + len(self.items), room
+
+    def get(self, block: bool, timeout: float | None, window: int) -> memoryview:
+        if timeout is not None and timeout < 0:
+            raise ValueError("'timeout' must be a non-negative number")
+        end = None if timeout is None or not block else time.monotonic() + timeout
+        mine = 0  # the number of this thread's request, once sent
+        with self.cond:
+            while True:
+                if self.closed:
+                    raise ValueError("the queue was closed")
+                if self.items:
+                    data = self.items.popleft()
+                    self.unacked += 1
+                    if self.unacked == 1:
+                        self.ack_due.notify()
+                    return data
+                if self.error is not None:
+                    raise FiberError("the process that created this queue has exited") \
+                        from self.error
+                if mine and self.answered >= mine:
+                    if mine in self.empty_answers:
+                        self.empty_answers.discard(mine)
+                        raise Empty
+                    mine = 0  # answered, but other threads took the items: ask again
+                left = None if end is None else end - time.monotonic()
+                if not mine and self.asked == self.answered:
+                    if left is not None and left <= 0:
+                        raise Empty
+                    args = Queue._args(block, None if left is None else max(left, 0.0))
+                    try:
+                        self._send(b"g" + args + _I.pack(window))
+                    except OSError as e:
+                        self.error = e
+                        continue
+                    self.asked += 1
+                    mine = self.asked
+                    self.cond.wait()
+                elif not mine:  # another thread's request is out
+                    if not block or (left is not None and left <= 0):
+                        raise Empty
+                    self.cond.wait(left)
+                else:
+                    self.cond.wait()  # the owner answers by the request's own timeout
+
+    def _read(self, sock: socket.socket) -> None:
+        reader = FrameReader(sock)
+        try:
+            while True:
+                msg = reader.recv_bytes()
+                op = msg[:1]
+                with self.cond:
+                    if self.closed:
+                        return  # what still comes goes back to the owner with the connection
+                    if op == b"i":
+                        self.items.append(memoryview(msg)[1:])
+                        self.answered += 1
+                    elif op == b"b":
+                        view = memoryview(msg)
+                        (n,) = _I.unpack_from(msg, 1)
+                        pos = 5 + 4 * n
+                        for i in range(n):
+                            (size,) = _I.unpack_from(msg, 5 + 4 * i)
+                            self.items.append(view[pos:pos + size])
+                            pos += size
+                        self.answered += 1
+                    elif op == b"E":
+                        self.answered += 1
+                        self.empty_answers.add(self.answered)
+                    elif op == b"k":  # sizes
+                        self.size_reply = (_Q.unpack_from(msg, 1)[0], _Q.unpack_from(msg, 9)[0])
+                        self.size_answered += 1
+                    elif op == b"R":  # another getter waits: give back what is unused
+                        n = len(self.items)
+                        self.items.clear()
+                        self._send(b"r" + _I.pack(n))
+                    self.cond.notify_all()
+        except (EOFError, OSError, ValueError) as e:
+            with self.cond:
+                self.error = e
+                # The owner takes back, when the connection ends, whatever it lent and
+                # was not acknowledged: handing it out here too would deliver it twice.
+                self.items.clear()
+                self.cond.notify_all()
+                self.ack_due.notify()
+
+
+_borrowers: weakref.WeakSet[_Borrower] = weakref.WeakSet()
+
+
+def settle() -> None:
+    """Acknowledge, before this process ends, every item its program took from a queue."""
+    for borrower in list(_borrowers):
+        borrower.settle()
+
+
+atexit.register(settle)
+
+
+class Queue:
+    """A process-shared FIFO queue, like :class:`multiprocessing.Queue`.
+
+    ``qsize()`` works on every platform. There is no feeder thread: ``put``
+    pickles at once and, for unbounded queues, returns when the item is handed
+    to the operating system, so ``close()`` and ``join_thread()`` have nothing to
+    wait for.
+    """
+
+    def __init__(self, maxsize: int = 0, *, ctx: Any = None) -> None:
+
+        if maxsize < 0:
+            maxsize = 0
+        self._maxsize = maxsize
+        self._id = os.urandom(16).hex()
+        self._store: _Store | None = _Store(maxsize)
+        hub = runtime().hub
+        hub.register(f"queue:{self._id}", lambda target, sock, s=self._store: _serve(s, sock))
+        self._hub = hub.addresses
+        self._after_init()
+
+    def _after_init(self) -> None:
+        self._closed = False
+        self._local = threading.local()
+        self._borrower: _Borrower | None = None
+        self._borrower_lock = threading.Lock()
+        self._taken = 0  # items this handle's get() returned
+        self._mark: tuple[float, int] | None = None  # when the last fetch returned, and _taken
+        self._pace: float | None = None  # the program's seconds per item, smoothed
+
+    def __getstate__(self) -> dict:
+
+        hub = outgoing_addresses(self._hub) if self._store is not None else self._hub
+        return {"maxsize": self._maxsize, "id": self._id, "hub": hub}
+
+    def __setstate__(self, state: dict) -> None:
+        self._maxsize, self._id, self._hub = state["maxsize"], state["id"], state["hub"]
+        self._store = None
+        self._after_init()
+
+    # -- transport for non-owners --------------------------------------------------
+
+    def _conn(self) -> Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+
+            try:
+                sock = dial(self._hub, runtime().authkey, f"queue:{self._id}")
+            except ConnectionError as e:
+                raise FiberError(f"the process that created this queue is unreachable: {e}") from e
+            conn = self._local.conn = Connection(sock)
+        return conn
+
+    def _call(self, request: bytes) -> bytes:
+        conn = self._conn()
+        try:
+            conn.send_bytes(request)
+            return conn.recv_bytes()
+        except (EOFError, OSError) as e:
+            self._local.conn = None
+            raise FiberError("the process that created this queue has exited") from e
+
+    @staticmethod
+    def _args(block: bool, timeout: float | None) -> bytes:
+        if timeout is None:
+            return _BLOCK if block else _NOBLOCK
+        if timeout < 0:
+            raise ValueError("'timeout' must be a non-negative number")
+        return bytes([1 if block else 0]) + _F.pack(timeout)
+
+    # -- the multiprocessing.Queue API ----------------------------------------------
+
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
+        data = dumps(obj)
+        if self._store is not None:
+            self._store.put(data, block, timeout)
+            return
+        args = self._args(block, timeout)
+        if self._maxsize > 0:
+            if self._call(b"p" + args + data) == b"F":
+                raise Full
+            return
+        try:
+            self._conn()._send(data, b"p" + args)
+        except OSError as e:
+            self._local.conn = None
+            raise FiberError("the process that created this queue has exited") from e
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if self._closed:
+            raise ValueError(f"Queue {self!r} is closed")
+        if self._store is not None:
+            return loads(self._store.get(block, timeout))
+        borrower = self._borrower
+        if borrower is not None:
+            data = borrower.take()
+            if data is not None:
+                self._taken += 1
+                return loads(data)
+        return loads(self._fetch(block, timeout, borrower))
+
+    def _fetch(self, block: bool, timeout: float | None, borrower: _Borrower | None) -> Any:
+        """Ask the owner: one item, or a batch sized from the program's recent pace."""
+        now = time.monotonic()
+        if self._mark is not None:
+            # Since the last fetch returned, the program handled what it returned and
+            # everything it took from the borrowed batch.
+            at, taken = self._mark
+            pace = (now - at) / (self._taken - taken + 1)
+            self._pace = pace if self._pace is None else (self._pace + pace) / 2
+        try:
+            window = 1 if self._pace is None else int(_WINDOW_SECONDS / max(self._pace, 1e-6))
+            # Once this handle borrows, its gets stay on that connection: a plain get
+            # on another one could overtake items it is giving back (order, qsize).
+            if window > 1 or (borrower is not None and borrower.error is None):
+                data = self._borrow().get(block, timeout, max(1, min(window, _MAX_WINDOW)))
+            else:
+                conn = self._conn()
+                reply = self._call(b"g" + self._args(block, timeout))
+                if reply[:1] == b"E":
+                    raise Empty
+                try:
+                    conn.send_bytes(b"a")  # got it: the owner forgets the item
+                except OSError:
+                    pass
+                data = memoryview(reply)[1:]
+            self._taken += 1
+            return data
+        finally:
+            self._mark = (time.monotonic(), self._taken)
+
+    def _borrow(self) -> _Borrower:
+        with self._borrower_lock:
+            if self._closed:
+                raise ValueError(f"Queue {self!r} is closed")
+            borrower = self._borrower
+            if borrower is None or borrower.error is not None and not borrower.busy():
+
+                try:
+                    sock = dial(self._hub, runtime().authkey, f"queue:{self._id}")
+                except ConnectionError as e:
+                    raise FiberError(
+                        f"the process that created this queue is unreachable: {e}") from e
+                borrower = self._borrower = _Borrower(sock)
+                # A handle dropped without close(): its threads end and the owner takes
+                # back what it lent.
+                weakref.finalize(self, borrower.settle)
+            return borrower
+
+    def put_nowait(self, obj: Any) -> None:
+        self.put(obj, False)
+
+    def get_nowait(self) -> Any:
+        return self.get(False)
+
+    def qsize(self) -> int:
+        if self._store is not None:
+            return self._store.qsize()
+        return self._sizes()[0]
+
+    def _sizes(self) -> tuple[int, int]:
+        """(items waiting, room used) as this handle sees them (its own loan counts)."""
+        borrower = self._borrower
+        sizes = borrower.sizes() if borrower is not None else None
+        if sizes is None:
+            reply = self._call(b"s")
+            held = borrower.held() if borrower is not None and borrower.error is None else 0
+            sizes = (_Q.unpack_from(reply, 1)[0] + held, _Q.unpack_from(reply, 9)[0])
+        return sizes
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+    def full(self) -> bool:
+        """Whether a ``put`` would wait: lent items keep their room until they are taken."""
+        if self._maxsize <= 0:
+            return False
+        if self._store is not None:
+            return self._store.room_used() >= self._maxsize
+        return self._sizes()[1] >= self._maxsize
+
+    def close(self) -> None:
+        with self._borrower_lock:
+            self._closed = True
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+        borrower, self._borrower = self._borrower, None
+        if borrower is not None:
+            borrower.settle()  # the owner takes back what it lent and was not taken
+
+    def join_thread(self) -> None:
+        if not self._closed:
+            raise AssertionError("Queue.join_thread() requires close() first")
+
+    def cancel_join_thread(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} id={self._id[:8]} maxsize={self._maxsize}>"
+
+
+class JoinableQueue(Queue):
+    """A :class:`Queue` with ``task_done()`` and ``join()``."""
+
+    def task_done(self) -> None:
+        if self._store is not None:
+            self._store.task_done()
+        elif self._call(b"d") == b"V":
+            raise ValueError("task_done() called too many times")
+
+    def join(self) -> None:
+        if self._store is not None:
+            self._store.join()
+        else:
+            self._call(b"j")
+
+
+class SimpleQueue(Queue):
+    """An unbounded queue with ``get``, ``put``, ``empty`` and ``close``."""
+
+    def __init__(self, *, ctx: Any = None) -> None:
+        super().__init__(0)

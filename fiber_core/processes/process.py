@@ -1,0 +1,591 @@
+"""Job-backed processes: :class:`Process` with the API of :class:`multiprocessing.Process`.
+
+``start()`` pickles the process object (cloudpickle, so lambdas, closures and
+``__main__`` functions travel), asks the selected backend for a job running the
+worker bootstrap, and returns. A monitor thread waits for the job to connect
+back, sends it the object, prints what the job writes (prefixed with its name),
+and records the exit code: the one the worker reports, or the backend's when the
+job died without reporting (``-9`` after ``kill()``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from fiber_core.base.errors import FiberError, JobStartError
+from fiber_core.base.log import log, tail
+from fiber_core.contract.backend import Backend, Job, JobSpec
+from fiber_core.runtime.config import config
+from fiber_core.runtime.run import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN, runtime, sending_to
+from fiber_core.wire.framing import Connection
+from fiber_core.wire.serialize import dumps
+
+_RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
+
+
+_REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
+
+
+_LOST_GRACE = 2.0  # seconds a TCP connection may outlive its job before it counts as stuck
+
+
+class BaseProcess:
+    """What the main process and every started process have in common."""
+
+    _identity: tuple[int, ...] = ()
+    _name = "MainProcess"
+    _daemon = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        if not isinstance(value, str):
+            raise TypeError("name must be a string")
+        self._name = value
+
+    @property
+    def daemon(self) -> bool:
+        return self._daemon
+
+    @daemon.setter
+    def daemon(self, value: bool) -> None:
+        self._daemon = bool(value)
+
+    @property
+    def ident(self) -> int | str | None:
+        return self.pid
+
+    @property
+    def pid(self) -> int | str | None:  # overridden
+        return os.getpid()
+
+    @property
+    def authkey(self) -> bytes:
+        return runtime().authkey
+
+
+class _MainProcess(BaseProcess):
+    def is_alive(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<_MainProcess name={self._name!r} parent=None started>"
+
+
+class _ParentProcess(BaseProcess):
+    """What ``parent_process()`` returns inside a job."""
+
+    def __init__(self, name: str, pid: int | None, conn: Connection | None) -> None:
+        self._name = name
+        self._pid = pid
+        self._conn = conn
+        self.gone = threading.Event()
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    def is_alive(self) -> bool:
+        return not self.gone.is_set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.gone.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<_ParentProcess name={self._name!r} parent=None {'started' if self.is_alive() else 'stopped'}>"
+
+
+_current: BaseProcess = _MainProcess()
+
+
+_pickling = threading.local()  # the _JobRun whose process object is being pickled
+
+
+def pickling_for() -> _JobRun | None:
+    """The process being sent to its job right now, if any (so that objects pickled
+    with it, like Pipe ends, can react when that process ends)."""
+    return getattr(_pickling, "run", None)
+
+
+_parent: _ParentProcess | None = None
+
+
+def current_process() -> BaseProcess:
+    """The Process object of the caller (``MainProcess`` in the program's first process)."""
+    return _current
+
+
+def parent_process() -> BaseProcess | None:
+    """The parent of the caller, or ``None`` in the main process."""
+    return _parent
+
+
+def active_children() -> list[Process]:
+    """The started children of this process that have not finished (joins finished ones)."""
+    rt = runtime()
+    out = []
+    for p in list(rt.children):
+        if p.is_alive():
+            out.append(p)
+        else:
+            rt.children.discard(p)
+    return out
+
+
+class Process(BaseProcess):
+    """A process that runs as a job on the selected backend.
+
+    Same constructor and methods as :class:`multiprocessing.Process`. Fiber adds
+    keyword-only options: ``backend`` (a backend name for this process only) and
+    the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type``, which default
+    to what :func:`fiber_core.meta` put on the target, then to configuration.
+    """
+
+    _start_method = "fiber"
+
+    def __init__(self, group: None = None, target: Any = None, name: str | None = None,
+                 args: tuple = (), kwargs: dict | None = None, *, daemon: bool | None = None,
+                 backend: str | None = None, **resources: Any) -> None:
+        if group is not None:
+            raise ValueError("group argument must be None for now")
+        unknown = set(resources) - set(_RESOURCES) - {"image"}
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+        parent = current_process()
+        self._identity = parent._identity + (runtime().next_identity(),)
+        self._name = name or f"{type(self).__name__}-{':'.join(map(str, self._identity))}"
+        self._daemon = parent.daemon if daemon is None else bool(daemon)
+        self._target = target
+        self._args = tuple(args)
+        self._kwargs = dict(kwargs or {})
+        self._backend_name = backend
+        self._resources = {k: v for k, v in resources.items() if v is not None}
+        self._parent_pid = os.getpid()
+        self._run: _JobRun | None = None
+        self._closed = False
+
+    # -- what runs in the job ---------------------------------------------------------
+
+    def run(self) -> None:
+        """Method representing the process's activity: calls the target. Override it."""
+        if self._target:
+            self._target(*self._args, **self._kwargs)
+
+    # -- lifecycle (in the parent) -----------------------------------------------------
+
+    def _check_closed(self) -> None:
+        if self._closed:
+            raise ValueError("process object is closed")
+
+    def start(self) -> None:
+        """Start the job. Returns as soon as the backend accepted it."""
+        self._check_closed()
+        if self._run is not None:
+            raise AssertionError("cannot start a process twice")
+        if self._parent_pid != os.getpid():
+            raise AssertionError("can only start a process object created by current process")
+        if current_process().daemon:
+            raise AssertionError("daemonic processes are not allowed to have children")
+        active_children()  # reap, as multiprocessing does
+        run = _JobRun(self)
+        run.start()
+        self._run = run
+        rt = runtime()
+        rt.children.add(self)
+        rt.at_shutdown(_exit_children)
+
+    def terminate(self) -> None:
+        """Stop the job with SIGTERM (or the backend's equivalent). Idempotent."""
+        self._check_closed()
+        if self._run is not None:
+            self._run.stop(force=False)
+
+    def kill(self) -> None:
+        """Stop the job with SIGKILL (or the backend's equivalent). Idempotent."""
+        self._check_closed()
+        if self._run is not None:
+            self._run.stop(force=True)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the job ends, or ``timeout`` seconds pass."""
+        self._check_closed()
+        if self._parent_pid != os.getpid():
+            raise AssertionError("can only join a child process")
+        if self._run is None:
+            raise AssertionError("can only join a started process")
+        if self._run.finished.wait(timeout):
+            runtime().children.discard(self)
+
+    def is_alive(self) -> bool:
+        self._check_closed()
+        if self is _current:
+            return True
+        if self._run is None:
+            return False
+        return not self._run.finished.is_set()
+
+    def close(self) -> None:
+        """Release resources; the process must have finished."""
+        if self._run is not None:
+            if not self._run.finished.is_set():
+                raise ValueError("Cannot close a process while it is still running. "
+                                 "You should first call join() or terminate().")
+            self._run.close()
+        self._closed = True
+
+    @property
+    def exitcode(self) -> int | None:
+        self._check_closed()
+        return None if self._run is None else self._run.exitcode
+
+    @property
+    def pid(self) -> int | str | None:
+        if self is _current:
+            return os.getpid()
+        self._check_closed()
+        if self._run is None or self._run.job is None:
+            return None
+        jid = self._run.job.id
+        return int(jid) if jid.isdigit() else jid
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the process ends."""
+        self._check_closed()
+        if self._run is None:
+            raise ValueError("process not started")
+        return self._run.sentinel_r
+
+    @property
+    def job(self) -> Job | None:
+        """The backend's :class:`~fiber_core.contract.backend.Job` (Fiber extension)."""
+        return None if self._run is None else self._run.job
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_run"] = None
+        return state
+
+    def __repr__(self) -> str:
+        if self._closed:
+            status = "closed"
+        elif self._run is None:
+            status = "initial"
+        elif self._run.exitcode is not None:
+            status = f"stopped exitcode={self._run.exitcode}"
+        else:
+            status = "started"
+        daemon = " daemon" if self._daemon else ""
+        return f"<{type(self).__name__} name={self._name!r} {status}{daemon}>"
+
+    # -- in the job ----------------------------------------------------------------
+
+    def _bootstrap(self) -> int:
+        """Run the process in its job; return the exit code, like multiprocessing's."""
+        try:
+            self.run()
+            return 0
+        except SystemExit as e:
+            if e.code is None:
+                return 0
+            if isinstance(e.code, int):
+                return e.code
+            sys.stderr.write(str(e.code) + "\n")
+            return 1
+        except BaseException:
+            import traceback
+
+            sys.stderr.write(f"Process {self.name}:\n")
+            traceback.print_exc()
+            return 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+
+class _OutputPrinter:
+    """Prints a job's output in the parent, each line prefixed with the job's name."""
+
+    def __init__(self, name: str) -> None:
+        self.prefix = f"[{name}] "
+        self.partial = {b"o": b"", b"e": b""}
+
+    def write(self, kind: bytes, data: bytes) -> None:
+        data = self.partial[kind] + data
+        lines = data.split(b"\n")
+        self.partial[kind] = lines.pop()
+        if lines:
+            self._emit(kind, lines)
+
+    def flush(self) -> None:
+        for kind, rest in self.partial.items():
+            if rest:
+                self._emit(kind, [rest])
+                self.partial[kind] = b""
+
+    def _emit(self, kind: bytes, lines: list[bytes]) -> None:
+        stream = sys.stdout if kind == b"o" else sys.stderr
+        text = "".join(self.prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+class _JobRun:
+    """The parent's side of one started process: its job and monitor thread."""
+
+    def __init__(self, process: Process) -> None:
+        self.process = process
+        self.job: Job | None = None
+        self.backend: Backend | None = None
+        self.exitcode: int | None = None
+        self.reported: int | None = None
+        self.logs = ""
+        self.finished = threading.Event()
+        self.connected = threading.Event()
+        self.sock: socket.socket | None = None
+        self.sentinel_r, self._sentinel_w = os.pipe()
+        # Closed by close(), or when the Process is garbage-collected, as multiprocessing does.
+        self._close_fds = weakref.finalize(self, _close_fds, self.sentinel_r, self._sentinel_w)
+        self._stopping = False
+        self._on_finish: list[Callable[[], None]] = []
+
+    def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
+        p = self.process
+        rt = runtime()
+        target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}
+        resources = {k: config.get(k) for k in _RESOURCES}
+        resources.update({k: v for k, v in target_meta.items() if v is not None})
+        resources.update(p._resources)
+        python = config.get("python")
+        env = {
+            ENV_HUB: hub,
+            ENV_TOKEN: token,
+            ENV_RUN_ID: rt.run_id,
+            ENV_AUTHKEY: rt.authkey.hex(),
+            "PYTHONUNBUFFERED": "1",
+        }
+        return JobSpec(
+            command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
+            name=p.name,
+            image=resources.pop("image", None) or config.get("image"),
+            env=env,
+            cpu=resources.get("cpu"),
+            memory=resources.get("memory"),
+            gpu=resources.get("gpu"),
+            gpu_type=resources.get("gpu_type"),
+            labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
+        )
+
+    def start(self) -> None:
+        rt = runtime()
+        p = self.process
+        self.backend = backend = rt.get_backend(p._backend_name)
+        token = os.urandom(16).hex()
+        # Two frames: a prelude of plain data the job applies first (sys.path, the
+        # main module), then the process object, which may need both to unpickle.
+        prelude = dumps({
+            "sys_path": sys.path,
+            "main": _main_reference(),
+            "config": config.snapshot(),
+            "forward_output": config.get("forward_output"),
+            "parent": (_current.name, os.getpid()),
+        })
+        addresses = rt.addresses_for(backend)
+        _pickling.run = self
+        try:
+            with sending_to(addresses):
+                payload = (prelude, dumps(p))
+        finally:
+            _pickling.run = None
+        hub = rt.hub
+        hub.register(f"proc:{token}", self._on_connect)
+        self.token = token
+        spec = self._spec(backend, token, addresses)
+        try:
+            self.job = backend.start_job(spec)
+        except FiberError:
+            hub.unregister(f"proc:{token}")
+            raise
+        except Exception as e:
+            hub.unregister(f"proc:{token}")
+            raise JobStartError(f"could not start {p.name} on the {backend.name} backend: {e}") from e
+        threading.Thread(target=self._monitor, args=(payload,), daemon=True,
+                         name=f"fiber-monitor-{p.name}").start()
+
+    def _on_connect(self, target: str, sock: socket.socket) -> None:
+        if self.connected.is_set():
+            sock.close()
+            return
+        self.sock = sock
+        self.connected.set()
+
+    def _wait_connected(self) -> int | None:
+        """Wait for the job to connect; return its exit code if it ended first."""
+        assert self.backend is not None and self.job is not None
+        timeout = config.get("start_timeout") or None
+        started = time.monotonic()
+        delay = 0.002
+        while not self.connected.wait(delay):
+            code = self.backend.poll_job(self.job)
+            if code is not None:
+                return None if self.connected.is_set() else code
+            if timeout is not None and time.monotonic() - started > timeout:
+                self.logs = f"fiber: the job did not reach its parent within start_timeout={timeout}s"
+                self.backend.stop_job(self.job, force=True)
+                return self.backend.wait_for_job(self.job, 30.0) or -signal.SIGKILL
+            delay = min(delay * 1.5, 0.25)
+        return None
+
+    def _monitor(self, payload: tuple[bytes, bytes]) -> None:
+        assert self.backend is not None and self.job is not None
+        backend, job = self.backend, self.job
+        try:
+            early = self._wait_connected()
+            if early is not None:
+                tail = self.log_tail()
+                if not self._stopping:
+                    log.warning("fiber: %s exited with code %s before it started%s", self.process.name,
+                                early, (":\n" + tail) if tail else "")
+                if backend.poll_job(job) is not None:
+                    backend.untrack_job(job)  # it ended: cleanup at exit need not look at it
+                self._finish(early)
+                return
+            assert self.sock is not None
+            conn = Connection(self.sock)
+            printer = _OutputPrinter(self.process.name)
+            conn_done = threading.Event()
+            if self.sock.family != socket.AF_UNIX:
+                threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,
+                                 name=f"fiber-unstick-{self.process.name}").start()
+            try:
+                conn.send_bytes(payload[0])
+                conn.send_bytes(payload[1])
+                del payload
+                while True:
+                    msg = conn.recv_bytes()
+                    kind = msg[:1]
+                    if kind == b"x":
+                        self.reported = int(msg[1:])
+                    else:
+                        printer.write(kind, msg[1:])
+            except (EOFError, OSError):
+                pass
+            finally:
+                conn_done.set()
+                printer.flush()
+                conn.close()
+            code = backend.wait_for_job(job, _REPORT_GRACE if self.reported is not None else 60.0)
+            if code is None and self.reported is None:
+                backend.kill_job(job)
+                code = backend.wait_for_job(job, 30.0)
+            if code is not None:
+                backend.untrack_job(job)
+            self._finish(code if code is not None else self.reported)
+        except Exception as e:  # the monitor must always finish the process
+            log.exception("fiber: monitor of %s failed", self.process.name)
+            self.logs = self.logs or str(e)
+            self._finish(self.reported if self.reported is not None else 1)
+
+    def _unstick(self, sock: socket.socket, conn_done: threading.Event) -> None:
+        """End the connection of a job that the backend saw end while the connection stays open.
+
+        A job on a machine that became unreachable sends no FIN. The connection's
+        keepalives end it after ``peer_timeout``; the backend usually knows sooner
+        (the ssh backend within seconds, Kubernetes from the pod's status), and then
+        a Pool replaces the job that much sooner. (A Unix socket's peer is on this
+        machine: its connection ends with it.)
+        """
+        assert self.backend is not None and self.job is not None
+        self.backend.wait_for_job(self.job)
+        if not conn_done.wait(_LOST_GRACE):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the job's log: what Fiber noted about it, else what the backend kept."""
+        if not self.logs and self.backend is not None and self.job is not None:
+            try:
+                self.logs = self.backend.get_job_logs(self.job) or ""  # "" or None: none yet
+            except Exception as e:
+                return f"(the job's logs could not be read: {e})"
+        return tail(self.logs, lines)
+
+    def on_finish(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the monitor thread) once the process has ended."""
+        self._on_finish.append(callback)
+
+    def _finish(self, code: int | None) -> None:
+        self.exitcode = 1 if code is None else code
+        runtime().hub.unregister(f"proc:{self.token}")
+        for callback in self._on_finish:
+            try:
+                callback()
+            except Exception:
+                log.exception("fiber: a finish callback of %s failed", self.process.name)
+        self.finished.set()
+        try:
+            os.write(self._sentinel_w, b"x")
+        except OSError:
+            pass
+
+    def stop(self, force: bool) -> None:
+        if self.finished.is_set() or self.job is None or self.backend is None:
+            return
+        self._stopping = True
+        self.backend.stop_job(self.job, force)
+
+    def close(self) -> None:
+        self._close_fds()  # once only: a second close must not hit a reused descriptor
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _main_reference() -> tuple[str, str] | None:
+    """How a job can import this program's main module, as multiprocessing's spawn does."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name:
+        return None if name == "__main__" or name.endswith(".__main__") else ("name", name)
+    path = getattr(main, "__file__", None)
+    return ("path", os.path.abspath(path)) if path else None
+
+
+def _exit_children() -> None:
+    """At exit, as multiprocessing does: terminate daemonic children, join the others."""
+    children = list(runtime().children)
+    for p in children:
+        if p.daemon and p.is_alive():
+            p.terminate()
+    for p in children:
+        if p._run is not None and not p._closed:
+            p.join()
+
+
+def cpu_count() -> int:
+    """CPUs available to this process (the backend's cluster size is not known up front)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -1,0 +1,176 @@
+"""Per-process state of a Fiber program: run id, key, listener, backend, children.
+
+The first process of a program (the one the user started) creates the run: a
+random run id and a random 32-byte key. Jobs inherit both through their
+environment, so every process of the run can authenticate to every other.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fiber_core.base.log import log
+from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import config, create_backend, listen_host, selected_backend_name
+from fiber_core.runtime.hub import Hub
+
+if TYPE_CHECKING:
+    from fiber_core.contract.backend import Backend
+
+
+ENV_RUN_ID = "FIBER_RUN_ID"
+
+
+ENV_AUTHKEY = "FIBER_AUTHKEY"
+
+
+ENV_HUB = "FIBER_PARENT_HUB"
+
+
+ENV_TOKEN = "FIBER_PROCESS_TOKEN"
+
+
+class Runtime:
+    """Everything one process of a run knows: created on first use."""
+
+    def __init__(self) -> None:
+        self.run_id = os.environ.get(ENV_RUN_ID) or os.urandom(16).hex()[:12]
+        key = os.environ.get(ENV_AUTHKEY)
+        self.authkey = bytes.fromhex(key) if key else os.urandom(32)
+        self.is_worker = ENV_TOKEN in os.environ
+        # Proxies of the stdlib's managers authenticate with this process's authkey.
+        import multiprocessing.process
+
+        multiprocessing.process.current_process().authkey = self.authkey
+        self._lock = threading.RLock()
+        self._hub: Hub | None = None
+        self._backends: dict[str, Backend] = {}
+        self._rundir: str | None = None
+        self.children: set = set()
+        self.counter = 0
+        self._selected: tuple[int, Backend] | None = None
+        self._shutdown_steps: list[Callable[[], None]] = []
+        atexit.register(self.shutdown)
+
+    def at_shutdown(self, step: Callable[[], None]) -> None:
+        """Run ``step`` at exit before the backends clean up (the layers above add theirs)."""
+        if step not in self._shutdown_steps:
+            self._shutdown_steps.append(step)
+
+    @property
+    def rundir(self) -> str:
+        with self._lock:
+            if self._rundir is None:
+                import tempfile
+
+                self._rundir = tempfile.mkdtemp(prefix=f"fiber-{self.run_id}-")
+                os.chmod(self._rundir, 0o700)
+            return self._rundir
+
+    @property
+    def backend(self) -> Backend:
+        """The configured backend (re-read each time, so a later ``init(backend=...)`` applies)."""
+        return self.get_backend(None)
+
+    def get_backend(self, name: str | None) -> Backend:
+        """The backend for ``name`` (``None``: the configured one); one instance per backend.
+
+        The configured one is resolved once, and again only after ``init()`` changed the
+        configuration.
+        """
+        if name is None:
+            selected = self._selected
+            if selected is not None and selected[0] == config.generation:
+                return selected[1]
+            canonical = selected_backend_name()
+        else:
+            canonical = registry.canonical(name)
+        with self._lock:
+            backend = self._backends.get(canonical)
+            if backend is None:
+                backend = create_backend(canonical, self.run_id, self.rundir)
+                self._backends[canonical] = backend
+            if name is None:
+                self._selected = (config.generation, backend)
+            return backend
+
+    @property
+    def hub(self) -> Hub:
+        with self._lock:
+            if self._hub is None:
+                host = listen_host(self.backend)
+                self._hub = Hub(self.authkey, host, config.get("listen_port"), self.rundir)
+            return self._hub
+
+    def addresses_for(self, backend: Backend) -> str:
+        """This process's addresses as seen by jobs of ``backend``."""
+        return self.hub.addresses_for(listen_host(backend))
+
+    def next_identity(self) -> int:
+        with self._lock:
+            self.counter += 1
+            return self.counter
+
+    def shutdown(self) -> None:
+        """At exit: the steps added by :meth:`at_shutdown` (stopping children as
+        multiprocessing does), then release backend resources."""
+        try:
+            for step in self._shutdown_steps:
+                step()
+        finally:
+            for backend in list(self._backends.values()):
+                try:
+                    backend.cleanup()
+                except Exception:
+                    log.exception("fiber: cleanup of backend %s failed", backend.name)
+            if self._hub is not None:
+                self._hub.close()
+            if self._rundir is not None:
+                import shutil
+
+                shutil.rmtree(self._rundir, ignore_errors=True)
+
+
+_runtime: Runtime | None = None
+
+
+_runtime_lock = threading.Lock()
+
+
+_sending = threading.local()
+
+
+class sending_to:  # noqa: N801 - used as a context manager
+    """While objects are pickled for a job, the addresses that job reaches this process at.
+
+    Queues and Pipe ends owned by this process put these addresses in their pickle,
+    so a job of any backend can dial back.
+    """
+
+    def __init__(self, addresses: str) -> None:
+        self.addresses = addresses
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_sending, "addresses", None)
+        _sending.addresses = self.addresses
+
+    def __exit__(self, *exc: object) -> None:
+        _sending.addresses = self.previous
+
+
+def outgoing_addresses(default: str) -> str:
+    """The addresses to embed when pickling an object this process serves (see sending_to)."""
+    return getattr(_sending, "addresses", None) or default
+
+
+def runtime() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime()
+    return _runtime

@@ -1,0 +1,1 @@
+"""Layer 3, wire: serialization, authentication, framing and the message vocabulary."""
