@@ -6,14 +6,13 @@ import argparse
 import sys
 
 from fiber_core.base.errors import FiberError
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, selected_backend_name
+from fiber_core.runtime.config import config, plugins, selected_backend_name
 
 
 def _backends(args: argparse.Namespace) -> int:
 
     rows = [("NAME", "ALIASES", "PACKAGE", "VERSION")]
-    for info in registry.backends():
+    for info in plugins().backends():
         rows.append((info.name, ",".join(info.aliases) or "-", info.package, info.version))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for row in rows:
@@ -23,7 +22,7 @@ def _backends(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
 
-    registry.backends()  # loads plugins, so their options are known
+    plugins().backends()  # loads plugins, so their options are known
     config.check_file()
     print(f"backend in use: {selected_backend_name()}")
     rows = [("KEY", "VALUE", "SOURCE"), *config.describe()]
@@ -36,7 +35,7 @@ def _config(args: argparse.Namespace) -> int:
 def _clean(args: argparse.Namespace) -> int:
 
     name = selected_backend_name(args.backend)
-    cls = registry.get_class(name)
+    cls = plugins().get_class(name)
     removed = cls.clean(config.backend_settings(cls.settings_section()), args.run)
     for item in removed:
         print(f"removed {item}")
@@ -54,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     clean.add_argument("--run", help="only this run id")
     clean.set_defaults(func=_clean)
 
-    registry.backends()  # load plugins: they may add subcommands
-    registry.pm.hook.fiber_add_commands(subparsers=sub)
+    plugins().backends()  # load plugins: they may add subcommands
+    plugins().pm.hook.fiber_add_commands(subparsers=sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -86,8 +86,6 @@ The rules every method follows
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -236,6 +234,8 @@ class Backend(ABC):
         without one (tests), a temporary directory that :meth:`cleanup` removes.
         """
         if self._rundir is None:
+            import tempfile  # only a backend made without Fiber's run directory needs it
+
             with self._jobs_lock:
                 if self._own_rundir is None:
                     self._own_rundir = tempfile.mkdtemp(prefix=f"fiber-{self.name}-")
@@ -377,6 +377,8 @@ class Backend(ABC):
             except Exception:
                 pass
         if self._own_rundir is not None:
+            import shutil  # see rundir
+
             shutil.rmtree(self._own_rundir, ignore_errors=True)
 
     @classmethod

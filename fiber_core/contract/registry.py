@@ -149,6 +149,11 @@ class Registry:
                 f"define: {e}. The hooks are listed in fiber_core.contract.hookspecs"
             ) from None
 
+    @property
+    def known_packages(self) -> dict[str, str]:
+        """Backends the project publishes, by name, with the distribution that provides each."""
+        return KNOWN_PACKAGES
+
     def detect(self) -> str | None:
         """The backend a plugin says this process should use where it runs, if any."""
         self._load()

@@ -18,15 +18,17 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.errors import FiberError, JobStartError
 from fiber_core.base.log import log, tail
-from fiber_core.contract.backend import Backend, Job, JobSpec
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN, runtime, sending_to
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.serialize import dumps
+
+if TYPE_CHECKING:
+    from fiber_core.contract.backend import Backend, Job, JobSpec
 
 _RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
 
@@ -364,6 +366,10 @@ class _JobRun:
         self._on_finish: list[Callable[[], None]] = []
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
+        from fiber_core.contract.backend import (
+            JobSpec,  # a job that starts no process never loads it
+        )
+
         p = self.process
         rt = runtime()
         target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}

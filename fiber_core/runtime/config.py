@@ -17,14 +17,14 @@ import configparser
 import os
 import threading
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fiber_core.backends import local
-from fiber_core.backends.local import LocalBackend
 from fiber_core.base.errors import ConfigError, UnknownBackendError
 from fiber_core.base.options import Option
-from fiber_core.contract.backend import Backend
-from fiber_core.contract.registry import KNOWN_PACKAGES, registry
+
+if TYPE_CHECKING:
+    from fiber_core.contract.backend import Backend
+    from fiber_core.contract.registry import Registry
 
 CONFIG_FILE = ".fiberconfig"
 
@@ -71,7 +71,7 @@ class Config:
         """Set values in code (``fiber_core.init``); they beat variables and files."""
         known = self._known_keys()
         if not known.keys() >= kwargs.keys():
-            registry.backends()  # load the installed plugins: their options become known
+            plugins().backends()  # load the installed plugins: their options become known
             known = self._known_keys()
         for key, value in kwargs.items():
             option = known.get(key)
@@ -100,7 +100,7 @@ class Config:
     def _is_unloaded_backend_key(self, key: str) -> bool:
         # init(docker_image=...) while fiber-docker is not installed: kept, checked once it is.
         prefix = key.split("_", 1)[0]
-        return "_" in key and prefix in KNOWN_PACKAGES and prefix not in self._backend_options
+        return "_" in key and prefix in plugins().known_packages and prefix not in self._backend_options
 
     def _known_keys(self) -> dict[str, Option]:
         known = {o.name: o for o in GLOBAL_OPTIONS}
@@ -209,8 +209,24 @@ def _show(value: Any, option: Option) -> str:
 config = Config()
 """The process-wide configuration."""
 
-registry.add_builtin(local, LocalBackend)
-registry.on_register(lambda cls: config.register_backend_options(cls.settings_section(), cls.options))
+
+
+def plugins() -> Registry:
+    """The registry of backends, with the built-in one and this configuration's options wired in."""
+    global _registry
+    if _registry is None:
+        # Loaded on first use, on purpose: the contract, pluggy and the local backend cost a
+        # job ~40 ms of its start, and a job that starts no process of its own needs none of them.
+        from fiber_core.backends import local
+        from fiber_core.contract.registry import registry
+
+        registry.add_builtin(local, local.LocalBackend)
+        registry.on_register(lambda cls: config.register_backend_options(cls.settings_section(), cls.options))
+        _registry = registry
+    return _registry
+
+
+_registry: Registry | None = None
 
 
 def selected_backend_name(explicit: str | None = None) -> str:
@@ -220,21 +236,21 @@ def selected_backend_name(explicit: str | None = None) -> str:
     says, asked only when nothing is configured (inside a pod, the Kubernetes plugin).
     """
     if explicit:
-        return registry.canonical(explicit)
+        return plugins().canonical(explicit)
     value = config.lookup("backend")
     if value.source == "default":
-        detected = registry.detect()
+        detected = plugins().detect()
         if detected:
-            return registry.canonical(detected)
+            return plugins().canonical(detected)
     try:
-        return registry.canonical(value.value)
+        return plugins().canonical(value.value)
     except UnknownBackendError as e:
         raise UnknownBackendError(f"{e} (backend set by {value.source})") from None
 
 
 def create_backend(name: str, run_id: str, rundir: str | None = None) -> Backend:
     """A new instance of the backend ``name`` with its settings resolved now."""
-    cls = registry.get_class(name)
+    cls = plugins().get_class(name)
     backend = cls(config.backend_settings(cls.settings_section()), run_id, rundir)
     backend.peer_timeout = config.get("peer_timeout")
     return backend

@@ -14,8 +14,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fiber_core.base.log import log
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, create_backend, listen_host, selected_backend_name
+from fiber_core.runtime.config import (
+    config,
+    create_backend,
+    listen_host,
+    plugins,
+    selected_backend_name,
+)
 from fiber_core.runtime.hub import Hub
 
 if TYPE_CHECKING:
@@ -88,7 +93,7 @@ class Runtime:
                 return selected[1]
             canonical = selected_backend_name()
         else:
-            canonical = registry.canonical(name)
+            canonical = plugins().canonical(name)
         with self._lock:
             backend = self._backends.get(canonical)
             if backend is None:
