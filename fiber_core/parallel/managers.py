@@ -26,21 +26,55 @@ from __future__ import annotations
 import collections
 import multiprocessing.managers as _std
 import multiprocessing.process as _std_process
+import multiprocessing.util as _std_util
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection
+from typing import Any, ClassVar, Protocol, cast
 
-from fiber_core.base.errors import FiberError, TimeoutError
+from fiber_core.base.errors import FiberError, ProcessError, TimeoutError
 from fiber_core.parallel.pool import Pool
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import Process
 from fiber_core.runtime.hub import reachable_host
 from fiber_core.runtime.run import ENV_HUB, runtime
 
-State = _std.State
+
+class _StateRecord(Protocol):
+    """A manager's ``_state``: ``value`` is one of the class's three constants."""
+
+    INITIAL: ClassVar[int]
+    STARTED: ClassVar[int]
+    SHUTDOWN: ClassVar[int]
+    value: int
+
+
+_RegistryEntry = tuple[Callable[..., Any], Iterable[str], dict[str, str], Any]
+"""A registered type as the stdlib keeps it: (callable, exposed, method_to_typeid, proxytype)."""
+
+
+class _StdInternals(Protocol):
+    """The undocumented parts of :mod:`multiprocessing.managers` this module builds on.
+
+    typeshed leaves them out of its stubs; this describes the ones used here.
+    """
+
+    State: type[_StateRecord]
+    PoolProxy: type[_std.BaseProxy]
+    listener_client: dict[str, tuple[Callable[..., Any], Callable[..., Connection[Any, Any]]]]
+
+    def dispatch(self, c: Connection[Any, Any], id: str | None, methodname: str,
+                 args: tuple[Any, ...] = (), kwds: dict[str, Any] = ...) -> Any: ...
+
+    def convert_to_error(self, kind: str, result: Any) -> Exception: ...
+
+
+_internals = cast(_StdInternals, _std)
+
+State = _internals.State
 
 
 Token = _std.Token
@@ -62,8 +96,9 @@ def share_run_key() -> bytes:
     return key
 
 
-def _serve(cls: type, registry: dict, authkey: bytes, serializer: str, writer: Any,
-           initializer: Callable | None, initargs: tuple, same_host: bool) -> None:
+def _serve(cls: type[BaseManager], registry: dict[str, _RegistryEntry], authkey: bytes,
+           serializer: str, writer: Any, initializer: Callable[..., object] | None,
+           initargs: Iterable[Any], same_host: bool) -> None:
     """The manager job: create the server, report its address, serve.
 
     On the local backend every client shares this host: a Unix socket, as the
@@ -81,7 +116,8 @@ def _serve(cls: type, registry: dict, authkey: bytes, serializer: str, writer: A
         writer.send(server.address)
     else:
         server = cls._Server(registry, ("0.0.0.0", 0), authkey, serializer)
-        writer.send((reachable_host(os.environ[ENV_HUB]), server.address[1]))
+        _, port = cast("tuple[str, int]", server.address)  # a TCP listener's address
+        writer.send((reachable_host(os.environ[ENV_HUB]), port))
     writer.close()
     server.serve_forever()
 
@@ -93,14 +129,25 @@ class BaseManager(_std.BaseManager):
     ``address`` to :meth:`connect` to an existing manager server.
     """
 
+    # Set by the stdlib's BaseManager, which typeshed declares without its private parts.
+    _Server: ClassVar[type[_std.Server]]
+    _registry: ClassVar[dict[str, _RegistryEntry]]
+    _finalize_manager: ClassVar[Callable[..., None]]
+    _state: _StateRecord
+    _authkey: bytes
+    _serializer: str
+    _address: Any
+    _Client: Callable[..., Connection[Any, Any]]
+    _shutdown_timeout: float  # set by the stdlib from 3.11, by __init__ below before
+
     def __init__(self, address: Any = None, authkey: bytes | None = None,
                  serializer: str = "pickle", ctx: Any = None, *,
                  shutdown_timeout: float = 1.0, backend: str | None = None) -> None:
         key = authkey if authkey is not None else share_run_key()
-        try:
+        if sys.version_info >= (3, 11):
             super().__init__(address, key, serializer, ctx,
                              shutdown_timeout=shutdown_timeout)
-        except TypeError:  # Python 3.10: no shutdown_timeout
+        else:  # the stdlib's manager has no shutdown_timeout before 3.11
             super().__init__(address, key, serializer, ctx)
             self._shutdown_timeout = shutdown_timeout
         self._backend = backend
@@ -116,12 +163,13 @@ class BaseManager(_std.BaseManager):
             proxytype = getattr(cls, "_default_proxytype", None)
         super().register(typeid, callable, proxytype, exposed, method_to_typeid, create_method)
 
-    def start(self, initializer: Callable | None = None, initargs: tuple = ()) -> None:
+    def start(self, initializer: Callable[..., object] | None = None,
+              initargs: Iterable[Any] = ()) -> None:
         """Start the server as a job on the selected backend and wait for its address."""
         if self._state.value != State.INITIAL:
             if self._state.value == State.STARTED:
-                raise _std.ProcessError("Already started server")
-            raise _std.ProcessError("Manager has shut down")
+                raise ProcessError("Already started server")
+            raise ProcessError("Manager has shut down")
         if initializer is not None and not builtins_callable(initializer):
             raise TypeError("initializer must be a callable")
         reader, writer = Pipe(duplex=False)
@@ -145,10 +193,10 @@ class BaseManager(_std.BaseManager):
         finally:
             reader.close()
         self._state.value = State.STARTED
-        args = (self._process, self._address, self._authkey, self._state, self._Client)
+        args: tuple[Any, ...] = (self._process, self._address, self._authkey, self._state, self._Client)
         if sys.version_info >= (3, 11):  # the stdlib's finalizer gained shutdown_timeout
             args += (self._shutdown_timeout,)
-        self.shutdown = _std.util.Finalize(self, type(self)._finalize_manager, args=args,
+        self.shutdown = _std_util.Finalize(self, type(self)._finalize_manager, args=args,
                                            exitpriority=0)
 
     def get_server(self) -> Any:
@@ -180,7 +228,7 @@ def _pool_factory(*args: Any, **kwargs: Any) -> Any:
     return Pool(*args, **kwargs)
 
 
-SyncManager.register("Pool", _pool_factory, _std.PoolProxy)
+SyncManager.register("Pool", _pool_factory, _internals.PoolProxy)
 
 
 def Manager(*, backend: str | None = None) -> SyncManager:  # noqa: N802
@@ -237,7 +285,7 @@ class _Pipeline:
 
     def __init__(self, proxy: AsyncProxy) -> None:
         self.conn = proxy._Client(proxy._token.address, authkey=proxy._authkey)
-        _std.dispatch(self.conn, None, "accept_connection", (f"async-{proxy._id}",))
+        _internals.dispatch(self.conn, None, "accept_connection", (f"async-{proxy._id}",))
         self.send_lock = threading.Lock()
         self.recv_lock = threading.Lock()
         self.waiting: collections.deque[AsyncHandle] = collections.deque()
@@ -299,7 +347,7 @@ class _Pipeline:
         elif kind == "#PROXY":
             handle._set(True, self.proxy._rebuild_child(*result))
         else:
-            handle._set(False, _std.convert_to_error(kind, result))
+            handle._set(False, _internals.convert_to_error(kind, result))
 
 
 class AsyncProxy(BaseProxy):
@@ -308,7 +356,17 @@ class AsyncProxy(BaseProxy):
     _pipeline: _Pipeline | None = None
     _pipeline_lock = threading.Lock()
 
-    def _callmethod(self, methodname: str, args: tuple = (), kwds: dict | None = None) -> AsyncHandle:
+    # Set by the stdlib's BaseProxy, which typeshed declares without its private parts.
+    _token: Token
+    _id: str
+    _manager: BaseManager | None
+    _serializer: str
+    _authkey: bytes
+    _Client: Callable[..., Connection[Any, Any]]
+    _isauto: bool
+
+    def _callmethod(  # type: ignore[override]  # returns a handle, not the result: the point of this class
+            self, methodname: str, args: tuple = (), kwds: dict | None = None) -> AsyncHandle:
         pipeline = self._pipeline
         if pipeline is None:
             with AsyncProxy._pipeline_lock:
@@ -318,7 +376,7 @@ class AsyncProxy(BaseProxy):
                         pipeline = self._pipeline = _Pipeline(self)
                     except OSError as e:
                         raise FiberError(
-                            f"cannot reach the manager at {self._token.address}: it has shut "
+                            f"cannot reach the manager at {self._token.address!s}: it has shut "
                             f"down or its job ended ({e})") from e
         return pipeline.call(methodname, tuple(args), dict(kwds or {}))
 
@@ -326,12 +384,13 @@ class AsyncProxy(BaseProxy):
         return BaseProxy._callmethod(self, methodname, args, kwds or {})
 
     def _rebuild_child(self, exposed: Any, token: Token) -> Any:
-        proxytype = self._manager._registry[token.typeid][-1] if self._manager else AsyncAutoProxy
+        typeid = cast(str, token.typeid)  # a registered name: typeshed's Token allows bytes or None
+        proxytype = self._manager._registry[typeid][-1] if self._manager else AsyncAutoProxy
         token.address = self._token.address
         proxy = proxytype(token, self._serializer, manager=self._manager, authkey=self._authkey,
                           exposed=exposed)
         conn = self._Client(token.address, authkey=self._authkey)
-        _std.dispatch(conn, None, "decref", (token.id,))
+        _internals.dispatch(conn, None, "decref", (token.id,))
         return proxy
 
     def _getvalue(self) -> Any:
@@ -359,22 +418,22 @@ def _make_async_type(name: str, exposed: tuple) -> type:
         call.__name__ = method
         return call
 
-    namespace = {m: make(m) for m in exposed}
+    namespace: dict[str, Any] = {m: make(m) for m in exposed}
     namespace["_exposed_"] = exposed
     return type(name, (AsyncProxy,), namespace)
 
 
-_async_types: dict[tuple[str, tuple], type] = {}
+_async_types: dict[tuple[str | bytes | None, tuple[str, ...]], type] = {}
 
 
 def AsyncAutoProxy(token: Token, serializer: str, manager: Any = None, authkey: bytes | None = None,  # noqa: N802
                    exposed: Any = None, incref: bool = True, manager_owned: bool = False) -> AsyncProxy:
     """Like the stdlib's AutoProxy, with asynchronous methods."""
-    client = _std.listener_client[serializer][1]
+    client = _internals.listener_client[serializer][1]
     if exposed is None:
         conn = client(token.address, authkey=authkey)
         try:
-            exposed = _std.dispatch(conn, None, "get_methods", (token,))
+            exposed = _internals.dispatch(conn, None, "get_methods", (token,))
         finally:
             conn.close()
     if authkey is None and manager is not None:
@@ -384,7 +443,7 @@ def AsyncAutoProxy(token: Token, serializer: str, manager: Any = None, authkey: 
     key = (token.typeid, tuple(exposed))
     cls = _async_types.get(key)
     if cls is None:
-        cls = _async_types[key] = _make_async_type(f"AsyncAutoProxy[{token.typeid}]", tuple(exposed))
+        cls = _async_types[key] = _make_async_type(f"AsyncAutoProxy[{token.typeid!s}]", tuple(exposed))
     proxy = cls(token, serializer, manager=manager, authkey=authkey, incref=incref,
                 manager_owned=manager_owned)
     proxy._isauto = True
