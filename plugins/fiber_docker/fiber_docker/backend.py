@@ -4,15 +4,19 @@ How a job starts, whole: :meth:`DockerBackend.create_job` checks the image once 
 must run ``python3 -c "import fiber_core"``), creates a container from it with the
 job's command, environment, labels, mounts and limits, and returns; a thread attaches
 to the container's output and starts it (several start at once; the first container
-of a backend starts before create_job returns). Containers run with host networking, ``--init`` (so the worker is not PID 1 and
-SIGTERM ends it with -15) and ``--rm``: the daemon removes a container as soon as it
-exits, so a run leaves nothing behind even when its parent is killed (the workers
-end themselves when their parent's connection drops).
+of a backend starts before create_job returns). Containers run with host networking,
+``--init`` (so the worker is not PID 1 and SIGTERM ends it with -15) and ``--rm``: the
+daemon removes a container as soon as it exits, so a run leaves nothing behind even when
+its parent is killed (the workers end themselves when their parent's connection drops).
 
-One thread per backend follows the daemon's event stream (``die`` events of this
-backend's containers carry the exit code), so :meth:`~DockerBackend.poll_job` never
-calls the API; a second one re-lists the containers every few seconds as a safety
-net for events missed while the stream reconnects.
+A watcher follows the daemon's event stream for this backend's containers and finishes
+each job's state when its ``die`` event comes; a second one re-lists the containers every
+few seconds as a safety net for events missed while the stream reconnects. Why a job
+ended comes from what the daemon reports: an ``oom`` event (``State.OOMKilled``) before a
+SIGKILL is :attr:`~EndReason.OOM`; a ``kill`` event this backend did not cause (``docker
+stop`` or ``docker kill`` by someone else) is :attr:`~EndReason.PREEMPTED`; a start the
+daemon refuses is :attr:`~EndReason.NEVER_STARTED`; a container gone without a ``die``
+event, or a daemon that stopped answering, is :attr:`~EndReason.HOST_LOST`.
 
 The ``docker`` SDK is imported when a backend first talks to the daemon, never when
 the plugin is loaded.
@@ -20,7 +24,7 @@ the plugin is loaded.
 
 from __future__ import annotations
 
-import logging
+import importlib.metadata
 import os
 import re
 import secrets
@@ -34,10 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from fiber_core.base.errors import BackendError
+from fiber_core.base.log import log
 from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
-
-log = logging.getLogger("fiber")
+from fiber_core.contract import Backend, EndReason, Job, JobSpec, exitcode_from_status
 
 OPTIONS: tuple[Option, ...] = (
     Option("image", str, None,
@@ -62,8 +65,6 @@ LABEL_BACKEND = "fiber.backend"
 LABEL_OWNER = "fiber.owner"
 """Which backend instance (one per process) created the container: what cleanup() removes."""
 
-LOG_LIMIT = 1 << 20
-"""Bytes of a container's output kept for get_job_logs() (the last ones)."""
 RESYNC_SECONDS = 5.0
 """How often the safety re-list runs while jobs are unfinished."""
 CHECK_TIMEOUT = 120.0
@@ -74,39 +75,28 @@ START_FAILED = 125
 """Exit code of a job whose container the daemon refused to start (``docker run``'s)."""
 _LOST = -signal.SIGKILL
 """Exit code of a container that vanished without a ``die`` event we saw (removed by force)."""
-
-
-class _NotStarted(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
+_UNREACHABLE = 255
+"""Exit code of a job on a daemon that stopped answering (its fate is unknown; ssh's code)."""
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_.-]+")
-_EXITED = re.compile(r"Exited \((-?\d+)\)")
 _CONTAINER_ID = re.compile(r"(?:/containers/|docker[-/]|/docker/)([0-9a-f]{64})")
 
 
 @dataclass(eq=False)
 class _Container:
-    """What the backend keeps of one job's container (``Job.handle``)."""
+    """What the backend keeps of one job's container (``Job.handle``); its end is in ``Job.state``."""
 
     id: str
     name: str
-    exitcode: int | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    output: bytearray = field(default_factory=bytearray)
-    output_done: threading.Event = field(default_factory=threading.Event)
-    missing: int = 0
-    """Consecutive re-lists that did not find the container (two make it lost)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    started: bool = False
-    signal: str | None = None
-    """A signal asked for before the container started: sent once it has."""
-
-    def finish(self, code: int) -> None:
-        if self.exitcode is None:
-            self.exitcode = code
-        self.done.set()
+    started: bool = False  # the daemon accepted the start; until then:
+    signal: str | None = None  # a signal asked for, sent once it has started
+    status: int | None = None  # an exit whose die event came before the start call returned
+    signalled: bool = False  # this backend sent it a signal: kill events are ours
+    outside_signal: str | None = None  # the signal of a kill event we did not cause
+    oom: bool = False  # the daemon reported an oom event
+    missing: int = 0  # consecutive re-lists that did not find it (two make it lost)
+    output_done: threading.Event = field(default_factory=threading.Event)  # the log is whole
 
 
 @dataclass
@@ -138,9 +128,13 @@ class DockerBackend(Backend):
         self._where = ""
         self._daemon_name: str | None = None
         self._own: dict[str, Any] | None = None
-        self._by_id: dict[str, _Container] = {}
+        self._by_id: dict[str, Job] = {}  # the unfinished jobs, by container id
         self._count = 0
-        self._watcher: _Watcher | None = None
+        self._watching = False
+        self._relist: Any = None  # the re-list Watcher, woken when the event stream reconnects
+        self._events: Any = None  # the event stream being read
+        self._since = 0  # where a reconnected event stream resumes (daemon time, seconds)
+        self._unreachable_since: float | None = None
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
         self._started_any = False
 
@@ -237,8 +231,8 @@ class DockerBackend(Backend):
             status = self.wait_for_job(job, CHECK_TIMEOUT)
             out = self.get_job_logs(job)
         finally:
-            if job.handle.exitcode is None:
-                self.kill_job(job)
+            if not job.state.done():
+                self.stop_job(job, force=True)
         shown = image if image == image_id else f"{image} ({image_id[7:19]})"
         if status is None:
             return _ImageCheck(False, f"image {shown}: `{python} -c 'import fiber_core'` did not "
@@ -253,11 +247,9 @@ class DockerBackend(Backend):
                     log.warning("fiber: image %s runs Python %s.%s and this process %s: functions and "
                                 "lambdas defined in __main__ travel as bytecode and may fail to load",
                                 shown, major, minor, here)
-                import fiber_core
-
-                if version != fiber_core.__version__:
-                    log.warning("fiber: image %s has fiber-core %s and this process %s",
-                                shown, version, fiber_core.__version__)
+                mine = _core_version()
+                if mine and version != mine:
+                    log.warning("fiber: image %s has fiber-core %s and this process %s", shown, version, mine)
             return _ImageCheck(True)
         tail = "\n".join(out.strip().splitlines()[-5:])
         if status == 127 or "exec" in out and "failed" in out and python in out:
@@ -320,14 +312,14 @@ class DockerBackend(Backend):
         except Exception as e:  # APIError, or the daemon went away (requests' errors)
             raise BackendError(f"cannot create a container for {spec.name} from {image!r} on "
                                f"{self._where}: {_explain(e)}") from e
-        state = _Container(id=cid, name=name)
+        job = Job(id=cid, spec=spec, handle=_Container(id=cid, name=name), host=self._daemon_name)
         with self._lock:
-            self._by_id[cid] = state
-        job = Job(id=cid, spec=spec, handle=state, host=self._daemon_name)
+            self._by_id[cid] = job
         if wait_start:
             stream = self._start(job)
-            threading.Thread(target=_read_output, args=(stream, state), daemon=True,
-                             name=f"fiber-docker-output-{n}").start()
+            if stream is not None:
+                threading.Thread(target=_read_output, args=(stream, job), daemon=True,
+                                 name=f"fiber-docker-output-{n}").start()
         else:
             threading.Thread(target=self._start_and_read, args=(job,), daemon=True,
                              name=f"fiber-docker-{n}").start()
@@ -338,38 +330,37 @@ class DockerBackend(Backend):
 
         Attached before it starts, as `docker run` does: no output is missed however fast
         the job ends (the daemon removes the container as soon as it exits). At most
-        :data:`PARALLEL_STARTS` containers start at once.
+        :data:`PARALLEL_STARTS` containers start at once. Returns ``None`` when the job was
+        stopped before it started: its container is removed unstarted.
         """
-        state: _Container = job.handle
+        c: _Container = job.handle
         stream = None
         try:
             with self._starts:
-                with state.lock:
-                    if state.signal is not None:  # stopped before it started
-                        code = -getattr(signal, state.signal)
-                        raise _NotStarted(code)
-                stream = self._stream_api.attach(state.id, stdout=True, stderr=True,
-                                                 stream=True, logs=True)
-                self._api.start(state.id)
-        except _NotStarted as e:
-            self._forget(state, e.code)
-            raise
+                with c.lock:
+                    pending = c.signal
+                if pending is not None:
+                    self._forget(job, -getattr(signal, pending))
+                    return None
+                stream = self._stream_api.attach(c.id, stdout=True, stderr=True, stream=True, logs=True)
+                self._api.start(c.id)
         except Exception as e:
             if stream is not None:
                 _close_stream(stream)
             self._start_failed(job, e)
-        with state.lock:
-            state.started = True
-            pending = state.signal
-        if pending is not None:
-            self._send(state, pending)
+        with c.lock:
+            c.started = True
+            pending, status = c.signal, c.status
+        if status is not None:  # it ended before we knew it started
+            self._died(job, status)
+        elif pending is not None:
+            self._send(c, pending)
         return stream
 
     def _start_failed(self, job: Job, e: Exception) -> NoReturn:
         """End a job whose container the daemon would not start, and raise why."""
         import docker
 
-        state: _Container = job.handle
         if isinstance(e, docker.errors.APIError):
             msg = _explain(e)
             if job.spec.gpu and ("device driver" in msg or "gpu" in msg.lower()):
@@ -377,30 +368,27 @@ class DockerBackend(Backend):
                         "Container Toolkit (nvidia-ctk runtime configure --runtime=docker)")
         else:
             msg = str(e)
-        self._forget(state, START_FAILED, f"fiber: docker could not start the container: {msg}")
-        raise BackendError(f"cannot start the container of {job.spec.name} ({state.name}): {msg}") from e
+        job.state.log.append(f"fiber: docker could not start the container: {msg}\n")
+        self._forget(job, START_FAILED, EndReason.NEVER_STARTED, f"the daemon would not start it: {msg}")
+        raise BackendError(f"cannot start the container of {job.spec.name} ({job.handle.name}): {msg}") from e
 
     def _start_and_read(self, job: Job) -> None:
         try:
             stream = self._start(job)
-        except _NotStarted:
-            return
         except BackendError as e:
             log.debug("fiber: %s", e)  # the job ends with START_FAILED and says why in its logs
             return
-        _read_output(stream, job.handle)
+        if stream is not None:
+            _read_output(stream, job)
 
-    def _forget(self, state: _Container, code: int, why: str = "") -> None:
-        """End a job whose container never ran: remove it, record ``code`` and ``why``."""
+    def _forget(self, job: Job, code: int, reason: EndReason | None = None, detail: str = "") -> None:
+        """End a job whose container never ran: remove it, record ``code`` and why."""
         try:
-            self._api.remove_container(state.id, force=True)
+            self._api.remove_container(job.id, force=True)
         except Exception:
             pass
-        if why:
-            state.output += why.encode() + b"\n"
-        state.output_done.set()
-        self._finish(state.id, code)
-        state.finish(code)
+        job.handle.output_done.set()
+        self._end(job, code, reason, detail)
 
     def _mounts(self, spec: JobSpec) -> tuple[list[str], str | None]:
         """Bind mounts (``SRC:DST[:MODE]``) and working directory of a job."""
@@ -423,40 +411,31 @@ class DockerBackend(Backend):
             binds[target] = f"{source}:{target}"
         return list(binds.values()), workdir
 
-    def poll_job(self, job: Job) -> int | None:
-        return job.handle.exitcode
-
-    def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
-        job.handle.done.wait(timeout)
-        code = job.handle.exitcode
-        if code is not None:
-            job.state.finish(code)
-        return code
-
     def _signal(self, job: Job, sig: str) -> None:
-        state: _Container = job.handle
-        with state.lock:
-            if state.exitcode is not None:
+        c: _Container = job.handle
+        with c.lock:
+            if job.state.done():
                 return
-            if not state.started:  # _start sends it, or does not start the container
-                if state.signal != "SIGKILL":
-                    state.signal = sig
+            c.signalled = True
+            if not c.started:  # _start sends it, or does not start the container
+                if c.signal != "SIGKILL":
+                    c.signal = sig
                 return
-        self._send(state, sig)
+        self._send(c, sig)
 
-    def _send(self, state: _Container, sig: str) -> None:
+    def _send(self, c: _Container, sig: str) -> None:
         import docker
 
         try:
-            self._api.kill(state.id, signal=sig)
+            self._api.kill(c.id, signal=sig)
         except docker.errors.NotFound:
             pass  # already exited and removed: its die event gives the code
         except docker.errors.APIError as e:
             if e.status_code == 409:  # not running (exiting, or being removed)
                 return
-            raise BackendError(f"cannot signal container {state.name}: {_explain(e)}") from e
+            raise BackendError(f"cannot signal container {c.name}: {_explain(e)}") from e
         except Exception as e:  # the daemon went away (requests' errors)
-            raise BackendError(f"cannot signal container {state.name} on {self._where}: {e}") from e
+            raise BackendError(f"cannot signal container {c.name} on {self._where}: {e}") from e
 
     def terminate_job(self, job: Job) -> None:
         self._signal(job, "SIGTERM")
@@ -465,66 +444,157 @@ class DockerBackend(Backend):
         self._signal(job, "SIGKILL")
 
     def get_job_logs(self, job: Job) -> str:
-        state: _Container = job.handle
-        if state.exitcode is not None:
-            state.output_done.wait(5.0)  # the last bytes may still be on their way
-        return bytes(state.output).decode("utf-8", "replace")
+        if job.state.done():  # the exit came by the event stream: the last bytes may be on their way
+            job.handle.output_done.wait(5.0)
+        return super().get_job_logs(job)
 
-    # -- watching exits ----------------------------------------------------------------
+    # -- how jobs end ------------------------------------------------------------------
+
+    def _end(self, job: Job, code: int, reason: EndReason | None = None, detail: str = "") -> None:
+        with self._lock:
+            self._by_id.pop(job.id, None)
+        job.state.finish(code, reason, detail)
+
+    def _died(self, job: Job, code: int, oom_killed: bool = False) -> None:
+        """Record an exit the daemon reported, and why, from what it said of the container."""
+        c: _Container = job.handle
+        if code == -signal.SIGKILL and not (c.oom or oom_killed or c.signalled or c.outside_signal):
+            oom_killed = bool((self._state(c) or {}).get("OOMKilled"))  # the oom event may trail
+        if code == -signal.SIGKILL and (c.oom or oom_killed):
+            # The flag is the container's: it says the exit was the OOM kill only with SIGKILL's code.
+            limit = job.spec.memory
+            self._end(job, code, EndReason.OOM, f"OOMKilled: out of memory, over the container's limit "
+                      f"of {limit} MiB" if limit else "OOMKilled: out of memory (no memory limit was set)")
+        elif c.outside_signal is not None and code < 0 and not job.state.stop_requested:
+            self._end(job, code, EndReason.PREEMPTED, f"stopped from outside Fiber: the daemon sent "
+                      f"signal {c.outside_signal} (docker stop or docker kill)")
+        else:
+            self._end(job, code)  # its own exit, or STOPPED when Fiber asked for it
+
+    def _state(self, c: _Container) -> dict[str, Any] | None:
+        """The daemon's ``State`` of a container, ``None`` once it is removed."""
+        try:
+            return self._api.inspect_container(c.id)["State"]
+        except Exception:
+            return None
+
+    # -- watching ----------------------------------------------------------------------
 
     def _ensure_watching(self) -> None:
         with self._lock:
-            if self._watcher is None:
-                self._watcher = _Watcher(self)
+            if self._watching:
+                return
+            self._watching = True
+            self._since = int(time.time()) - 60  # before the first container: no exit is missed
+            self._relist = self.watch(self._resync, "relist", interval=RESYNC_SECONDS)
+            self.watch(self._follow_events, "events", interval=0.1, max_backoff=5.0)
 
-    def _finish(self, cid: str, code: int) -> None:
+    def _follow_events(self) -> None:
+        """Read the daemon's events for this backend's containers until the stream breaks.
+
+        On a reconnect the daemon replays the events since ``_since`` (a minute early, for a
+        daemon whose clock is behind ours: a replayed event changes nothing), and the re-list
+        runs at once for what the daemon no longer holds.
+        """
+        filters = {"type": ["container"], "event": ["die", "kill", "oom"],
+                   "label": [f"{LABEL_RUN}={self.run_id}", f"{LABEL_OWNER}={self.owner}"]}
+        stream = self._stream_api.events(since=self._since, filters=filters, decode=True)
         with self._lock:
-            state = self._by_id.pop(cid, None)
-        if state is not None:
-            state.finish(code)
+            closing = not self._watching  # cleanup came before the stream it would close
+            if not closing:
+                self._events = stream
+                self._relist.wake()
+        try:
+            if not closing:
+                for event in stream:
+                    self._since = max(self._since, int(event.get("time", self._since)) - 1)
+                    self._on_event(event)
+        finally:
+            with self._lock:
+                if self._events is stream:
+                    self._events = None
+            _close_stream(stream)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        actor = event.get("Actor") or {}
+        with self._lock:
+            job = self._by_id.get(event.get("id") or actor.get("ID") or "")
+        if job is None:
+            return
+        c: _Container = job.handle
+        action, attributes = event.get("Action"), actor.get("Attributes") or {}
+        with c.lock:
+            if action == "oom":
+                c.oom = True
+            elif action == "kill" and not c.signalled:
+                c.outside_signal = c.outside_signal or str(attributes.get("signal", "?"))
+            elif action == "die" and not c.started:  # _start records it once the start call returned
+                c.status = _exitcode(attributes.get("exitCode", 255))
+                return
+        if action == "die":
+            self._died(job, _exitcode(attributes.get("exitCode", 255)))
 
     def _resync(self) -> None:
-        """One list of this backend's containers: finish the jobs whose exit was missed."""
+        """One list of this backend's containers: finish the jobs whose exit was missed, and
+        every job once the daemon has not answered for ``peer_timeout`` seconds."""
         with self._lock:
-            states = list(self._by_id.values())
-        if not states:
+            jobs = [job for job in self._by_id.values() if job.handle.started]
+        if not jobs:
+            self._unreachable_since = None
             return
-        rows = self._api.containers(all=True, filters={"label": [f"{LABEL_OWNER}={self.owner}"]})
+        try:
+            rows = self._api.containers(all=True, filters={"label": [f"{LABEL_OWNER}={self.owner}"]})
+        except Exception as e:
+            now = time.monotonic()
+            since = self._unreachable_since = self._unreachable_since or now
+            if now - since >= self.peer_timeout:
+                for job in jobs:
+                    self._end(job, _UNREACHABLE, EndReason.HOST_LOST, f"the Docker daemon at "
+                              f"{self._where} did not answer for {now - since:.0f} s: {_explain(e)}")
+            raise
+        self._unreachable_since = None
         seen = {row["Id"]: row for row in rows}
-        for state in states:
-            row = seen.get(state.id)
+        for job in jobs:
+            c: _Container = job.handle
+            row = seen.get(c.id)
             if row is None:
                 # Gone without a die event seen: wait one more round, the event may be in flight.
-                state.missing += 1
-                if state.missing >= 2:
-                    self._finish(state.id, _LOST)
+                c.missing += 1
+                if c.missing >= 2:
+                    self._end(job, _LOST, EndReason.HOST_LOST,
+                              "the container vanished without a die event (removed by force?)")
                 continue
-            state.missing = 0
-            found = _EXITED.search(row.get("Status", ""))
-            if row.get("State") in ("exited", "dead") and found:
-                self._finish(state.id, exitcode_from_status(int(found.group(1))))
+            c.missing = 0
+            state = self._state(c) if row.get("State") in ("exited", "dead") else None
+            if state is not None:  # else removed since: its die event, or the next round, tells
+                self._died(job, _exitcode(state["ExitCode"]), bool(state.get("OOMKilled")))
 
     # -- cleanup ---------------------------------------------------------------------
 
     def cleanup(self) -> None:
-        with self._jobs_lock:
-            self._jobs = []
+        self.take_jobs()  # all of this backend's containers go at once, below
         with self._lock:
-            api, watcher, self._watcher = self._api, self._watcher, None
-            states = list(self._by_id.values())
+            api, self._watching = self._api, False
+            events, jobs = self._events, list(self._by_id.values())
             self._by_id.clear()
-        if api is None:
-            return
-        try:
-            rows = api.containers(all=True, filters={"label": [f"{LABEL_OWNER}={self.owner}"]})
-            _remove_all(api, [row["Id"] for row in rows])
-        except Exception as e:
-            log.warning("fiber: could not remove the containers of this run from %s: %s "
-                        "(fiber clean --backend docker --run %s removes them)", self._where, e, self.run_id)
-        for state in states:
-            state.finish(_LOST)  # killed just now, unless its exit code was already known
-        if watcher is not None:
-            watcher.stop()
+        for job in jobs:
+            job.state.stop_requested = True
+        if api is not None:
+            try:
+                rows = api.containers(all=True, filters={"label": [f"{LABEL_OWNER}={self.owner}"]})
+                _remove_all(api, [row["Id"] for row in rows])
+            except Exception as e:
+                log.warning("fiber: could not remove the containers of this run from %s: %s "
+                            "(fiber clean --backend docker --run %s removes them)", self._where, e,
+                            self.run_id)
+        for job in jobs:
+            job.state.finish(_LOST)  # killed just now, unless its exit code was already known
+        super().cleanup()  # stops the watchers
+        if events is not None:
+            try:
+                events.close()  # shuts the socket: the event watcher's round ends and closes the rest
+            except Exception:
+                pass
 
     @classmethod
     def clean(cls, settings: Mapping[str, Any], run_id: str | None = None) -> list[str]:
@@ -534,71 +604,6 @@ class DockerBackend(Backend):
         _remove_all(api, [row["Id"] for row in rows])
         return [f"container {row['Names'][0].lstrip('/')} ({row['Id'][:12]}, run "
                 f"{row['Labels'].get(LABEL_RUN)}, {row['State']})" for row in rows]
-
-
-class _Watcher:
-    """Two threads per backend: the daemon's ``die`` events, and a slow safety re-list."""
-
-    def __init__(self, backend: DockerBackend) -> None:
-        self.backend = backend
-        self.stopped = threading.Event()
-        self.events: Any = None
-        try:
-            self.events = self._open(int(time.time()) - 60)  # before the first container: no exit is missed
-        except Exception as e:
-            log.debug("fiber: docker event stream failed: %s", e)
-        threading.Thread(target=self._follow, daemon=True, name="fiber-docker-events").start()
-        threading.Thread(target=self._relist, daemon=True, name="fiber-docker-relist").start()
-
-    def _open(self, since: int | None) -> Any:
-        b = self.backend
-        filters = {"type": ["container"], "event": ["die"],
-                   "label": [f"{LABEL_RUN}={b.run_id}", f"{LABEL_OWNER}={b.owner}"]}
-        return b._stream_api.events(since=since, filters=filters, decode=True)
-
-    def _follow(self) -> None:
-        # On a reconnect the daemon replays the events since `since` (a minute early, for a
-        # daemon whose clock is behind ours: a replayed die event changes nothing).
-        since = int(time.time()) - 60
-        delay = 0.1
-        while not self.stopped.is_set():
-            try:
-                if self.events is None:
-                    self.events = self._open(since)
-                    if self.stopped.is_set():  # stop() came before the stream it would close
-                        break
-                    self.backend._resync()  # what the daemon no longer holds
-                for event in self.events:
-                    since = max(since, int(event.get("time", since)) - 1)
-                    actor = event.get("Actor") or {}
-                    code = int((actor.get("Attributes") or {}).get("exitCode", 255))
-                    self.backend._finish(event.get("id") or actor.get("ID"), exitcode_from_status(code))
-                    delay = 0.1
-            except Exception as e:
-                if not self.stopped.is_set():
-                    log.debug("fiber: docker event stream failed: %s", e)
-            if self.events is not None:
-                _close_stream(self.events)
-            self.events = None
-            if self.stopped.wait(delay):
-                return
-            delay = min(delay * 2, 5.0)
-
-    def _relist(self) -> None:
-        while not self.stopped.wait(RESYNC_SECONDS):
-            try:
-                self.backend._resync()
-            except Exception as e:
-                log.debug("fiber: docker re-list failed: %s", e)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        events = self.events
-        if events is not None:
-            try:
-                events.close()  # shuts the socket: _follow's loop ends, and closes the rest
-            except Exception:
-                pass
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -672,16 +677,14 @@ def _device_requests(gpu: int | None) -> list[Any] | None:
     return [docker.types.DeviceRequest(count=-1 if gpu < 0 else int(gpu), capabilities=[["gpu"]])]
 
 
-def _read_output(stream: Any, state: _Container) -> None:
+def _read_output(stream: Any, job: Job) -> None:
     try:
         for chunk in stream:
-            state.output += chunk
-            if len(state.output) > 2 * LOG_LIMIT:
-                del state.output[:-LOG_LIMIT]
+            job.state.log.append(chunk)
     except Exception:
         pass
     finally:
-        state.output_done.set()
+        job.handle.output_done.set()
         _close_stream(stream)
 
 
@@ -742,6 +745,19 @@ def _remove_all(api: Any, ids: list[str]) -> None:
         t.join()
     if errors:
         raise BackendError(f"could not remove {len(errors)} container(s): {_explain(errors[0])}")
+
+
+def _core_version() -> str | None:
+    """The version of the fiber-core this process runs, if it is installed."""
+    try:
+        return importlib.metadata.version("fiber-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _exitcode(status: Any) -> int:
+    """``multiprocessing``'s exit code of the daemon's ``128 + N`` status."""
+    return exitcode_from_status(int(status)) or 0
 
 
 def _explain(e: Any) -> str:

@@ -14,9 +14,11 @@ import os
 import secrets
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +29,19 @@ import fiber_core
 import pytest
 from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
 from fiber_core.base.errors import BackendError
-from fiber_core.contract.backend import Backend, Job, JobSpec
+from fiber_core.contract import Backend, EndReason, Job, JobSpec
 from fiber_core.contract.registry import registry
 from fiber_core.runtime.config import create_backend
 from fiber_core.testing import BackendConformance
 
-from fiber_docker.backend import LABEL_OWNER, LABEL_RUN, DockerBackend, _device_requests
+import fiber_docker.backend
+from fiber_docker.backend import (
+    LABEL_OWNER,
+    LABEL_RUN,
+    START_FAILED,
+    DockerBackend,
+    _device_requests,
+)
 
 pytestmark = pytest.mark.usefixtures("docker_env")
 
@@ -212,6 +221,128 @@ def test_network_mode_needs_a_listen_host() -> None:
     assert make_backend(network_mode="container:abc").get_listen_addr() == "127.0.0.1"
     with pytest.raises(BackendError, match="listen_host"):
         make_backend(network_mode="bridge").get_listen_addr()
+
+
+# -- why a job ended -----------------------------------------------------------------------------
+
+
+def test_end_exited(backend: DockerBackend) -> None:
+    jobs = [backend.start_job(JobSpec(command=["python3", "-c", code], name="exits")) for code in (
+        "import sys; sys.exit(3)",
+        "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",  # a signal nobody else sent
+    )]
+    assert [backend.wait_for_job(job, WAIT) for job in jobs] == [3, -signal.SIGTERM]
+    assert [job.state.reason for job in jobs] == [EndReason.EXITED, EndReason.EXITED]
+
+
+def test_end_oom(backend: DockerBackend) -> None:
+    hog = JobSpec(command=["python3", "-c", "b = b'x' * (256 << 20); print('survived', len(b))"],
+                  name="hog", memory=64)
+    job = backend.start_job(hog)
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGKILL, backend.get_job_logs(job)
+    assert job.state.reason is EndReason.OOM
+    assert "64 MiB" in job.state.detail
+    assert "survived" not in backend.get_job_logs(job)
+
+
+@pytest.mark.parametrize(("how", "code"), [("stop", -signal.SIGTERM), ("kill", -signal.SIGKILL)])
+def test_end_preempted(how: str, code: int, backend: DockerBackend, docker_api: docker.APIClient) -> None:
+    job = backend.start_job(sleeper())
+    wait_output(backend, job, "up")
+    if how == "stop":
+        docker_api.stop(job.id, timeout=30)  # someone else's docker stop
+    else:
+        docker_api.kill(job.id)
+    assert backend.wait_for_job(job, WAIT) == code
+    assert job.state.reason is EndReason.PREEMPTED
+    assert "outside Fiber" in job.state.detail
+
+
+def test_end_stopped(backend: DockerBackend) -> None:
+    running = [backend.start_job(sleeper(f"run{i}")) for i in range(2)]
+    for job in running:
+        wait_output(backend, job, "up")
+    unstarted = backend.start_job(sleeper("unstarted"))  # stopped before or while it starts
+    backend.stop_job(running[0])
+    backend.stop_job(running[1], force=True)
+    backend.stop_job(unstarted)
+    assert [backend.wait_for_job(job, WAIT) for job in running] == [-signal.SIGTERM, -signal.SIGKILL]
+    assert backend.wait_for_job(unstarted, WAIT) == -signal.SIGTERM
+    assert {job.state.reason for job in [*running, unstarted]} == {EndReason.STOPPED}
+
+
+def test_end_never_started(backend: DockerBackend, tmp_path: Path) -> None:
+    backend.start_job(sleeper())  # the first job starts in create_job: a refusal would raise there
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    # The daemon creates the container, then refuses to start it: a file mounted over a directory.
+    job = backend.start_job(sleeper("refused", volumes={str(a_file): "/usr"}))
+    assert backend.wait_for_job(job, WAIT) == START_FAILED
+    assert job.state.reason is EndReason.NEVER_STARTED
+    assert "not a directory" in job.state.detail
+    assert "docker could not start the container" in backend.get_job_logs(job)
+
+
+class Relay:
+    """A Unix socket that forwards every connection to the test daemon's, until :meth:`cut`."""
+
+    def __init__(self, path: str, target: str) -> None:
+        self.target = target
+        self.conns: list[socket.socket] = []
+        self.server = socket.socket(socket.AF_UNIX)
+        self.server.bind(path)
+        self.server.listen()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # cut
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.target)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+            b.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def cut(self) -> None:
+        """The daemon is gone: open connections drop, new ones are refused."""
+        for s in [self.server, *self.conns]:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_end_host_lost(tmp_path: Path, docker_host: str, docker_api: docker.APIClient,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    relay = Relay(str(tmp_path / "docker.sock"), docker_host.removeprefix("unix://"))
+    monkeypatch.setattr(fiber_docker.backend, "RESYNC_SECONDS", 0.2)  # the re-list notices at once
+    b = make_backend(base_url=f"unix://{tmp_path / 'docker.sock'}")
+    b.peer_timeout = 1.0
+    try:
+        job = b.start_job(sleeper())
+        wait_output(b, job, "up")
+        relay.cut()
+        assert b.wait_for_job(job, WAIT) == 255
+        assert job.state.reason is EndReason.HOST_LOST
+        assert "did not answer" in job.state.detail
+    finally:
+        relay.cut()
+        b.cleanup()  # cannot reach the daemon any more: the container is removed here
+        for c in containers(docker_api, f"{LABEL_OWNER}={b.owner}"):
+            docker_api.remove_container(c["Id"], force=True)
 
 
 # -- errors that say what to do --------------------------------------------------------------------

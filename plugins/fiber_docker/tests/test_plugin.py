@@ -22,7 +22,7 @@ def test_docker_sdk_not_imported_by_the_plugin() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, fiber_core; from fiber_core.registry import registry; "
+    code = ("import sys, fiber_core; from fiber_core.contract.registry import registry; "
             "registry.get_class('docker'); print('docker' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
