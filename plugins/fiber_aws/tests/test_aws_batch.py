@@ -247,6 +247,7 @@ class TestAwsBatch(BackendConformance):
         assert d["status"] == "FAILED"
         assert d["statusReason"] == f"fiber: terminated by its parent (run {backend.run_id})"
         assert "was terminated by fiber" in backend.get_job_logs(job)
+        assert job.state.reason is EndReason.STOPPED
 
     def test_jobs_run_with_host_network_only(self, backend: AwsBatchBackend) -> None:
         job = backend.start_job(sleeper())
@@ -381,6 +382,8 @@ def test_job_terminated_by_someone_else_reports_batch_reason(aws: AwsBatchBacken
     logs = aws.get_job_logs(job)
     assert "FAILED: drained by operator for maintenance" in logs
     assert "up" in logs.splitlines()  # and the job's own output, from CloudWatch Logs
+    assert job.state.reason is EndReason.EXITED  # a signal Fiber did not send
+    assert job.state.detail == "drained by operator for maintenance"
 
 
 def test_image_without_python_fails_with_advice(aws: AwsBatchBackend) -> None:
@@ -391,6 +394,7 @@ def test_image_without_python_fails_with_advice(aws: AwsBatchBackend) -> None:
         logs = aws.get_job_logs(job)
         assert "FAILED before its container ran" in logs
         assert "check that the image exists" in logs
+        assert job.state.reason is EndReason.NEVER_STARTED
     finally:
         c = container_of(aws, job)  # moto leaves a container that could not start
         if c is not None:
@@ -410,11 +414,44 @@ def test_job_stuck_before_running_is_failed_with_advice(moto: str, batch) -> Non
         assert "without starting: its compute environments have no capacity" in logs
         assert f"on queue {GPU_QUEUES['a10g'][0]}" in logs
         assert "runnable_timeout" in logs
+        assert job.state.reason is EndReason.NEVER_STARTED
         assert describe(batch, job.id)["statusReason"].startswith("fiber: no capacity within runnable_timeout=1s")
     finally:
         _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
         b.cleanup()
     wait_batch_status(batch, job.id, ("FAILED",))  # the terminated job never runs its command
+
+
+HOST_LOSS = "Host EC2 (instance i-0a1b2c3d4e5f60718) terminated."
+SPOT_INTERRUPTION = "Your Spot Task was interrupted."
+
+
+@pytest.mark.parametrize(("queue", "status_reason", "reason"), [
+    (CPU_QUEUE, HOST_LOSS, EndReason.HOST_LOST),
+    (SPOT_QUEUE, HOST_LOSS, EndReason.PREEMPTED),
+    (CPU_QUEUE, SPOT_INTERRUPTION, EndReason.PREEMPTED),
+])
+def test_lost_host_is_host_lost_or_preempted_by_the_queues_capacity(
+        batch, queue: str, status_reason: str, reason: EndReason) -> None:  # noqa: ANN001
+    """A job whose instance went away ends HOST_LOST, or PREEMPTED on Spot capacity.
+
+    moto cannot lose a host or reclaim a Spot instance. What it can do is report the
+    statusReason AWS Batch gives such a job, verbatim, when the job is terminated with it:
+    that is what this test sends (from outside Fiber, as Batch would), on an EC2 and on a
+    SPOT compute environment. moto then kills the container (exit status 137), where a
+    lost host leaves no exit code or 143; the exit code is not what is tested here.
+    """
+    b = make_backend(queue=queue)
+    try:
+        job = b.start_job(sleeper())
+        wait_output(b, job, "up")
+        batch.terminate_job(jobId=job.id, reason=status_reason)
+        assert b.wait_for_job(job, WAIT) not in (None, 0)
+        assert job.state.reason is reason
+        assert job.state.detail == status_reason
+        assert f"FAILED: {status_reason}" in b.get_job_logs(job)
+    finally:
+        b.cleanup()
 
 
 # -- parent exit and leftovers ---------------------------------------------------------------
