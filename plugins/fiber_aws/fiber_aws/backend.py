@@ -23,7 +23,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +68,7 @@ OPTIONS: tuple[Option, ...] = (
 _QUEUED = ("SUBMITTED", "PENDING", "RUNNABLE")
 _FINAL = ("SUCCEEDED", "FAILED")
 _MAX_BACKOFF = 30.0
+_MAX_ARRAY = 10_000  # children of one array job
 _LOST_AFTER = 3  # DescribeJobs rounds without the job before it counts as lost...
 _LOST_GRACE = 60.0  # ...and seconds after submission (new jobs may not be visible at once)
 _THROTTLED = {"ThrottlingException", "Throttling", "TooManyRequestsException",
@@ -100,7 +101,6 @@ class _AwsError(Exception):
 class BatchJob:
     """What the poller knows of one Batch job beyond its ``JobState``: the ``handle`` of its :class:`Job`."""
 
-    job_id: str
     job_name: str
     queue: str
     memory: int
@@ -160,8 +160,10 @@ def end_reason(described: Mapping[str, Any], *, stop_reason: str | None = None,
         return EndReason.OOM, said + (f" (memory limit {limit} MiB)" if limit else "")
     if _NOT_STARTED.search(said):
         return EndReason.NEVER_STARTED, said
-    if _HOST_LOST.search(said) or _SPOT_WORDS.search(said):
-        return (EndReason.PREEMPTED if spot or _SPOT_WORDS.search(said) else EndReason.HOST_LOST), said
+    if _SPOT_WORDS.search(said):
+        return EndReason.PREEMPTED, said
+    if _HOST_LOST.search(said):
+        return (EndReason.PREEMPTED if spot else EndReason.HOST_LOST), said
     if described.get("startedAt") is None or exit_status(described) is None:
         return EndReason.NEVER_STARTED, said
     return EndReason.EXITED, said
@@ -433,6 +435,21 @@ class AwsBatchBackend(Backend):
     # -- the contract ------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec) -> Job:
+        return self._submit([spec])[0]
+
+    def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Start several jobs: identical specs as one array job (one ``SubmitJob`` for all of them).
+
+        Each child of the array job (``PARENT:INDEX``) is a :class:`Job`, watched, stopped and
+        explained like any other; its command tells it apart by ``AWS_BATCH_JOB_ARRAY_INDEX``.
+        """
+        if 2 <= len(specs) <= _MAX_ARRAY and all(s == specs[0] for s in specs):
+            return self._submit(specs)
+        return super().create_jobs(specs)
+
+    def _submit(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Submit ``specs`` (one, or several identical ones as an array job); return their jobs."""
+        spec = specs[0]
         queue, gpus = self.queue_for(spec)
         image = spec.image or self.settings["image"]
         if not image:
@@ -458,19 +475,20 @@ class AwsBatchBackend(Backend):
                     "environment": [{"name": k, "value": v} for k, v in env.items()],
                     "resourceRequirements": self._resources(vcpus, memory, gpus),
                 },
-                tags=tags,
+                tags=tags, **({"arrayProperties": {"size": len(specs)}} if len(specs) > 1 else {}),
             )
         except _AwsError as e:
             hint = (f"check that job queue {queue!r} exists in {self.region} and is ENABLED "
                     "([aws] queue / gpu_queues)") if e.code in ("ClientException", "") else \
                 "check the credentials' batch:SubmitJob permission and the endpoint"
             raise BackendError(f"AWS Batch did not accept {spec.name} on queue {queue!r}: {e}; {hint}") from e
-        job = Job(id=resp["jobId"], spec=spec,
-                  handle=BatchJob(job_id=resp["jobId"], job_name=job_name, queue=queue, memory=memory))
+        ids = [resp["jobId"]] if len(specs) == 1 else [f"{resp['jobId']}:{i}" for i in range(len(specs))]
+        jobs = [Job(id=i, spec=s, handle=BatchJob(job_name=job_name, queue=queue, memory=memory))
+                for i, s in zip(ids, specs)]
         with self._lock:
-            self._pending[job.id] = job
+            self._pending.update((job.id, job) for job in jobs)
         self._ensure_poller()
-        return job
+        return jobs
 
     def terminate_job(self, job: Job) -> None:
         self._terminate(job, f"fiber: terminated by its parent (run {self.run_id})")
@@ -787,14 +805,6 @@ class AwsBatchBackend(Backend):
         with self._lock:
             self._pending.pop(job.id, None)
         return first
-
-    # -- for tests and tools -------------------------------------------------------------
-
-    @staticmethod
-    def batch_job(job: Job) -> BatchJob:
-        """What the poller knows of ``job``: its Batch name, queue, last description, log stream."""
-        handle: BatchJob = job.handle
-        return handle
 
 
 def _log_stream(described: Mapping[str, Any]) -> str | None:

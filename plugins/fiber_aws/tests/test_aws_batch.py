@@ -179,7 +179,7 @@ def aws() -> Iterator[AwsBatchBackend]:
 def container_of(backend: AwsBatchBackend, job: Job):  # noqa: ANN201 - a docker Container
     """The container moto runs for ``job`` (it names it JOBNAME-JOBID), or None before it exists."""
     try:
-        return _docker.containers.get(f"{backend.batch_job(job).job_name}-{job.id}")
+        return _docker.containers.get(f"{job.handle.job_name}-{job.id}")
     except docker.errors.NotFound:
         return None
 
@@ -325,6 +325,46 @@ def test_gpu_type_routes_and_cpu_jobs_use_the_default_queue(aws: AwsBatchBackend
     assert reqs == {"VCPU": "2", "MEMORY": "512"}
 
 
+def test_identical_specs_start_as_one_array_job(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+    """Three identical specs are one SubmitJob (arrayProperties.size = 3); each child is a Job.
+
+    Where moto falls short: it does not set AWS_BATCH_JOB_ARRAY_INDEX in a child, which
+    AWS Batch does, so the command reads the index from AWS_BATCH_JOB_ID (PARENT:INDEX,
+    as both set it); and its DescribeJobs gives no child's exit code, which the backend
+    then reads from ListJobs (moto lists the children with their queue's jobs).
+    """
+    submitted: list[dict] = []
+    aws.batch.meta.events.register("before-parameter-build.batch.SubmitJob",
+                                   lambda params, **_: submitted.append(params))
+    code = ("import os, sys; i = os.environ.get('AWS_BATCH_JOB_ARRAY_INDEX') or "
+            "os.environ['AWS_BATCH_JOB_ID'].rpartition(':')[2]; sys.exit(3 + int(i))")
+    specs = [JobSpec(command=["python3", "-c", code], name="array") for _ in range(3)]
+    jobs = aws.start_jobs(specs)
+    assert len(submitted) == 1 and submitted[0]["arrayProperties"] == {"size": 3}
+    parent = jobs[0].id.rpartition(":")[0]
+    assert [job.id for job in jobs] == [f"{parent}:{i}" for i in range(3)]
+    assert [job.spec for job in jobs] == specs and aws.jobs == jobs
+    assert [aws.wait_for_job(job, WAIT) for job in jobs] == [3, 4, 5]
+    assert all(job.state.reason is EndReason.EXITED for job in jobs)
+    assert describe(batch, parent)["arrayProperties"]["size"] == 3
+    # Specs that differ are submitted one by one.
+    other = [JobSpec(command=["python3", "-c", "pass"], name=n) for n in ("a", "b")]
+    assert [aws.wait_for_job(job, WAIT) for job in aws.start_jobs(other)] == [0, 0]
+    assert len(submitted) == 3 and not any("arrayProperties" in p for p in submitted[1:])
+
+
+def test_array_child_is_terminated_on_its_own(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+    jobs = aws.start_jobs([sleeper("array-sleeper") for _ in range(2)])
+    for job in jobs:
+        wait_batch_status(batch, job.id, ("RUNNING",))
+    aws.terminate_job(jobs[0])
+    assert aws.wait_for_job(jobs[0], WAIT) not in (None, 0)
+    assert jobs[0].state.reason is EndReason.STOPPED
+    assert aws.poll_job(jobs[1]) is None
+    aws.terminate_job(jobs[1])
+    assert aws.wait_for_job(jobs[1], WAIT) is not None
+
+
 def test_job_definitions_are_registered_once_and_reused(aws: AwsBatchBackend) -> None:
     a = aws.job_definition(IMAGE, 3, 3000, 0)
     assert aws.job_definition(IMAGE, 3, 3000, 0) == a
@@ -466,7 +506,7 @@ PARENT = textwrap.dedent("""
     job = backend.start_job(JobSpec(
         command=["python3", "-c", "import time; print('up', flush=True); time.sleep(300)"],
         name="left-running"))
-    print(job.id, backend.batch_job(job).job_name, flush=True)
+    print(job.id, job.handle.job_name, flush=True)
     sys.stdin.readline()  # the test says when to exit; fiber's exit handler cleans up
 """)
 
@@ -500,7 +540,7 @@ def test_fiber_clean_terminates_a_crashed_runs_jobs(aws: AwsBatchBackend, batch)
     job = aws.start_job(sleeper())
     wait_output(aws, job, "up")
     removed = AwsBatchBackend.clean(aws.settings, aws.run_id)
-    assert removed == [f"AWS Batch job {job.id} ({aws.batch_job(job).job_name}, queue {CPU_QUEUE})"]
+    assert removed == [f"AWS Batch job {job.id} ({job.handle.job_name}, queue {CPU_QUEUE})"]
     assert aws.wait_for_job(job, WAIT) is not None
     assert describe(batch, job.id)["statusReason"] == "fiber clean: left behind by a crashed run"
 
