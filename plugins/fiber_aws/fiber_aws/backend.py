@@ -3,8 +3,10 @@
 :meth:`AwsBatchBackend.create_job` picks the job queue from the job's hardware (the CPU
 queue, or the queue configured for its GPU type), finds or registers a job definition for
 its image and resources, and submits the job with the worker command and environment.
-One poller thread per backend keeps the status of every unfinished job of the run with
-batched ``DescribeJobs`` calls.
+One poller per backend (a :class:`~fiber_core.contract.Watcher`) keeps the status of every
+unfinished job of the run with batched ``DescribeJobs`` calls and finishes each job's
+:class:`~fiber_core.contract.JobState` with its exit code and why it ended
+(:func:`end_reason`).
 
 boto3 takes a second to import and set up, so it is imported when a backend is created,
 never when the plugin is loaded.
@@ -12,28 +14,33 @@ never when the plugin is loaded.
 
 from __future__ import annotations
 
-import configparser
 import hashlib
 import ipaddress
 import json
-import logging
 import math
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from fiber_core.base.errors import BackendError, ConfigError
-from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
-from fiber_core.runtime.config import CONFIG_FILE, config
-
-log = logging.getLogger("fiber")
+from fiber_core.base.log import log
+from fiber_core.contract import (
+    Backend,
+    BackendError,
+    ConfigError,
+    EndReason,
+    Job,
+    JobSpec,
+    Option,
+    Watcher,
+    exitcode_from_status,
+    parse_pairs,
+)
 
 SECTION = "aws"
 """Configuration section: ``[aws]`` in ``.fiberconfig``, ``FIBER_AWS_*``, ``init(aws_...)``."""
@@ -41,6 +48,7 @@ SECTION = "aws"
 DEFAULT_LOG_GROUP = "/aws/batch/job"
 DEFAULT_VCPUS = 1
 DEFAULT_MEMORY = 2048  # MiB
+CLEAN_REASON = "fiber clean: left behind by a crashed run"
 
 OPTIONS: tuple[Option, ...] = (
     Option("region", str, None, "AWS region of the job queues (default: the boto3 chain, e.g. AWS_REGION)"),
@@ -60,6 +68,7 @@ OPTIONS: tuple[Option, ...] = (
 _QUEUED = ("SUBMITTED", "PENDING", "RUNNABLE")
 _FINAL = ("SUCCEEDED", "FAILED")
 _MAX_BACKOFF = 30.0
+_MAX_ARRAY = 10_000  # children of one array job
 _LOST_AFTER = 3  # DescribeJobs rounds without the job before it counts as lost...
 _LOST_GRACE = 60.0  # ...and seconds after submission (new jobs may not be visible at once)
 _THROTTLED = {"ThrottlingException", "Throttling", "TooManyRequestsException",
@@ -68,6 +77,14 @@ _CREDENTIAL_WORDS = re.compile(r"secret|access_?key|session_?token|password|cred
 _AWS_CREDENTIAL_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
 _ACCESS_KEY_ID = re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b")
 _TAG_CHARS = re.compile(r"[^\w .:/=+\-@]")
+_SPOT_ENVIRONMENTS = ("SPOT", "FARGATE_SPOT")
+
+# What Batch says when a job ends (statusReason, and the container's reason), by EndReason.
+_OOM = re.compile(r"OutOfMemoryError", re.I)
+_NOT_STARTED = re.compile(r"CannotPullContainerError|CannotStartContainerError|"
+                          r"ResourceInitializationError|CannotCreateVolumeError|Task failed to start")
+_HOST_LOST = re.compile(r"Host EC2 \(instance [^)]*\) (?:terminated|stopped)", re.I)
+_SPOT_WORDS = re.compile(r"spot|interrupt", re.I)
 
 
 class _AwsError(Exception):
@@ -81,30 +98,75 @@ class _AwsError(Exception):
 
 
 @dataclass(eq=False)
-class BatchJobState:
-    """What the poller knows of one Batch job; the ``handle`` of its :class:`Job`."""
+class BatchJob:
+    """What the poller knows of one Batch job beyond its ``JobState``: the ``handle`` of its :class:`Job`."""
 
-    job_id: str
     job_name: str
     queue: str
-    job_definition: str
+    memory: int
+    """The memory limit it was submitted with, MiB."""
     submitted: float = field(default_factory=time.monotonic)
-    status: str = "SUBMITTED"
-    status_reason: str | None = None
-    container_reason: str | None = None
-    exit_status: int | None = None
-    """The container's exit status as Batch reports it (``128 + N`` after signal ``N``)."""
+    described: dict[str, Any] = field(default_factory=dict)
+    """Its latest ``DescribeJobs`` entry (``{}`` before the first)."""
     log_stream: str | None = None
-    started: bool = False
-    """Batch reported a start time: the container was started."""
     stop_reason: str | None = None
-    """The reason fiber gave when it terminated the job."""
+    """The reason Fiber gave when it terminated the job."""
     note: str | None = None
     """Fiber's own explanation of a failure (no capacity, job lost)."""
-    code: int | None = None
-    """The final exit code in ``multiprocessing``'s terms, once known."""
     missing: int = 0
-    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def status(self) -> str:
+        return str(self.described.get("status", "SUBMITTED"))
+
+
+def _container(described: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job's ``container`` and its last attempt's, from a ``DescribeJobs`` entry."""
+    attempts = described.get("attempts") or [{}]
+    return described.get("container") or {}, attempts[-1].get("container") or {}
+
+
+def exit_status(described: Mapping[str, Any]) -> int | None:
+    """The container's exit status in a ``DescribeJobs`` entry (``128 + N`` after signal ``N``)."""
+    container, attempt = _container(described)
+    status = container.get("exitCode", attempt.get("exitCode"))
+    return None if status is None else int(status)
+
+
+def end_reason(described: Mapping[str, Any], *, stop_reason: str | None = None,
+               memory: int | None = None, spot: bool = False) -> tuple[EndReason, str]:
+    """Why a finished Batch job ended, and what Batch said, from its ``DescribeJobs`` entry.
+
+    Reads the job's ``statusReason`` and its container's ``reason``: Fiber's own stop
+    (``stop_reason``, the reason it gave ``TerminateJob``, or ``fiber clean``'s) is
+    STOPPED; ``OutOfMemoryError`` is OOM (with the ``memory`` limit in MiB);
+    ``CannotPullContainerError``, ``CannotStartContainerError``,
+    ``ResourceInitializationError`` ("Task failed to start") and a job that never got a
+    start time or an exit code (cancelled while RUNNABLE) are NEVER_STARTED; a lost host
+    ("Host EC2 (instance i-...) terminated.") is PREEMPTED when its compute environment is
+    ``spot`` or Batch speaks of a spot interruption, else HOST_LOST; every other end is
+    EXITED.
+    """
+    container, attempt = _container(described)
+    status_reason = described.get("statusReason") or ""
+    said = "; ".join(r for r in (status_reason, container.get("reason") or attempt.get("reason")) if r)
+    if described.get("status") == "SUCCEEDED":
+        return EndReason.EXITED, said
+    if status_reason and status_reason in (stop_reason, CLEAN_REASON):
+        return EndReason.STOPPED, said
+    if _OOM.search(said):
+        resources = {r.get("type"): r.get("value") for r in container.get("resourceRequirements") or []}
+        limit = resources.get("MEMORY") or container.get("memory") or memory
+        return EndReason.OOM, said + (f" (memory limit {limit} MiB)" if limit else "")
+    if _NOT_STARTED.search(said):
+        return EndReason.NEVER_STARTED, said
+    if _SPOT_WORDS.search(said):
+        return EndReason.PREEMPTED, said
+    if _HOST_LOST.search(said):
+        return (EndReason.PREEMPTED if spot else EndReason.HOST_LOST), said
+    if described.get("startedAt") is None or exit_status(described) is None:
+        return EndReason.NEVER_STARTED, said
+    return EndReason.EXITED, said
 
 
 def parse_gpu_queues(entries: list[str]) -> dict[str, str]:
@@ -121,29 +183,16 @@ def parse_gpu_queues(entries: list[str]) -> dict[str, str]:
     return out
 
 
-def _refuse_credentials(explicit: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
+def _refuse_credentials(settings: Mapping[str, Any]) -> None:
     """Fail if anything that looks like an AWS credential reached fiber's configuration."""
     advice = ("AWS credentials are never read from fiber's configuration: remove it and use the "
               "standard boto3 chain (AWS_PROFILE, ~/.aws/credentials, AWS_ACCESS_KEY_ID and "
               "AWS_SECRET_ACCESS_KEY in the environment, an instance or task role)")
-    found: list[str] = []
     prefixes = ("FIBER_AWS_", "FIBER_AWS-BATCH_")
-    found += [f"environment variable {k}" for k in os.environ
-              if k.upper().startswith(prefixes) and _CREDENTIAL_WORDS.search(k.split("_", 2)[-1])]
-    path = os.path.abspath(CONFIG_FILE)
-    if os.path.exists(path):
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read(path, encoding="utf-8")
-        except configparser.Error:
-            pass  # fiber's own config reader reports a malformed file
-        for section in ("aws", "aws-batch"):
-            if parser.has_section(section):
-                found += [f"{k} in [{section}] of {path}" for k in parser.options(section)
-                          if _CREDENTIAL_WORDS.search(k)]
-    found += [f"init({k}=...)" for k in config.snapshot()
-              if k.lower().startswith(("aws_", "aws-batch_")) and _CREDENTIAL_WORDS.search(k.split("_", 1)[1])]
-    found += [f"setting {k!r}" for k in explicit if _CREDENTIAL_WORDS.search(k)]
+    found = [f"environment variable {k}" for k in os.environ
+             if k.upper().startswith(prefixes) and _CREDENTIAL_WORDS.search(k.split("_", 2)[-1])]
+    found += [f"setting {k!r}" for k in settings
+              if k not in {o.name for o in OPTIONS} and _CREDENTIAL_WORDS.search(k)]
     for item in settings.get("extra_env") or []:
         name = item.partition("=")[0].strip()
         if name.upper() in _AWS_CREDENTIAL_ENV or _ACCESS_KEY_ID.search(item):
@@ -184,11 +233,12 @@ class AwsBatchBackend(Backend):
     Settings come from the ``[aws]`` section (``FIBER_AWS_*``): the section is ``aws``,
     not the backend's name, because a dash cannot appear in an environment variable
     set from a shell. Job definitions are registered on demand, one per distinct image
-    and resources, and reused across runs. One poller thread per backend refreshes
-    every unfinished job with ``DescribeJobs`` calls of up to 100 ids and backs off when
-    throttled; :meth:`poll_job` answers from its cache. AWS Batch has one way to stop a
-    job (``TerminateJob``: ``SIGTERM``, then ``SIGKILL`` after the ECS stop timeout), so
-    :meth:`kill_job` is :meth:`terminate_job`.
+    and resources, and reused across runs. While the backend has unfinished jobs, one
+    poller (:meth:`watch`) asks ``DescribeJobs`` about them, up to 100 ids a call, backs
+    off when throttled, and finishes each job's state when Batch reports its end, so
+    :meth:`poll_job` and :meth:`wait_for_job` (the defaults) never call AWS. AWS Batch
+    has one way to stop a job (``TerminateJob``: ``SIGTERM``, then ``SIGKILL`` after the
+    ECS stop timeout), so :meth:`kill_job` is :meth:`terminate_job`.
     """
 
     name = "aws-batch"
@@ -201,24 +251,23 @@ class AwsBatchBackend(Backend):
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:
-        explicit = dict(settings or {})
-        config.register_backend_options(SECTION, OPTIONS)  # when built before the registry loads
-        resolved = dict(config.backend_settings(SECTION))
-        resolved.update(explicit)
-        for o in OPTIONS:  # explicit settings may be strings, as from a file
-            resolved[o.name] = o.parse(resolved[o.name], f"{SECTION}_{o.name}", "settings")
-        super().__init__(resolved, run_id, rundir)
-        _refuse_credentials(explicit, resolved)
-        self.gpu_queues = parse_gpu_queues(resolved["gpu_queues"])
-        self.extra_env = parse_pairs(resolved["extra_env"], f"extra_env in [{SECTION}]")
-        self._states: dict[str, BatchJobState] = {}
+        super().__init__(settings, run_id, rundir)
+        for o in OPTIONS:  # settings made by hand may lack an option, or hold strings as from a file
+            self.settings[o.name] = o.parse(self.settings.get(o.name, o.default), f"{SECTION}_{o.name}",
+                                            "settings")
+        _refuse_credentials(self.settings)
+        self.gpu_queues = parse_gpu_queues(self.settings["gpu_queues"])
+        self.extra_env = parse_pairs(self.settings["extra_env"], f"extra_env in [{SECTION}]")
         self._lock = threading.Lock()
+        self._pending: dict[str, Job] = {}
+        """Unfinished jobs by id: what the poller asks about."""
+        self._poller: Watcher | None = None
+        self._errors_shown: set[str] = set()
         self._jobdef_lock = threading.Lock()
         self._jobdefs: dict[str, str] = {}
         self._count = 0
-        self._poller: threading.Thread | None = None
-        self._wake = threading.Event()
         self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
+        self._spot: dict[str, bool] = {}
         self._session, self._client_config = self._session_and_config()
         self._clients: dict[str, Any] = {}
         self.batch = self.client("batch")
@@ -271,6 +320,16 @@ class AwsBatchBackend(Backend):
     def _where(self) -> str:
         endpoint = self.settings["endpoint_url"]
         return f"AWS Batch in {self.region}" + (f" at {endpoint}" if endpoint else "")
+
+    def _environments(self, queues: list[str]) -> list[dict[str, Any]]:
+        """The compute environments of the job queues ``queues``."""
+        names: list[str] = []
+        for q in self._call(self.batch, "describe_job_queues", jobQueues=queues)["jobQueues"]:
+            names += [o["computeEnvironment"] for o in q.get("computeEnvironmentOrder", [])]
+        if not names:
+            return []
+        return self._call(self.batch, "describe_compute_environments",
+                          computeEnvironments=sorted(set(names)))["computeEnvironments"]
 
     # -- routing and job definitions ---------------------------------------------------
 
@@ -376,6 +435,21 @@ class AwsBatchBackend(Backend):
     # -- the contract ------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec) -> Job:
+        return self._submit([spec])[0]
+
+    def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Start several jobs: identical specs as one array job (one ``SubmitJob`` for all of them).
+
+        Each child of the array job (``PARENT:INDEX``) is a :class:`Job`, watched, stopped and
+        explained like any other; its command tells it apart by ``AWS_BATCH_JOB_ARRAY_INDEX``.
+        """
+        if 2 <= len(specs) <= _MAX_ARRAY and all(s == specs[0] for s in specs):
+            return self._submit(specs)
+        return super().create_jobs(specs)
+
+    def _submit(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Submit ``specs`` (one, or several identical ones as an array job); return their jobs."""
+        spec = specs[0]
         queue, gpus = self.queue_for(spec)
         image = spec.image or self.settings["image"]
         if not image:
@@ -401,71 +475,62 @@ class AwsBatchBackend(Backend):
                     "environment": [{"name": k, "value": v} for k, v in env.items()],
                     "resourceRequirements": self._resources(vcpus, memory, gpus),
                 },
-                tags=tags,
+                tags=tags, **({"arrayProperties": {"size": len(specs)}} if len(specs) > 1 else {}),
             )
         except _AwsError as e:
             hint = (f"check that job queue {queue!r} exists in {self.region} and is ENABLED "
                     "([aws] queue / gpu_queues)") if e.code in ("ClientException", "") else \
                 "check the credentials' batch:SubmitJob permission and the endpoint"
             raise BackendError(f"AWS Batch did not accept {spec.name} on queue {queue!r}: {e}; {hint}") from e
-        state = BatchJobState(job_id=resp["jobId"], job_name=job_name, queue=queue,
-                              job_definition=jobdef)
+        ids = [resp["jobId"]] if len(specs) == 1 else [f"{resp['jobId']}:{i}" for i in range(len(specs))]
+        jobs = [Job(id=i, spec=s, handle=BatchJob(job_name=job_name, queue=queue, memory=memory))
+                for i, s in zip(ids, specs)]
         with self._lock:
-            self._states[state.job_id] = state
+            self._pending.update((job.id, job) for job in jobs)
         self._ensure_poller()
-        return Job(id=state.job_id, spec=spec, handle=state)
-
-    def poll_job(self, job: Job) -> int | None:
-        state: BatchJobState = job.handle
-        if state.done.is_set():
-            return state.code
-        self._ensure_poller()
-        return None
-
-    def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
-        state: BatchJobState = job.handle
-        if not state.done.is_set():
-            self._ensure_poller()
-        if state.done.wait(timeout):
-            job.state.finish(state.code)
-            return state.code
-        return None
+        return jobs
 
     def terminate_job(self, job: Job) -> None:
-        self._terminate(job.handle, f"fiber: terminated by its parent (run {self.run_id})")
+        self._terminate(job, f"fiber: terminated by its parent (run {self.run_id})")
 
-    def _terminate(self, state: BatchJobState, reason: str) -> None:
+    def _terminate(self, job: Job, reason: str) -> None:
+        handle: BatchJob = job.handle
         with self._lock:
-            if state.done.is_set() or state.stop_reason is not None:
+            if job.state.done() or handle.stop_reason is not None:
                 return
-            state.stop_reason = reason
+            handle.stop_reason = reason
         try:
-            self._call(self.batch, "terminate_job", jobId=state.job_id, reason=reason)
+            self._call(self.batch, "terminate_job", jobId=job.id, reason=reason)
         except _AwsError as e:
             with self._lock:
-                state.stop_reason = None
-            raise BackendError(f"cannot terminate AWS Batch job {state.job_id} on {self._where()}: {e}") from e
-        self._wake.set()
+                handle.stop_reason = None
+            raise BackendError(f"cannot terminate AWS Batch job {job.id} on {self._where()}: {e}") from e
+        with self._lock:
+            if self._poller is not None:
+                self._poller.wake()
 
     def get_job_logs(self, job: Job) -> str:
         """The job's CloudWatch Logs, then a line saying why it failed (when Batch or fiber know).
 
-        The explanation comes last, so that it survives when only the tail is shown.
+        Batch keeps a job's output in CloudWatch Logs, read here when asked (copying it into
+        ``job.state.log`` would cost a GetLogEvents call for every job that ends). The
+        explanation comes last, so that it survives when only the tail is shown.
         """
-        state: BatchJobState = job.handle
-        if state.log_stream is None and state.done.is_set():
+        handle: BatchJob = job.handle
+        if handle.log_stream is None and job.state.done():
             try:  # the poller may have finished the job before Batch named its stream
-                self._update(self._call(self.batch, "describe_jobs", jobs=[state.job_id])["jobs"])
+                for d in self._call(self.batch, "describe_jobs", jobs=[job.id])["jobs"]:
+                    handle.log_stream = _log_stream(d)
             except _AwsError:
                 pass
         lines = []
-        if state.log_stream:
+        if handle.log_stream:
             try:
-                lines += self._log_lines(state.log_stream)
+                lines += self._log_lines(handle.log_stream)
             except _AwsError as e:
                 lines.append(f"fiber-aws: cannot read the job's logs ({self.settings['log_group']}/"
-                             f"{state.log_stream}): {e}")
-        explanation = self.explain(state)
+                             f"{handle.log_stream}): {e}")
+        explanation = self.explain(job)
         if explanation:
             lines.append(explanation)
         return "\n".join(lines) + ("\n" if lines else "")
@@ -483,33 +548,31 @@ class AwsBatchBackend(Backend):
             kwargs["nextToken"] = token
         return lines
 
-    def explain(self, state: BatchJobState) -> str:
+    def explain(self, job: Job) -> str:
         """A line saying why the job failed, as far as Batch and fiber know; ``""`` if it did not."""
-        if state.note:
-            return f"fiber-aws: {state.note}"
-        if state.status != "FAILED":
+        handle: BatchJob = job.handle
+        if handle.note:
+            return f"fiber-aws: {handle.note}"
+        if not job.state.done() or handle.status != "FAILED":
             return ""
-        where = f"AWS Batch job {state.job_id} ({state.job_name}, queue {state.queue})"
-        if state.stop_reason is not None and state.status_reason == state.stop_reason:
-            return f"fiber-aws: {where} was terminated by fiber: {state.stop_reason}"
-        reasons = "; ".join(r for r in (state.status_reason, state.container_reason) if r)
-        if reasons:
-            return f"fiber-aws: {where} FAILED: {reasons}"
-        if state.exit_status is None:
+        where = f"AWS Batch job {job.id} ({handle.job_name}, queue {handle.queue})"
+        if job.state.reason is EndReason.STOPPED:
+            return f"fiber-aws: {where} was terminated by fiber: {job.state.detail}"
+        if job.state.detail:
+            return f"fiber-aws: {where} FAILED: {job.state.detail}"
+        if job.state.reason is EndReason.NEVER_STARTED:
             return (f"fiber-aws: {where} FAILED before its container ran, and Batch gave no reason: "
                     "check that the image exists where the compute environment pulls from and "
                     "contains the job's command (python3)")
         return ""
 
     def get_listen_addr(self) -> str:
-        """This machine's address in the VPC of the jobs' compute environments, or ``listen_host``.
+        """This machine's address in the VPC of the jobs' compute environments.
 
         Batch jobs run on instances in the subnets of their queues' compute environments;
-        they must be able to open a TCP connection to this process.
+        they must be able to open a TCP connection to this process. (Fiber asks only when
+        ``listen_host`` is not set.)
         """
-        configured = config.get("listen_host")
-        if configured:
-            return configured
         networks = self.job_networks()
         local = _local_ipv4_addresses()
         for net in networks:
@@ -531,15 +594,9 @@ class AwsBatchBackend(Backend):
         queues = [q for q in (self.settings["queue"], *self.gpu_queues.values()) if q]
         networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         try:
-            ces: list[str] = []
-            if queues:
-                for q in self._call(self.batch, "describe_job_queues", jobQueues=queues)["jobQueues"]:
-                    ces += [o["computeEnvironment"] for o in q.get("computeEnvironmentOrder", [])]
             subnets: list[str] = []
-            if ces:
-                described = self._call(self.batch, "describe_compute_environments",
-                                       computeEnvironments=sorted(set(ces)))["computeEnvironments"]
-                for ce in described:
+            if queues:
+                for ce in self._environments(queues):
                     subnets += (ce.get("computeResources") or {}).get("subnets", [])
             if subnets:
                 vpc_ids = {s["VpcId"] for s in self._call(self.client("ec2"), "describe_subnets",
@@ -560,29 +617,35 @@ class AwsBatchBackend(Backend):
         return networks
 
     def cleanup(self) -> None:
-        """Terminate every unfinished job of this run (at parent exit); safe to call twice."""
-        with self._jobs_lock:
-            self._jobs = []
+        """Terminate every unfinished job of this run (at parent exit); safe to call twice.
+
+        Batch reports the end of a terminated job a moment later, so the poller runs on
+        after cleanup until it has recorded those ends, then stops.
+        """
+        self.take_jobs()  # each tracked job is pending here, or finished
         with self._lock:
-            pending = [s for s in self._states.values()
-                       if not s.done.is_set() and s.stop_reason is None]
-        if not pending:
-            return
+            pending = [j for j in self._pending.values() if j.handle.stop_reason is None]
         reason = f"fiber: the parent process exited (run {self.run_id})"
 
-        def stop(state: BatchJobState) -> None:
+        def stop(job: Job) -> None:
+            job.state.stop_requested = True
             try:
-                self._terminate(state, reason)
+                self._terminate(job, reason)
             except BackendError as e:
                 log.warning("fiber: %s", e)
 
+        if pending:
+            try:
+                with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
+                    list(pool.map(stop, pending))
+            except RuntimeError:  # at interpreter exit no new thread may start: one by one
+                for job in pending:
+                    stop(job)
+        super().cleanup()
         try:
-            with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
-                list(pool.map(stop, pending))
-        except RuntimeError:  # at interpreter exit no new thread may start: one by one
-            for state in pending:
-                if state.stop_reason is None:
-                    stop(state)
+            self._ensure_poller()
+        except RuntimeError:
+            pass  # at interpreter exit nobody waits for those ends
 
     @classmethod
     def clean(cls, settings: Mapping[str, Any], run_id: str | None = None) -> list[str]:
@@ -594,99 +657,112 @@ class AwsBatchBackend(Backend):
             for summary in backend._list_jobs(queue, prefix):
                 if summary.get("status") in _FINAL:
                     continue
-                backend._call(backend.batch, "terminate_job", jobId=summary["jobId"],
-                              reason="fiber clean: left behind by a crashed run")
+                backend._call(backend.batch, "terminate_job", jobId=summary["jobId"], reason=CLEAN_REASON)
                 removed.append(f"AWS Batch job {summary['jobId']} ({summary['jobName']}, queue {queue})")
         return removed
 
     # -- the poller ----------------------------------------------------------------------
 
     def _ensure_poller(self) -> None:
+        """Start the poller if a job is unfinished and none runs."""
         with self._lock:
-            if self._poller is None:
-                self._poller = threading.Thread(target=self._poll_loop, daemon=True,
-                                                name=f"fiber-aws-poller-{self.run_id}")
-                self._poller.start()
+            if self._pending and (self._poller is None or self._poller.stopped):
+                self._poller = self.watch(self._poll, f"poller-{self.run_id}",
+                                          self.settings["poll_interval"], _MAX_BACKOFF)
 
-    def _poll_loop(self) -> None:
-        delay = self.settings["poll_interval"]
-        errors_shown: set[str] = set()
-        while True:
-            with self._lock:
-                pending = [s for s in self._states.values() if not s.done.is_set()]
-                if not pending:
+    def _poll(self) -> None:
+        """One round: refresh every unfinished job; when none is left, the poller stops."""
+        with self._lock:
+            pending = list(self._pending.values())
+            if not pending:
+                if self._poller is not None:
+                    self._poller.stop()
                     self._poller = None
-                    return
-            try:
-                self._refresh(pending)
-                delay = self.settings["poll_interval"]
-            except _AwsError as e:
-                delay = min(max(delay, 0.1) * 2, _MAX_BACKOFF)
-                if not e.throttled and str(e) not in errors_shown:
-                    errors_shown.add(str(e))
-                    log.warning("fiber: cannot read the status of AWS Batch jobs (retrying): %s", e)
-            except Exception:
-                delay = min(max(delay, 0.1) * 2, _MAX_BACKOFF)
-                log.exception("fiber: the AWS Batch poller failed (retrying)")
-            self._wake.wait(delay)
-            self._wake.clear()
+                return
+        try:
+            self._refresh(pending)
+        except _AwsError as e:
+            if not e.throttled and str(e) not in self._errors_shown:
+                self._errors_shown.add(str(e))
+                log.warning("fiber: cannot read the status of AWS Batch jobs (retrying): %s", e)
+            raise
+        except Exception:
+            log.exception("fiber: the AWS Batch poller failed (retrying)")
+            raise
 
-    def _refresh(self, pending: list[BatchJobState]) -> None:
+    def _refresh(self, pending: list[Job]) -> None:
         for i in range(0, len(pending), self.describe_batch):
             chunk = pending[i:i + self.describe_batch]
-            seen = self._update(self._call(self.batch, "describe_jobs",
-                                           jobs=[s.job_id for s in chunk])["jobs"])
-            for state in chunk:
-                if state.job_id in seen:
-                    state.missing = 0
+            described = {d["jobId"]: d for d in self._call(self.batch, "describe_jobs",
+                                                           jobs=[job.id for job in chunk])["jobs"]}
+            for job in chunk:
+                handle: BatchJob = job.handle
+                d = described.get(job.id)
+                if d is not None:
+                    handle.described, handle.missing = d, 0
+                    handle.log_stream = _log_stream(d) or handle.log_stream
                     continue
-                state.missing += 1
-                if state.missing >= _LOST_AFTER and time.monotonic() - state.submitted > _LOST_GRACE:
-                    state.note = (f"AWS Batch no longer knows job {state.job_id} ({state.job_name}, "
-                                  f"queue {state.queue}): it was deleted or expired")
-                    self._finish(state, 1)
-        finished = [s for s in pending if s.status in _FINAL and not s.done.is_set()]
-        without_code = [s for s in finished if s.exit_status is None and s.started]
+                handle.missing += 1
+                if handle.missing >= _LOST_AFTER and time.monotonic() - handle.submitted > _LOST_GRACE:
+                    handle.note = (f"AWS Batch no longer knows job {job.id} ({handle.job_name}, "
+                                   f"queue {handle.queue}): it was deleted or expired")
+                    self._finish(job, 1, EndReason.HOST_LOST, handle.note)
+        finished = [job for job in pending if job.handle.status in _FINAL and not job.state.done()]
+        without_code = [job for job in finished if exit_status(job.handle.described) is None
+                        and job.handle.described.get("startedAt") is not None]
         if without_code:
             self._fill_exit_status(without_code)
-        for state in finished:
-            self._finish(state, self._final_code(state))
+        for job in finished:
+            self._end(job)
         self._check_queued(pending)
 
-    def _update(self, described: list[dict[str, Any]]) -> set[str]:
-        seen = set()
-        for d in described:
-            with self._lock:
-                state = self._states.get(d["jobId"])
-            if state is None:
-                continue
-            seen.add(state.job_id)
-            container = d.get("container") or {}
-            attempt = (d.get("attempts") or [{}])[-1].get("container") or {}
-            state.status = d["status"]
-            state.status_reason = d.get("statusReason") or state.status_reason
-            state.container_reason = container.get("reason") or attempt.get("reason") or state.container_reason
-            status = container.get("exitCode", attempt.get("exitCode"))
-            if status is not None:
-                state.exit_status = int(status)
-            state.log_stream = container.get("logStreamName") or attempt.get("logStreamName") or state.log_stream
-            state.started = state.started or d.get("startedAt") is not None
-            if state.status == "FAILED" and state.stop_reason is None and not state.done.is_set() and (
-                    state.status_reason or state.container_reason):
-                log.warning("fiber: %s", self.explain(state).removeprefix("fiber-aws: "))
-        return seen
+    def _end(self, job: Job) -> None:
+        """Finish the state of a job that Batch reports SUCCEEDED or FAILED."""
+        handle: BatchJob = job.handle
+        failed = handle.status == "FAILED"
+        reason, said = end_reason(handle.described, stop_reason=handle.stop_reason, memory=handle.memory,
+                                  spot=failed and self._queue_is_spot(handle.queue))
+        if self._finish(job, self._final_code(handle), reason, said) and failed and said and \
+                reason is not EndReason.STOPPED:
+            log.warning("fiber: %s", self.explain(job).removeprefix("fiber-aws: "))
 
-    def _fill_exit_status(self, states: list[BatchJobState]) -> None:
+    def _final_code(self, handle: BatchJob) -> int:
+        status = exit_status(handle.described)
+        if status is not None:
+            code = exitcode_from_status(status)
+            return status if code is None else code
+        if handle.status == "SUCCEEDED":
+            return 0
+        if handle.stop_reason is not None:
+            return -15  # terminated before its container ran
+        return 1
+
+    def _queue_is_spot(self, queue: str) -> bool:
+        """Whether a compute environment of ``queue`` runs on Spot capacity (asked once per queue)."""
+        with self._lock:
+            known = self._spot.get(queue)
+        if known is None:
+            try:
+                known = any((ce.get("computeResources") or {}).get("type") in _SPOT_ENVIRONMENTS
+                            for ce in self._environments([queue]))
+            except _AwsError as e:
+                log.debug("fiber: cannot tell whether queue %s runs on Spot capacity: %s", queue, e)
+                known = False
+            with self._lock:
+                self._spot[queue] = known
+        return known
+
+    def _fill_exit_status(self, jobs: list[Job]) -> None:
         # Some Batch implementations (moto) leave container.exitCode out of DescribeJobs; the job
         # summaries of ListJobs carry it too. One call per queue, only when needed.
-        by_id = {s.job_id: s for s in states}
+        by_id: dict[str, BatchJob] = {job.id: job.handle for job in jobs}
         prefix = f"fiber-{re.sub(r'[^A-Za-z0-9_-]', '', self.run_id) or 'run'}-"
-        for queue in {s.queue for s in states}:
+        for queue in {handle.queue for handle in by_id.values()}:
             for summary in self._list_jobs(queue, prefix):
-                state = by_id.get(summary["jobId"])
+                handle = by_id.get(summary["jobId"])
                 status = (summary.get("container") or {}).get("exitCode")
-                if state is not None and status is not None:
-                    state.exit_status = int(status)
+                if handle is not None and status is not None:
+                    handle.described.setdefault("container", {})["exitCode"] = int(status)
 
     def _list_jobs(self, queue: str, prefix: str) -> Iterator[dict[str, Any]]:
         kwargs: dict[str, Any] = {"jobQueue": queue,
@@ -698,48 +774,39 @@ class AwsBatchBackend(Backend):
                 return
             kwargs["nextToken"] = resp["nextToken"]
 
-    def _final_code(self, state: BatchJobState) -> int:
-        if state.exit_status is not None:
-            return exitcode_from_status(state.exit_status)  # type: ignore[return-value]
-        if state.status == "SUCCEEDED":
-            return 0
-        if state.stop_reason is not None:
-            return -15  # terminated before its container ran
-        return 1
-
-    def _check_queued(self, pending: list[BatchJobState]) -> None:
+    def _check_queued(self, pending: list[Job]) -> None:
         limit = self.settings["runnable_timeout"]
         if not limit:
             return
         now = time.monotonic()
-        for state in pending:
-            if state.status not in _QUEUED or state.done.is_set() or now - state.submitted <= limit:
+        for job in pending:
+            handle: BatchJob = job.handle
+            if handle.status not in _QUEUED or job.state.done() or now - handle.submitted <= limit:
                 continue
             reason = (f"fiber: no capacity within runnable_timeout={limit:g}s on queue "
-                      f"{state.queue} (run {self.run_id})")
-            state.note = (
-                f"AWS Batch job {state.job_id} ({state.job_name}) waited more than {limit:g}s in "
-                f"{state.status} on queue {state.queue} without starting: its compute environments "
+                      f"{handle.queue} (run {self.run_id})")
+            handle.note = (
+                f"AWS Batch job {job.id} ({handle.job_name}) waited more than {limit:g}s in "
+                f"{handle.status} on queue {handle.queue} without starting: its compute environments "
                 "have no capacity for it (no instance type with its vCPUs, memory or GPUs, maxvCpus "
                 "reached, or an EC2 quota). Check the queue's compute environments, or raise "
                 f"[aws] runnable_timeout (FIBER_AWS_RUNNABLE_TIMEOUT; 0 waits forever)"
             )
-            log.warning("fiber: %s", state.note)
+            log.warning("fiber: %s", handle.note)
             try:
-                self._terminate(state, reason)
+                self._terminate(job, reason)
             except BackendError as e:
                 log.warning("fiber: %s", e)
-            self._finish(state, 1)
+            self._finish(job, 1, EndReason.NEVER_STARTED, handle.note)
 
-    def _finish(self, state: BatchJobState, code: int) -> None:
+    def _finish(self, job: Job, code: int, reason: EndReason, detail: str) -> bool:
+        """Record the end of ``job`` (the first end wins) and stop polling it."""
+        first = job.state.finish(code, reason, detail)
         with self._lock:
-            if state.done.is_set():
-                return
-            state.code = code
-            state.done.set()
+            self._pending.pop(job.id, None)
+        return first
 
-    # -- for tests and tools -------------------------------------------------------------
 
-    def state(self, job: Job) -> BatchJobState:
-        """What the poller knows of ``job`` (status, reasons, log stream)."""
-        return job.handle
+def _log_stream(described: Mapping[str, Any]) -> str | None:
+    container, attempt = _container(described)
+    return container.get("logStreamName") or attempt.get("logStreamName")

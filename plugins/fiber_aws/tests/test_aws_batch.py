@@ -32,10 +32,9 @@ import boto3
 import docker
 import fiber_core
 import pytest
-from fiber_core.base.errors import BackendError, ConfigError
-from fiber_core.contract.backend import Backend, Job, JobSpec
+from fiber_core.contract import Backend, BackendError, ConfigError, EndReason, Job, JobSpec
 from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, create_backend
+from fiber_core.runtime.config import config, create_backend, listen_host
 from fiber_core.testing import BackendConformance
 
 from fiber_aws.backend import AwsBatchBackend
@@ -46,6 +45,7 @@ IMAGE = "fiber-test:latest"
 CPU_QUEUE = "fiber-cpu"
 GPU_QUEUES = {"a10g": ("fiber-gpu-a10g", "g5.xlarge"), "t4": ("fiber-gpu-t4", "g4dn.xlarge")}
 FAR_QUEUE = "fiber-far"  # its compute environment is in a VPC this machine is not part of
+SPOT_QUEUE = "fiber-spot"  # its compute environment runs on Spot instances
 WAIT = 120.0  # bound of every wait on a job
 MOTO_KILLS = (
     "moto stops a terminated Batch job with `docker kill` (SIGKILL, exit status 137) at once, "
@@ -101,15 +101,16 @@ def _ensure_infrastructure(endpoint: str) -> None:
 
     here = network("fiber-loopback", "127.0.0.0/16")
     far = network("fiber-far", "10.77.0.0/16")
-    wanted = {CPU_QUEUE: (["m5.large"], here), FAR_QUEUE: (["m5.large"], far)}
-    wanted.update({q: ([itype], here) for q, itype in GPU_QUEUES.values()})
+    wanted = {CPU_QUEUE: (["m5.large"], here, "EC2"), FAR_QUEUE: (["m5.large"], far, "EC2"),
+              SPOT_QUEUE: (["m5.large"], here, "SPOT")}
+    wanted.update({q: ([itype], here, "EC2") for q, itype in GPU_QUEUES.values()})
     existing = {q["jobQueueName"] for q in batch.describe_job_queues()["jobQueues"]}
-    for queue, (types, (subnet, sg)) in wanted.items():
+    for queue, (types, (subnet, sg), capacity) in wanted.items():
         if queue in existing:
             continue
         ce = batch.create_compute_environment(
             computeEnvironmentName=f"{queue}-ce", type="MANAGED", state="ENABLED", serviceRole=role["Arn"],
-            computeResources={"type": "EC2", "minvCpus": 0, "maxvCpus": 64, "instanceTypes": types,
+            computeResources={"type": capacity, "minvCpus": 0, "maxvCpus": 64, "instanceTypes": types,
                               "subnets": [subnet], "securityGroupIds": [sg],
                               "instanceRole": profile["Arn"]})
         batch.create_job_queue(jobQueueName=queue, state="ENABLED", priority=1,
@@ -159,9 +160,16 @@ def batch(moto: str):  # noqa: ANN201 - a boto3 client
     return boto3.client("batch", region_name=REGION, endpoint_url=moto)
 
 
+def make_backend(run_id: str | None = None, **overrides: object) -> AwsBatchBackend:
+    """A backend built by hand, with the settings Fiber resolves (this module's FIBER_AWS_*) and ``overrides``."""
+    registry.get_class("aws-batch")  # loads the plugin, so the configuration knows its options
+    settings = {**config.backend_settings(AwsBatchBackend.settings_section()), **overrides}
+    return AwsBatchBackend(settings, run_id or "t" + secrets.token_hex(4))
+
+
 @pytest.fixture
 def aws() -> Iterator[AwsBatchBackend]:
-    b = AwsBatchBackend(None, "t" + secrets.token_hex(4))
+    b = make_backend()
     try:
         yield b
     finally:
@@ -171,7 +179,7 @@ def aws() -> Iterator[AwsBatchBackend]:
 def container_of(backend: AwsBatchBackend, job: Job):  # noqa: ANN201 - a docker Container
     """The container moto runs for ``job`` (it names it JOBNAME-JOBID), or None before it exists."""
     try:
-        return _docker.containers.get(f"{backend.state(job).job_name}-{job.id}")
+        return _docker.containers.get(f"{job.handle.job_name}-{job.id}")
     except docker.errors.NotFound:
         return None
 
@@ -239,6 +247,7 @@ class TestAwsBatch(BackendConformance):
         assert d["status"] == "FAILED"
         assert d["statusReason"] == f"fiber: terminated by its parent (run {backend.run_id})"
         assert "was terminated by fiber" in backend.get_job_logs(job)
+        assert job.state.reason is EndReason.STOPPED
 
     def test_jobs_run_with_host_network_only(self, backend: AwsBatchBackend) -> None:
         job = backend.start_job(sleeper())
@@ -261,7 +270,7 @@ class TestAwsBatch(BackendConformance):
             self.wait_running(backend, job, "up")
         for _ in range(200):
             assert all(backend.poll_job(job) is None for job in jobs)
-        pollers = [t for t in threading.enumerate() if t.name == f"fiber-aws-poller-{backend.run_id}"]
+        pollers = [t for t in threading.enumerate() if t.name == f"fiber-aws-batch-poller-{backend.run_id}"]
         assert len(pollers) == 1
         seen = list(calls)
         assert seen and all(name == pollers[0].name for name, _ in seen)
@@ -316,11 +325,51 @@ def test_gpu_type_routes_and_cpu_jobs_use_the_default_queue(aws: AwsBatchBackend
     assert reqs == {"VCPU": "2", "MEMORY": "512"}
 
 
+def test_identical_specs_start_as_one_array_job(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+    """Three identical specs are one SubmitJob (arrayProperties.size = 3); each child is a Job.
+
+    Where moto falls short: it does not set AWS_BATCH_JOB_ARRAY_INDEX in a child, which
+    AWS Batch does, so the command reads the index from AWS_BATCH_JOB_ID (PARENT:INDEX,
+    as both set it); and its DescribeJobs gives no child's exit code, which the backend
+    then reads from ListJobs (moto lists the children with their queue's jobs).
+    """
+    submitted: list[dict] = []
+    aws.batch.meta.events.register("before-parameter-build.batch.SubmitJob",
+                                   lambda params, **_: submitted.append(params))
+    code = ("import os, sys; i = os.environ.get('AWS_BATCH_JOB_ARRAY_INDEX') or "
+            "os.environ['AWS_BATCH_JOB_ID'].rpartition(':')[2]; sys.exit(3 + int(i))")
+    specs = [JobSpec(command=["python3", "-c", code], name="array") for _ in range(3)]
+    jobs = aws.start_jobs(specs)
+    assert len(submitted) == 1 and submitted[0]["arrayProperties"] == {"size": 3}
+    parent = jobs[0].id.rpartition(":")[0]
+    assert [job.id for job in jobs] == [f"{parent}:{i}" for i in range(3)]
+    assert [job.spec for job in jobs] == specs and aws.jobs == jobs
+    assert [aws.wait_for_job(job, WAIT) for job in jobs] == [3, 4, 5]
+    assert all(job.state.reason is EndReason.EXITED for job in jobs)
+    assert describe(batch, parent)["arrayProperties"]["size"] == 3
+    # Specs that differ are submitted one by one.
+    other = [JobSpec(command=["python3", "-c", "pass"], name=n) for n in ("a", "b")]
+    assert [aws.wait_for_job(job, WAIT) for job in aws.start_jobs(other)] == [0, 0]
+    assert len(submitted) == 3 and not any("arrayProperties" in p for p in submitted[1:])
+
+
+def test_array_child_is_terminated_on_its_own(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
+    jobs = aws.start_jobs([sleeper("array-sleeper") for _ in range(2)])
+    for job in jobs:
+        wait_batch_status(batch, job.id, ("RUNNING",))
+    aws.terminate_job(jobs[0])
+    assert aws.wait_for_job(jobs[0], WAIT) not in (None, 0)
+    assert jobs[0].state.reason is EndReason.STOPPED
+    assert aws.poll_job(jobs[1]) is None
+    aws.terminate_job(jobs[1])
+    assert aws.wait_for_job(jobs[1], WAIT) is not None
+
+
 def test_job_definitions_are_registered_once_and_reused(aws: AwsBatchBackend) -> None:
     a = aws.job_definition(IMAGE, 3, 3000, 0)
     assert aws.job_definition(IMAGE, 3, 3000, 0) == a
     assert aws.job_definition(IMAGE, 3, 3000, 1) != a
-    other = AwsBatchBackend(None, "t" + secrets.token_hex(4))  # a later run finds it
+    other = make_backend()  # a later run finds it
     assert other.job_definition(IMAGE, 3, 3000, 0) == a
     props = aws.batch.describe_job_definitions(jobDefinitions=[a])["jobDefinitions"][0]["containerProperties"]
     assert props["image"] == IMAGE
@@ -373,6 +422,8 @@ def test_job_terminated_by_someone_else_reports_batch_reason(aws: AwsBatchBacken
     logs = aws.get_job_logs(job)
     assert "FAILED: drained by operator for maintenance" in logs
     assert "up" in logs.splitlines()  # and the job's own output, from CloudWatch Logs
+    assert job.state.reason is EndReason.EXITED  # a signal Fiber did not send
+    assert job.state.detail == "drained by operator for maintenance"
 
 
 def test_image_without_python_fails_with_advice(aws: AwsBatchBackend) -> None:
@@ -383,6 +434,7 @@ def test_image_without_python_fails_with_advice(aws: AwsBatchBackend) -> None:
         logs = aws.get_job_logs(job)
         assert "FAILED before its container ran" in logs
         assert "check that the image exists" in logs
+        assert job.state.reason is EndReason.NEVER_STARTED
     finally:
         c = container_of(aws, job)  # moto leaves a container that could not start
         if c is not None:
@@ -394,7 +446,7 @@ def test_job_stuck_before_running_is_failed_with_advice(moto: str, batch) -> Non
     # SUBMITTED; real Batch would hold it in RUNNABLE). runnable_timeout counts both.
     _moto_api(moto, "/moto-api/state-manager/set-transition",
               {"model_name": "batch::job", "transition": {"progression": "manual", "times": 2}})
-    b = AwsBatchBackend({"runnable_timeout": 1}, "t" + secrets.token_hex(4))
+    b = make_backend(runnable_timeout=1.0)
     try:
         job = b.start_job(JobSpec(command=["python3", "-c", "pass"], name="stuck", gpu=1, gpu_type="a10g"))
         assert b.wait_for_job(job, WAIT) == 1
@@ -402,11 +454,44 @@ def test_job_stuck_before_running_is_failed_with_advice(moto: str, batch) -> Non
         assert "without starting: its compute environments have no capacity" in logs
         assert f"on queue {GPU_QUEUES['a10g'][0]}" in logs
         assert "runnable_timeout" in logs
+        assert job.state.reason is EndReason.NEVER_STARTED
         assert describe(batch, job.id)["statusReason"].startswith("fiber: no capacity within runnable_timeout=1s")
     finally:
         _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
         b.cleanup()
     wait_batch_status(batch, job.id, ("FAILED",))  # the terminated job never runs its command
+
+
+HOST_LOSS = "Host EC2 (instance i-0a1b2c3d4e5f60718) terminated."
+SPOT_INTERRUPTION = "Your Spot Task was interrupted."
+
+
+@pytest.mark.parametrize(("queue", "status_reason", "reason"), [
+    (CPU_QUEUE, HOST_LOSS, EndReason.HOST_LOST),
+    (SPOT_QUEUE, HOST_LOSS, EndReason.PREEMPTED),
+    (CPU_QUEUE, SPOT_INTERRUPTION, EndReason.PREEMPTED),
+])
+def test_lost_host_is_host_lost_or_preempted_by_the_queues_capacity(
+        batch, queue: str, status_reason: str, reason: EndReason) -> None:  # noqa: ANN001
+    """A job whose instance went away ends HOST_LOST, or PREEMPTED on Spot capacity.
+
+    moto cannot lose a host or reclaim a Spot instance. What it can do is report the
+    statusReason AWS Batch gives such a job, verbatim, when the job is terminated with it:
+    that is what this test sends (from outside Fiber, as Batch would), on an EC2 and on a
+    SPOT compute environment. moto then kills the container (exit status 137), where a
+    lost host leaves no exit code or 143; the exit code is not what is tested here.
+    """
+    b = make_backend(queue=queue)
+    try:
+        job = b.start_job(sleeper())
+        wait_output(b, job, "up")
+        batch.terminate_job(jobId=job.id, reason=status_reason)
+        assert b.wait_for_job(job, WAIT) not in (None, 0)
+        assert job.state.reason is reason
+        assert job.state.detail == status_reason
+        assert f"FAILED: {status_reason}" in b.get_job_logs(job)
+    finally:
+        b.cleanup()
 
 
 # -- parent exit and leftovers ---------------------------------------------------------------
@@ -421,7 +506,7 @@ PARENT = textwrap.dedent("""
     job = backend.start_job(JobSpec(
         command=["python3", "-c", "import time; print('up', flush=True); time.sleep(300)"],
         name="left-running"))
-    print(job.id, backend.state(job).job_name, flush=True)
+    print(job.id, job.handle.job_name, flush=True)
     sys.stdin.readline()  # the test says when to exit; fiber's exit handler cleans up
 """)
 
@@ -454,8 +539,8 @@ def test_parent_exit_terminates_its_unfinished_jobs(batch) -> None:  # noqa: ANN
 def test_fiber_clean_terminates_a_crashed_runs_jobs(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001
     job = aws.start_job(sleeper())
     wait_output(aws, job, "up")
-    removed = AwsBatchBackend.clean({}, aws.run_id)
-    assert removed == [f"AWS Batch job {job.id} ({aws.state(job).job_name}, queue {CPU_QUEUE})"]
+    removed = AwsBatchBackend.clean(aws.settings, aws.run_id)
+    assert removed == [f"AWS Batch job {job.id} ({job.handle.job_name}, queue {CPU_QUEUE})"]
     assert aws.wait_for_job(job, WAIT) is not None
     assert describe(batch, job.id)["statusReason"] == "fiber clean: left behind by a crashed run"
 
@@ -471,11 +556,11 @@ def test_listen_address_is_this_machines_address_in_the_jobs_vpc(aws: AwsBatchBa
 def test_listen_address_outside_the_jobs_vpc_says_what_to_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FIBER_AWS_QUEUE", FAR_QUEUE)
     monkeypatch.setenv("FIBER_AWS_GPU_QUEUES", "")
-    b = AwsBatchBackend(None, "t")
+    b = make_backend("t")
     with pytest.raises(BackendError, match=r"no address in the VPC .*10\.77\.0\.0/16.*listen_host"):
-        b.get_listen_addr()
+        listen_host(b)
     monkeypatch.setenv("FIBER_LISTEN_HOST", "127.0.0.7")
-    assert b.get_listen_addr() == "127.0.0.7"
+    assert listen_host(b) == "127.0.0.7"
 
 
 # -- registration and bad configuration ----------------------------------------------------
@@ -514,44 +599,51 @@ def test_gpu_requests_batch_cannot_route(aws: AwsBatchBackend, spec: JobSpec, me
 def test_missing_cpu_queue_and_image(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FIBER_AWS_QUEUE")
     with pytest.raises(BackendError, match=r"no job queue for CPU jobs.*FIBER_AWS_QUEUE"):
-        AwsBatchBackend(None, "t").start_job(JobSpec(command=["true"]))
+        make_backend("t").start_job(JobSpec(command=["true"]))
     monkeypatch.delenv("FIBER_AWS_IMAGE")
     with pytest.raises(BackendError, match=r"no container image.*FIBER_AWS_IMAGE"):
-        AwsBatchBackend(None, "t").start_job(JobSpec(command=["true"], gpu_type="a10g"))
+        make_backend("t").start_job(JobSpec(command=["true"], gpu_type="a10g"))
 
 
 def test_unknown_queue_is_reported_with_what_to_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FIBER_AWS_QUEUE", "no-such-queue")
     with pytest.raises(BackendError, match=r"did not accept .* on queue 'no-such-queue'.*check that job queue"):
-        AwsBatchBackend(None, "t").start_job(JobSpec(command=["true"]))
+        make_backend("t").start_job(JobSpec(command=["true"]))
 
 
 def test_missing_credentials_or_region(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FIBER_AWS_REGION")
     with pytest.raises(BackendError, match=r"no AWS region.*FIBER_AWS_REGION"):
-        AwsBatchBackend(None, "t")
+        make_backend("t")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     with pytest.raises(BackendError, match=r"no AWS credentials found.*standard chain"):
-        AwsBatchBackend(None, "t")
+        make_backend("t")
 
 
 def test_credentials_in_fiber_configuration_are_refused(monkeypatch: pytest.MonkeyPatch,
                                                         tmp_path: Path) -> None:
     monkeypatch.setenv("FIBER_AWS_SECRET_ACCESS_KEY", "x")
     with pytest.raises(ConfigError, match=r"refusing AWS credentials.*FIBER_AWS_SECRET_ACCESS_KEY.*boto3 chain"):
-        AwsBatchBackend(None, "t")
+        make_backend("t")
     monkeypatch.delenv("FIBER_AWS_SECRET_ACCESS_KEY")
     (tmp_path / ".fiberconfig").write_text("[aws]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n")
     monkeypatch.chdir(tmp_path)
     config.reset()
-    with pytest.raises(ConfigError, match=r"aws_access_key_id in \[aws\]"):
-        AwsBatchBackend(None, "t")
+    # Not an [aws] option: Fiber never hands it to the backend, and refuses the file when it
+    # checks it (fiber config); the backend sees only its resolved settings.
+    with pytest.raises(ConfigError, match=r"unknown key 'aws_access_key_id' in \[aws\]"):
+        config.check_file()
+    assert "aws_access_key_id" not in make_backend("t").settings
+    (tmp_path / ".fiberconfig").write_text("[aws]\njob_role = AKIAIOSFODNN7EXAMPLE\n")
+    config.reset()
+    with pytest.raises(ConfigError, match=r"an access key id in setting 'job_role'"):
+        make_backend("t")
     (tmp_path / ".fiberconfig").write_text("[aws]\nextra_env = A=1,AWS_SECRET_ACCESS_KEY=x\n")
     config.reset()
     with pytest.raises(ConfigError, match=r"AWS_SECRET_ACCESS_KEY in \[aws\] extra_env.*job_role"):
-        AwsBatchBackend(None, "t")
+        make_backend("t")
     (tmp_path / ".fiberconfig").unlink()
     config.reset()
 
@@ -563,7 +655,7 @@ def test_bad_gpu_queues_entry() -> None:
 
 def test_extra_env_reaches_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FIBER_AWS_EXTRA_ENV", "FIBER_TEST_A=1,FIBER_TEST_B=two")
-    b = AwsBatchBackend(None, "t" + secrets.token_hex(4))
+    b = make_backend()
     try:
         job = b.start_job(JobSpec(command=["python3", "-c", "import os, sys; "
                                            "sys.exit(0 if os.environ['FIBER_TEST_B'] == 'two' else 3)"]))
