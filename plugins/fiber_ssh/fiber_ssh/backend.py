@@ -234,7 +234,6 @@ class SshBackend(Backend):
         self._known: tuple[paramiko.HostKeys, paramiko.HostKeys] | None = None
         self._pkeys: dict[str, Any] = {}
         self._warned_full = False
-        self._closing = False
         self._listen_addr: str | None = None
 
     # -- settings -----------------------------------------------------------------------
@@ -334,7 +333,6 @@ class SshBackend(Backend):
     def cleanup(self) -> None:
         """Kill the jobs still running, remove uploaded directories, close the connections."""
         jobs = self.take_jobs()
-        self._closing = True
         running = [j for j in jobs if not j.state.done()]
         for job in running:
             job.state.stop_requested = True
@@ -347,6 +345,8 @@ class SshBackend(Backend):
             with self._lock:
                 self._slots = []
             channels, self._channels = self._channels, None
+        if channels is not None:
+            channels.close()  # it finishes the jobs it follows, closed by cleanup
         dirs = [h for h in hosts if h.created_dir and any(t.is_active() for t in h.transports)]
         if dirs:
             with ThreadPoolExecutor(len(dirs)) as pool:
@@ -354,12 +354,9 @@ class SshBackend(Backend):
         for host in hosts:
             for t in host.transports:
                 t.close()
-        if channels is not None:
-            channels.close()  # it finishes the jobs whose channels just closed, as may this:
         for job in running:
-            self._finish(job)
+            self._finish(job, closing=True)  # if the channels watcher has not: first finish wins
         super().cleanup()
-        self._closing = False
 
     # -- hosts: connecting, losing, reviving ---------------------------------------------
 
@@ -496,10 +493,14 @@ class SshBackend(Backend):
         with host.lock:
             host.transports = [x for x in host.transports if x.is_active()] + [t]
         with self._lock:
-            if index < len(self._slots) and self._hosts[index] is host:
+            current = index < len(self._slots) and self._hosts[index] is host
+            if current:
                 if host.spec.slots is None and host.info:  # unreachable at start: now we know
                     self._slots[index].slots = host.info.get("cpus") or 1
                 self._slots[index].alive = True
+        if not current:
+            t.close()  # cleanup came meanwhile
+            return
         log.warning("fiber-ssh: host %s is back", host.name)
 
     def _lost_summary(self) -> str:
@@ -771,8 +772,9 @@ class SshBackend(Backend):
         self._channels.add(job)
         return job
 
-    def _finish(self, job: Job) -> None:
-        """Record how and why a job ended: called once its channel closed, or its exit code is in."""
+    def _finish(self, job: Job, closing: bool = False) -> None:
+        """Record how and why a job ended: once its channel closed, its exit code is in, or
+        cleanup (``closing``) closes it."""
         run: _Run = job.handle
         with self._lock:
             if run.ended:
@@ -787,7 +789,7 @@ class SshBackend(Backend):
                 reason, detail = EndReason.NEVER_STARTED, f"{host}: {run.error}"
             elif run.oom and not job.state.stop_requested:
                 reason, detail = EndReason.OOM, f"the kernel's out-of-memory killer ended the job on {host}"
-        elif self._closing:
+        elif closing:
             code, reason, detail = LOST, EndReason.STOPPED, f"the connection to {host} was closed by cleanup()"
         elif not run.transport.is_active():
             why = f"the connection broke ({run.transport.get_exception() or 'closed'})"
@@ -976,7 +978,7 @@ class _Channels:
             job.handle.chan.close()
         except Exception:
             pass
-        self.backend._finish(job)
+        self.backend._finish(job, self.closed)
 
 
 # -- helpers ----------------------------------------------------------------------------

@@ -388,6 +388,17 @@ def test_out_of_memory_kill_on_the_host(make_backend: Any, hosts: dict[str, str]
         b.cleanup()  # before the cgroup goes
 
 
+def test_connections_give_up_within_peer_timeout(make_backend: Any) -> None:
+    """A silent host is lost after keepalive x (1 + keepalive_count) s, or peer_timeout if shorter."""
+    for peer_timeout, expected_ms in ((30.0, 4000), (2.0, 2000)):
+        b = make_backend(keepalive=1.0, keepalive_count=3)
+        b.peer_timeout = peer_timeout
+        job = b.start_job(py("pass"))
+        assert b.wait_for_job(job, T) == 0
+        sock = job.handle.transport.sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == expected_ms
+
+
 def test_pool_spreads_over_the_three_hosts(ssh_runtime: Any) -> None:
     arrived, go = fiber_core.Queue(), fiber_core.Queue()
     with fiber_core.Pool(6) as pool:
