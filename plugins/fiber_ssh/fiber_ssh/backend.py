@@ -9,17 +9,25 @@ login, and a probe of the remote Python), and execs the job supervisor
 directory) travels over the channel's stdin; the supervisor starts it in a new
 session and reports its process group and, at the end, its exit code on stdout.
 
-One thread per backend watches every channel (paramiko signals a channel through a
-pipe when data arrives or it closes): it keeps each job's log (the channel's stderr),
-records exit codes as they arrive, so :meth:`~SshBackend.poll_job` never makes a
-round trip, and sends each supervisor a heartbeat. ``terminate_job`` and ``kill_job``
-write ``T`` or ``K`` to the supervisor, which signals the whole process group.
+One watcher (:meth:`~fiber_core.contract.Backend.watch`) reads every channel (paramiko
+signals a channel through a pipe when data arrives or it closes): it keeps each job's
+log (the channel's stderr) in ``job.state.log`` and finishes ``job.state`` as exit codes
+arrive, so polling never makes a round trip, and sends each supervisor a heartbeat.
+``terminate_job`` and ``kill_job`` write ``T`` or ``K`` to the supervisor, which signals
+the whole process group.
+
+Why a job ended (:class:`~fiber_core.contract.EndReason`): its own exit, or a signal
+Fiber did not send, is ``EXITED``; a SIGKILL while the kernel counted an out-of-memory
+kill in the supervisor's memory cgroup is ``OOM``; a command the supervisor could not
+start (or a supervisor that did not run) is ``NEVER_STARTED``; a lost host is
+``HOST_LOST``; what Fiber stopped is ``STOPPED``.
 
 A host that stops answering (keepalives every ``keepalive`` seconds, and the kernel
-gives up on the connection after ``keepalive_count`` of them go unanswered) is *lost*:
-its jobs end with ``-1`` (SIGHUP: the line to them hung up), placement skips it, and
-it is tried again after ``retry_lost`` seconds. Its supervisors, cut off from the
-parent, kill their jobs after ``orphan_timeout`` seconds without a heartbeat.
+gives up on the connection after ``keepalive_count`` of them go unanswered, or after
+``peer_timeout`` if that is shorter) is *lost*: its jobs end with ``-1`` (SIGHUP: the
+line to them hung up), placement skips it, and a watcher tries it again every
+``retry_lost`` seconds. Its supervisors, cut off from the parent, kill their jobs after
+``orphan_timeout`` seconds without a heartbeat.
 
 paramiko is imported when a backend is created, never when the plugin is loaded.
 """
@@ -48,10 +56,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.base.errors import BackendError, ConfigError
-from fiber_core.base.net import keepalive
-from fiber_core.base.options import Option
-from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
+from fiber_core.contract import (
+    Backend,
+    BackendError,
+    ConfigError,
+    EndReason,
+    Job,
+    JobSpec,
+    Option,
+    Watcher,
+    exitcode_from_status,
+    keepalive,
+)
 
 from fiber_ssh.hosts import HostSpec, Placement, Slots, parse_hosts, place, release
 
@@ -97,8 +113,8 @@ OPTIONS: tuple[Option, ...] = (
 LOST = -signal.SIGHUP
 """Exit code of a job whose host was lost: the line to it hung up."""
 
-_LOG_LIMIT = 1 << 20  # bytes of each job's log kept (the end)
 _EXIT_GRACE = 2.0  # seconds to wait for the rest of a job's log after its exit code
+_IDLE = 3600.0  # a watcher's pause when only a wake() or a stop() has something for it
 _SUPERVISOR = Path(__file__).with_name("supervisor.py").read_text().split('"""\n', 1)[1].lstrip()
 """The supervisor's code without its docstring: it is on the command line of every job."""
 _PROBE = r"""
@@ -139,7 +155,6 @@ class _Host:
     """A configuration problem (host key, login, Python): raised on every use."""
     lost_reason: str = ""
     lost_at: float = 0.0
-    reviving: bool = False
     workdir: str | None = None
     uploaded: bool = False
     created_dir: str | None = None
@@ -152,21 +167,20 @@ class _Host:
 
 @dataclass(eq=False)
 class _Run:
-    """One job's channel and what the watcher thread learnt of it (``Job.handle``)."""
+    """One job's channel and what its supervisor said (``Job.handle``)."""
 
     host: _Host
     index: int
     placement: Placement
     transport: paramiko.Transport
     chan: paramiko.Channel
-    done: threading.Event = field(default_factory=threading.Event)
-    code: int | None = None
-    pgid: int | None = None
-    reported: int | None = None
+    pgid: int | None = None  # the job's process group on the host, once it runs
+    reported: int | None = None  # the exit code the supervisor reported, and when
     reported_at: float = 0.0
+    error: str = ""  # why the supervisor could not start the job
+    oom: bool = False  # the supervisor saw the kernel's OOM killer end it
+    ended: bool = False  # its end is recorded (the slots given back), under the backend's lock
     out: bytes = b""
-    log: bytearray = field(default_factory=bytearray)
-    note: str = ""
 
     def feed_out(self, data: bytes) -> None:
         self.out += data
@@ -178,16 +192,15 @@ class _Run:
             try:
                 if kind == "pid":
                     self.pgid = int(value)
+                elif kind == "error":
+                    self.error = value
+                elif kind == "oom":
+                    self.oom = True
                 elif kind == "exit":
                     self.reported = int(value)
                     self.reported_at = time.monotonic()
             except ValueError:
                 pass
-
-    def feed_log(self, data: bytes) -> None:
-        self.log += data
-        if len(self.log) > _LOG_LIMIT:
-            del self.log[: len(self.log) - _LOG_LIMIT]
 
     def send(self, command: bytes) -> None:
         try:
@@ -214,13 +227,13 @@ class SshBackend(Backend):
         self._hosts: list[_Host] = []
         self._slots: list[Slots] = []
         self._start_lock = threading.Lock()
-        self._watcher: _Watcher | None = None
+        self._channels: _Channels | None = None
+        self._reviver: Watcher | None = None
         self._count = itertools.count(1)
         self._known_lock = threading.Lock()
         self._known: tuple[paramiko.HostKeys, paramiko.HostKeys] | None = None
         self._pkeys: dict[str, Any] = {}
         self._warned_full = False
-        self._closing = False
         self._listen_addr: str | None = None
 
     # -- settings -----------------------------------------------------------------------
@@ -290,7 +303,6 @@ class SshBackend(Backend):
         self._start()
         for _ in range(len(self._hosts) + 1):
             with self._lock:
-                self._revive_due()
                 try:
                     gpu = spec.gpu or (1 if spec.gpu_type else 0)  # a type alone means one GPU
                     placement = place(self._slots, spec.cpu, gpu, spec.gpu_type)
@@ -310,48 +322,31 @@ class SshBackend(Backend):
                 raise
         raise BackendError(f"could not start {spec.name} on any SSH host{self._lost_summary()}")
 
-    def poll_job(self, job: Job) -> int | None:
-        run: _Run = job.handle
-        return run.code if run.done.is_set() else None
-
-    def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
-        run: _Run = job.handle
-        if run.done.wait(timeout):
-            job.state.finish(run.code)
-            return run.code
-        return None
-
     def terminate_job(self, job: Job) -> None:
-        run: _Run = job.handle
-        if not run.done.is_set():
-            run.send(b"T\n")
+        if not job.state.done():
+            job.handle.send(b"T\n")
 
     def kill_job(self, job: Job) -> None:
-        run: _Run = job.handle
-        if not run.done.is_set():
-            run.send(b"K\n")
-
-    def get_job_logs(self, job: Job) -> str:
-        run: _Run = job.handle
-        text = bytes(run.log).decode("utf-8", "replace")
-        return text + (("\n" if text and not text.endswith("\n") else "") + run.note if run.note else "")
+        if not job.state.done():
+            job.handle.send(b"K\n")
 
     def cleanup(self) -> None:
         """Kill the jobs still running, remove uploaded directories, close the connections."""
-        with self._jobs_lock:
-            jobs, self._jobs = self._jobs, []
-        self._closing = True
-        running = [j for j in jobs if not j.handle.done.is_set()]
+        jobs = self.take_jobs()
+        running = [j for j in jobs if not j.state.done()]
         for job in running:
+            job.state.stop_requested = True
             self.kill_job(job)
         deadline = time.monotonic() + max(5.0, self._timeout)
         for job in running:
-            job.handle.done.wait(max(0.0, deadline - time.monotonic()))
+            job.state.wait(max(0.0, deadline - time.monotonic()))
         with self._start_lock:
             hosts, self._hosts = self._hosts, []
             with self._lock:
                 self._slots = []
-            watcher, self._watcher = self._watcher, None
+            channels, self._channels = self._channels, None
+        if channels is not None:
+            channels.close()  # it finishes the jobs it follows, closed by cleanup
         dirs = [h for h in hosts if h.created_dir and any(t.is_active() for t in h.transports)]
         if dirs:
             with ThreadPoolExecutor(len(dirs)) as pool:
@@ -359,9 +354,9 @@ class SshBackend(Backend):
         for host in hosts:
             for t in host.transports:
                 t.close()
-        if watcher is not None:
-            watcher.stop()  # it finishes the jobs whose channels just closed
-        self._closing = False
+        for job in running:
+            self._finish(job, closing=True)  # if the channels watcher has not: first finish wins
+        super().cleanup()
 
     # -- hosts: connecting, losing, reviving ---------------------------------------------
 
@@ -395,8 +390,12 @@ class SshBackend(Backend):
                 )
             with self._lock:
                 self._slots = slots
-            self._watcher = _Watcher(self)
             self._hosts = hosts
+            self._channels = _Channels(self)
+            self.watch(self._channels.follow, "channels", max_backoff=5.0)
+            retry = self.settings["retry_lost"]
+            if retry:
+                self._reviver = self.watch(self._revive_lost, "revive", interval=retry, max_backoff=retry)
 
     def _first_connect(self, host: _Host) -> str | None:
         """Connect, check and probe one host; return why it is unreachable, or None."""
@@ -443,13 +442,20 @@ class SshBackend(Backend):
             raise
 
     def _tune(self, sock: socket.socket) -> None:
-        """Make the kernel give up on a connection whose keepalives go unanswered."""
+        """Make the kernel give up on a connection whose keepalives go unanswered.
+
+        After ``keepalive_count`` intervals of ``keepalive`` seconds, or ``peer_timeout``
+        (Fiber's bound for any silent peer) when that is shorter.
+        """
         interval = max(1, math.ceil(self.settings["keepalive"]))
+        count = self.settings["keepalive_count"]
+        if self.peer_timeout > 0:  # probes start after one interval: (1 + count) intervals in all
+            count = min(count, max(1, int(self.peer_timeout // interval) - 1))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        keepalive(sock, interval, interval, self.settings["keepalive_count"])
+        keepalive(sock, interval, interval, count)
 
     def _lose(self, host: _Host, reason: str) -> None:
-        """Mark a host lost: placement skips it until it is revived."""
+        """Mark a host lost: placement skips it until the reviver reconnects."""
         index = self._hosts.index(host) if host in self._hosts else -1
         with self._lock:
             if index < 0 or not self._slots[index].alive:
@@ -457,34 +463,44 @@ class SshBackend(Backend):
             self._slots[index].alive = False
             host.lost_reason, host.lost_at = reason, time.monotonic()
         log.warning("fiber-ssh: lost host %s (%s); its jobs end with %d", host.name, reason, LOST)
+        if self._reviver is not None:
+            self._reviver.wake()  # to wait for this host's retry time
 
-    def _revive_due(self) -> None:
-        """Start reconnecting, in the background, to lost hosts whose retry time came. Holds _lock."""
+    def _revive_lost(self) -> float:
+        """One round of the reviver: reconnect to the lost hosts whose retry time came.
+
+        Returns the seconds until the next one is due (a loss wakes it sooner).
+        """
         retry = self.settings["retry_lost"]
-        if not retry:
-            return
-        now = time.monotonic()
-        for i, host in enumerate(self._hosts):
-            if not self._slots[i].alive and not host.reviving and now - host.lost_at >= retry:
-                host.reviving = True
-                threading.Thread(target=self._revive, args=(i, host), daemon=True,
-                                 name=f"fiber-ssh-revive-{host.addr}").start()
+        with self._lock:
+            lost = [(i, h) for i, (h, s) in enumerate(zip(self._hosts, self._slots)) if not s.alive]
+        due = [(i, h) for i, h in lost if time.monotonic() - h.lost_at >= retry]
+        if due:
+            with ThreadPoolExecutor(len(due)) as pool:
+                list(pool.map(lambda ih: self._revive(*ih), due))
+        with self._lock:
+            waits = [h.lost_at + retry - time.monotonic()
+                     for h, s in zip(self._hosts, self._slots) if not s.alive]
+        return max(0.0, min(waits)) if waits else _IDLE
 
     def _revive(self, index: int, host: _Host) -> None:
         try:
             t = self._connect(host)
         except (_Unreachable, BackendError) as e:
             with self._lock:
-                host.lost_reason, host.lost_at, host.reviving = str(e), time.monotonic(), False
+                host.lost_reason, host.lost_at = str(e), time.monotonic()
             return
         with host.lock:
             host.transports = [x for x in host.transports if x.is_active()] + [t]
         with self._lock:
-            if index < len(self._slots) and self._hosts[index] is host:
+            current = index < len(self._slots) and self._hosts[index] is host
+            if current:
                 if host.spec.slots is None and host.info:  # unreachable at start: now we know
                     self._slots[index].slots = host.info.get("cpus") or 1
                 self._slots[index].alive = True
-            host.reviving = False
+        if not current:
+            t.close()  # cleanup came meanwhile
+            return
         log.warning("fiber-ssh: host %s is back", host.name)
 
     def _lost_summary(self) -> str:
@@ -752,38 +768,45 @@ class SshBackend(Backend):
             raise _Unreachable(f"{host.name} did not start the job: {e}") from e
         run = _Run(host=host, index=placement.index, placement=placement, transport=t, chan=chan)
         job = Job(id=f"{host.addr}#{next(self._count)}", spec=spec, handle=run, host=host.hostname)
-        assert self._watcher is not None
-        self._watcher.add(run)
+        assert self._channels is not None
+        self._channels.add(job)
         return job
 
-    def _finish(self, run: _Run) -> None:
-        """Called by the watcher once a job's channel closed, or its exit code is in."""
-        code = run.reported
-        if code is None:
-            if self._closing:
-                code = LOST
-                run.note = f"fiber-ssh: the connection to {run.host.name} was closed by cleanup()"
-            elif not run.transport.is_active():
-                exc = run.transport.get_exception()
-                reason = f"the connection broke ({exc or 'closed'})"
-                run.note = f"fiber-ssh: lost {run.host.name}: {reason}"
-                code = LOST
-                self._lose(run.host, reason)
-            elif run.chan.status_event.is_set() and run.chan.exit_status >= 0:
-                code = exitcode_from_status(run.chan.exit_status)
-                run.note = f"fiber-ssh: the job supervisor on {run.host.name} exited with status {code}"
-            else:
-                code = LOST
-                run.note = f"fiber-ssh: the channel to {run.host.name} closed without an exit status"
-        try:
-            run.chan.close()
-        except Exception:
-            pass
+    def _finish(self, job: Job, closing: bool = False) -> None:
+        """Record how and why a job ended: once its channel closed, its exit code is in, or
+        cleanup (``closing``) closes it."""
+        run: _Run = job.handle
         with self._lock:
+            if run.ended:
+                return
+            run.ended = True
             if self._slots and run.index < len(self._slots) and self._hosts[run.index] is run.host:
                 release(self._slots, run.placement)
-        run.code = code
-        run.done.set()
+        host = run.host.name
+        code, reason, detail = run.reported, None, ""
+        if code is not None:
+            if run.error:
+                reason, detail = EndReason.NEVER_STARTED, f"{host}: {run.error}"
+            elif run.oom and not job.state.stop_requested:
+                reason, detail = EndReason.OOM, f"the kernel's out-of-memory killer ended the job on {host}"
+        elif closing:
+            code, reason, detail = LOST, EndReason.STOPPED, f"the connection to {host} was closed by cleanup()"
+        elif not run.transport.is_active():
+            why = f"the connection broke ({run.transport.get_exception() or 'closed'})"
+            code, reason, detail = LOST, EndReason.HOST_LOST, f"lost {host}: {why}"
+            self._lose(run.host, why)
+        elif run.chan.status_event.is_set() and run.chan.exit_status >= 0:
+            code = exitcode_from_status(run.chan.exit_status)
+            detail = f"the job supervisor on {host} exited with status {code}"
+            if run.pgid is None:  # it never said that the job runs
+                reason = EndReason.NEVER_STARTED
+        else:
+            code, reason = LOST, EndReason.HOST_LOST
+            detail = f"the channel to {host} closed without an exit status"
+        if detail and not run.error:  # (the supervisor's own words are in the log already)
+            text = job.state.log.text()
+            job.state.log.append(("\n" if text and not text.endswith("\n") else "") + "fiber-ssh: " + detail)
+        job.state.finish(code if code is not None else LOST, reason, detail)
 
     # -- upload ---------------------------------------------------------------------------
 
@@ -842,105 +865,120 @@ class SshBackend(Backend):
             log.warning("fiber-ssh: could not remove %s on %s: %s", host.created_dir, host.name, e)
 
 
-class _Watcher:
-    """The one thread that reads every job's channel and sends the heartbeats."""
+class _Channels:
+    """Reads every job's channel and sends the heartbeats, in the ``channels`` watcher.
+
+    :meth:`follow` runs until :meth:`close`, then finishes the jobs it still follows;
+    should it fail, the watcher runs it again and it takes up the same jobs.
+    """
 
     def __init__(self, backend: SshBackend) -> None:
         self.backend = backend
-        self.sel = selectors.DefaultSelector()
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_w.setblocking(False)
-        self.sel.register(self.wake_r, selectors.EVENT_READ, None)
-        self.lock = threading.Lock()
-        self.incoming: list[_Run] = []
-        self.runs: set[_Run] = set()
-        self.stopped = False
         self.interval = max(0.1, float(backend.settings["keepalive"]))
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="fiber-ssh-watch")
-        self.thread.start()
+        self.lock = threading.Lock()
+        self.new: list[Job] = []
+        self.jobs: set[Job] = set()  # only follow() touches it
+        self.closed = False
+        self._wake_w: socket.socket | None = None
 
-    def add(self, run: _Run) -> None:
+    def add(self, job: Job) -> None:
         with self.lock:
-            self.incoming.append(run)
-        self._wake()
+            self.new.append(job)
+            self._wake()
 
-    def stop(self) -> None:
-        self.stopped = True
-        self._wake()
-        self.thread.join(10)
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self._wake()
 
-    def _wake(self) -> None:
+    def _wake(self) -> None:  # holding self.lock
         try:
-            self.wake_w.send(b"x")
+            if self._wake_w is not None:
+                self._wake_w.send(b"x")
         except OSError:
             pass
 
-    def _loop(self) -> None:
-        next_beat = time.monotonic() + self.interval
-        try:
-            while not self.stopped:
-                timeout = next_beat - time.monotonic()
-                if any(r.reported is not None for r in self.runs):
-                    timeout = min(timeout, _EXIT_GRACE / 4)
-                for key, _ in self.sel.select(max(0.0, timeout)):
-                    if key.data is None:
-                        try:
-                            self.wake_r.recv(4096)
-                        except OSError:
-                            pass
-                    else:
-                        self._read(key.data)
+    def follow(self) -> float:
+        wake_r, wake_w = socket.socketpair()
+        wake_w.setblocking(False)
+        with wake_r, wake_w, selectors.DefaultSelector() as sel:
+            sel.register(wake_r, selectors.EVENT_READ, None)
+            for job in self.jobs:
+                sel.register(job.handle.chan, selectors.EVENT_READ, job)
+            with self.lock:
+                self._wake_w = wake_w
+            try:
+                self._loop(sel, wake_r)
+            except Exception:
+                log.exception("fiber-ssh: reading the jobs' channels failed (it starts again)")
+                raise
+            finally:
                 with self.lock:
-                    incoming, self.incoming = self.incoming, []
-                for run in incoming:
-                    self.runs.add(run)
-                    self.sel.register(run.chan, selectors.EVENT_READ, run)
-                    self._read(run)
-                now = time.monotonic()
-                for run in [r for r in self.runs if r.reported is not None
-                            and now - r.reported_at > _EXIT_GRACE]:
-                    self._close(run)  # its exit code is in; something holds its output open
-                if now >= next_beat:
-                    next_beat = now + self.interval
-                    for run in self.runs:
-                        if run.chan.send_ready():
-                            run.send(b"h\n")
-        except Exception:
-            log.exception("fiber-ssh: the channel watcher failed")
-        finally:
-            for run in list(self.runs):
-                self._read(run)
-                if run in self.runs:
-                    self._close(run)
-            self.sel.close()
-            self.wake_r.close()
-            self.wake_w.close()
+                    self._wake_w = None
+            for job in list(self.jobs):
+                self._read(sel, job)
+                if job in self.jobs:
+                    self._close(sel, job)
+        return _IDLE
 
-    def _read(self, run: _Run) -> None:
-        if run not in self.runs:
+    def _loop(self, sel: selectors.BaseSelector, wake_r: socket.socket) -> None:
+        next_beat = time.monotonic() + self.interval
+        while True:
+            with self.lock:
+                new, self.new = self.new, []
+            for job in new:
+                self.jobs.add(job)
+                sel.register(job.handle.chan, selectors.EVENT_READ, job)
+                self._read(sel, job)
+            if self.closed:
+                return
+            now = time.monotonic()
+            for job in [j for j in self.jobs if j.handle.reported is not None
+                        and now - j.handle.reported_at > _EXIT_GRACE]:
+                self._close(sel, job)  # its exit code is in; something holds its output open
+            if now >= next_beat:
+                next_beat = now + self.interval
+                for job in self.jobs:
+                    if job.handle.chan.send_ready():
+                        job.handle.send(b"h\n")
+            timeout = next_beat - time.monotonic()
+            if any(j.handle.reported is not None for j in self.jobs):
+                timeout = min(timeout, _EXIT_GRACE / 4)
+            for key, _ in sel.select(max(0.0, timeout)):
+                if key.data is None:
+                    wake_r.recv(4096)
+                else:
+                    self._read(sel, key.data)
+
+    def _read(self, sel: selectors.BaseSelector, job: Job) -> None:
+        if job not in self.jobs:
             return
-        chan = run.chan
+        chan = job.handle.chan
         closed = chan.closed
         while chan.recv_ready():
             data = chan.recv(65536)
             if not data:
                 break
-            run.feed_out(data)
+            job.handle.feed_out(data)
         while chan.recv_stderr_ready():
             data = chan.recv_stderr(65536)
             if not data:
                 break
-            run.feed_log(data)
+            job.state.log.append(data)
         if closed:
-            self._close(run)
+            self._close(sel, job)
 
-    def _close(self, run: _Run) -> None:
-        self.runs.discard(run)
+    def _close(self, sel: selectors.BaseSelector, job: Job) -> None:
+        self.jobs.discard(job)
         try:
-            self.sel.unregister(run.chan)
+            sel.unregister(job.handle.chan)
         except (KeyError, ValueError):
             pass
-        self.backend._finish(run)
+        try:
+            job.handle.chan.close()
+        except Exception:
+            pass
+        self.backend._finish(job, self.closed)
 
 
 # -- helpers ----------------------------------------------------------------------------

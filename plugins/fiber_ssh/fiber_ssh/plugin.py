@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fiber_core import hookimpl
+from fiber_core.contract import hookimpl
 
 from fiber_ssh.backend import SshBackend
 

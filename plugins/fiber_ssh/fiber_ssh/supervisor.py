@@ -16,7 +16,10 @@ stdin, then one command per line
 stdout, lines starting with ``@fiber``
     ``@fiber pid N`` once the job runs (N is also its process group and session),
     ``@fiber exit N`` when it ended, N as :mod:`multiprocessing` has it (``-15``
-    after SIGTERM). Anything else there (a chatty shell startup file) is ignored.
+    after SIGTERM). Before the exit, ``@fiber error TEXT`` when the job could not
+    start (TEXT says why), or ``@fiber oom`` when it died of a SIGKILL this
+    supervisor did not send while the kernel counted an out-of-memory kill in its
+    memory cgroup. Anything else there (a chatty shell startup file) is ignored.
 stderr
     The job's stdout and stderr, merged: the backend keeps them as the job's log.
 
@@ -51,6 +54,34 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
+def _oom_kills() -> int | None:
+    """The OOM kills the kernel counted in this process's memory cgroup (v2 or v1), or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            entries = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for entry in entries:
+        if len(entry) != 3:
+            continue
+        controllers, path = entry[1].split(","), entry[2].rstrip("/")
+        if entry[1] == "":
+            files = [f"/sys/fs/cgroup{path}/memory.events", f"/sys/fs/cgroup/unified{path}/memory.events"]
+        elif "memory" in controllers:
+            files = [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
+        else:
+            continue
+        for name in files:
+            try:
+                with open(name) as f:
+                    for line in f:
+                        if line.startswith("oom_kill "):
+                            return int(line.split()[1])
+            except (OSError, ValueError):
+                pass
+    return None
+
+
 def main() -> int:
     buf = b""
     while b"\n" not in buf:
@@ -63,12 +94,15 @@ def main() -> int:
     env = dict(os.environ)
     env.update(job.get("env") or {})
     argv = job["argv"]
+    ooms = _oom_kills()
     try:
         proc = subprocess.Popen(argv, env=env, cwd=job.get("cwd") or None, stdin=subprocess.DEVNULL,
                                 stdout=2, stderr=2, start_new_session=True)
     except OSError as e:
         where = " in " + job["cwd"] if job.get("cwd") else ""
-        os.write(2, f"fiber-ssh: cannot start {argv[0]!r}{where}: {e}\n".encode())
+        why = f"cannot start {argv[0]!r}{where}: {e}"
+        os.write(2, f"fiber-ssh: {why}\n".encode())
+        _say("error " + why.replace("\n", " "))
         _say("exit 127")
         return 127
     _say(f"pid {proc.pid}")
@@ -82,6 +116,7 @@ def main() -> int:
     timeout = job.get("orphan_timeout") or None
     last = time.monotonic()
     watching = [0, done_r]
+    killed = False  # this supervisor sent SIGKILL
     while True:
         wait = None
         if timeout is not None and 0 in watching:
@@ -93,11 +128,13 @@ def main() -> int:
             os.write(2, f"fiber-ssh: no word from the parent for {timeout:g} s: "
                         "killing the job\n".encode())
             _killpg(proc.pid, signal.SIGKILL)
+            killed = True
             watching = [done_r]
             continue
         chunk = os.read(0, 65536)
         if not chunk:  # the channel closed: the parent is gone
             _killpg(proc.pid, signal.SIGKILL)
+            killed = True
             watching = [done_r]
             continue
         last = time.monotonic()
@@ -107,8 +144,13 @@ def main() -> int:
                 _killpg(proc.pid, signal.SIGTERM)
             elif command == b"K":
                 _killpg(proc.pid, signal.SIGKILL)
+                killed = True
     code = proc.returncode
     _killpg(proc.pid, signal.SIGKILL)  # what the job left running in its group
+    if code == -signal.SIGKILL and not killed and ooms is not None:
+        after = _oom_kills()
+        if after is not None and after > ooms:
+            _say("oom")
     _say(f"exit {code}")
     return code
 

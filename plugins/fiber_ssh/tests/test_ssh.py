@@ -34,6 +34,7 @@ import fiber_core
 import fiber_core.runtime.run
 import pytest
 from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.contract import EndReason
 from fiber_core.contract.backend import Backend, JobSpec
 from fiber_core.contract.registry import registry
 from fiber_core.runtime.config import config, create_backend
@@ -192,6 +193,72 @@ def wait_until_gone(run_id: str, netns: list[str] = NAMES) -> list[str]:
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def private_sshd(hosts: dict[str, str], tmp_path: Path, port: int, config: str = "",
+                 cgroup: Path | None = None) -> Iterator[str]:
+    """An sshd of the test's own in fiber-h1's network namespace, on ``port``; yields its host entry.
+
+    It shares this machine's /tmp (not the host's own) and /sys, takes ``config`` as
+    extra sshd_config lines, and starts in ``cgroup`` when given (its sessions too).
+    """
+    keydir = SERVICES / "ssh" / "fiber-h1"
+    config_file = tmp_path / f"sshd_config_{port}"
+    pidfile = tmp_path / f"sshd_{port}.pid"
+    addr = hosts["FIBER_SSH_HOSTS"].split()[0]
+    config_file.write_text(textwrap.dedent(f"""
+        ListenAddress {addr}:{port}
+        HostKey {keydir}/ssh_host_ed25519_key
+        PidFile {pidfile}
+        AuthorizedKeysFile {SERVICES}/ssh/authorized_keys
+        PermitRootLogin prohibit-password
+        PasswordAuthentication no
+        KbdInteractiveAuthentication no
+        UsePAM no
+        StrictModes no
+        UseDNS no
+    """) + textwrap.dedent(config))
+    # nsenter, not ip netns exec, which mounts a sysfs of its own without /sys/fs/cgroup
+    sshd = ["nsenter", "--net=/run/netns/fiber-h1", "/usr/sbin/sshd", "-f", str(config_file),
+            "-E", str(tmp_path / f"sshd_{port}.log")]
+    if cgroup is not None:  # the shell joins the cgroup, then becomes sshd
+        sshd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *sshd]
+    subprocess.run(sshd, check=True, timeout=30)
+    try:
+        yield f"{addr}:{port}"
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_mib: int) -> Iterator[Path]:
+    """A new memory cgroup (v2, else v1) limited to ``limit_mib``; what runs in it is killed at the end."""
+    name = "fiber-ssh-test-" + os.urandom(4).hex()
+    root = Path("/sys/fs/cgroup")
+    if (root / "cgroup.subtree_control").exists() and \
+            "memory" in (root / "cgroup.subtree_control").read_text().split():
+        path, limit_file = root / name, "memory.max"
+    elif (root / "memory" / "memory.limit_in_bytes").exists():
+        path, limit_file = root / "memory" / name, "memory.limit_in_bytes"
+    else:
+        pytest.skip("this machine has no memory cgroup controller to limit an sshd with")
+    try:
+        path.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot create a memory cgroup here ({e})")
+    try:
+        (path / limit_file).write_text(str(limit_mib << 20))
+        yield path
+    finally:
+        deadline = time.monotonic() + T
+        while (pids := (path / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+            time.sleep(0.05)
+        path.rmdir()
+
+
 # -- the shared contract ------------------------------------------------------------------
 
 
@@ -251,6 +318,85 @@ def test_exit_codes_of_signals_from_inside(make_backend: Any) -> None:
     job = b.start_job(JobSpec(command=["/nonexistent/program"], name="x"))
     assert b.wait_for_job(job, T) == 127
     assert "cannot start '/nonexistent/program'" in b.get_job_logs(job)
+
+
+def test_why_jobs_end(make_backend: Any) -> None:
+    b = make_backend()
+    job = b.start_job(py("pass"))
+    assert b.wait_for_job(job, T) == 0
+    assert b.end_reason(job) is EndReason.EXITED
+    # Killed on the host by someone else: the program's (or the system's) doing.
+    job = b.start_job(py("import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"))
+    deadline = time.monotonic() + T
+    while not re.search(r"^pid \d+\n", b.get_job_logs(job), re.M):
+        assert b.poll_job(job) is None, b.get_job_logs(job)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(int(b.get_job_logs(job).split()[1]), signal.SIGKILL)  # the hosts share our pids
+    assert b.wait_for_job(job, T) == -signal.SIGKILL
+    assert b.end_reason(job) is EndReason.EXITED
+    # Stopped by Fiber.
+    job = b.start_job(py("import time; print('up', flush=True); time.sleep(600)"))
+    deadline = time.monotonic() + T
+    while "up" not in b.get_job_logs(job):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    b.stop_job(job)
+    assert b.wait_for_job(job, T) == -signal.SIGTERM
+    assert b.end_reason(job) is EndReason.STOPPED
+    # An interpreter the host does not have.
+    job = b.start_job(JobSpec(command=["/opt/no/python3", "-c", "pass"], name="x"))
+    assert b.wait_for_job(job, T) == 127
+    assert b.end_reason(job) is EndReason.NEVER_STARTED
+    assert job.handle.host.name in job.state.detail and "/opt/no/python3" in job.state.detail
+
+
+def test_supervisor_that_cannot_run_never_started(make_backend: Any, hosts: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    """The Python of [ssh] python gone after the connection checked it: the job never starts."""
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.chmod(0o755)
+    with private_sshd(hosts, tmp_path, 2223) as host:
+        b = make_backend(hosts=host, known_hosts=str(tmp_path / "known_hosts"),
+                         host_key_policy="accept-new", python=str(python))
+        assert b.wait_for_job(b.start_job(py("pass")), T) == 0
+        python.unlink()
+        job = b.start_job(py("pass"))
+        assert b.wait_for_job(job, T) == 127
+        assert b.end_reason(job) is EndReason.NEVER_STARTED
+        assert "the job supervisor on root@" in job.state.detail
+        assert str(python) in b.get_job_logs(job)  # what the host's shell said
+
+
+def test_out_of_memory_kill_on_the_host(make_backend: Any, hosts: dict[str, str], tmp_path: Path) -> None:
+    """A host whose sshd sessions live in a memory-limited cgroup: the job outgrows it."""
+    with memory_cgroup(256) as cgroup, private_sshd(hosts, tmp_path, 2224, cgroup=cgroup) as host:
+        b = make_backend(hosts=host, known_hosts=str(tmp_path / "known_hosts"),
+                         host_key_policy="accept-new")
+        job = b.start_job(py("""
+            held = []
+            while True:
+                held.append(b"x" * (16 << 20))
+        """))
+        assert b.wait_for_job(job, T) == -signal.SIGKILL, b.get_job_logs(job)
+        assert b.end_reason(job) is EndReason.OOM
+        assert "out-of-memory killer ended the job on root@" in b.get_job_logs(job)
+        fine = b.start_job(py("pass"))
+        assert b.wait_for_job(fine, T) == 0
+        assert b.end_reason(fine) is EndReason.EXITED
+        b.cleanup()  # before the cgroup goes
+
+
+def test_connections_give_up_within_peer_timeout(make_backend: Any) -> None:
+    """A silent host is lost after keepalive x (1 + keepalive_count) s, or peer_timeout if shorter."""
+    for peer_timeout, expected_ms in ((30.0, 4000), (2.0, 2000)):
+        b = make_backend(keepalive=1.0, keepalive_count=3)
+        b.peer_timeout = peer_timeout
+        job = b.start_job(py("pass"))
+        assert b.wait_for_job(job, T) == 0
+        sock = job.handle.transport.sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == expected_ms
 
 
 def test_pool_spreads_over_the_three_hosts(ssh_runtime: Any) -> None:
@@ -326,27 +472,8 @@ def test_upload_copies_the_working_directory(make_backend: Any, tmp_path: Path,
 def test_more_connections_when_sshd_limits_sessions(make_backend: Any, hosts: dict[str, str],
                                                     tmp_path: Path) -> None:
     """OpenSSH allows 10 sessions per connection by default: past that, another connection."""
-    keydir = SERVICES / "ssh" / "fiber-h1"
-    config_file = tmp_path / "sshd_config"
-    pidfile = tmp_path / "sshd.pid"
-    addr = hosts["FIBER_SSH_HOSTS"].split()[0]
-    config_file.write_text(textwrap.dedent(f"""
-        ListenAddress {addr}:2222
-        HostKey {keydir}/ssh_host_ed25519_key
-        PidFile {pidfile}
-        AuthorizedKeysFile {SERVICES}/ssh/authorized_keys
-        PermitRootLogin prohibit-password
-        PasswordAuthentication no
-        KbdInteractiveAuthentication no
-        UsePAM no
-        StrictModes no
-        UseDNS no
-        MaxSessions 2
-    """))
-    subprocess.run(["ip", "netns", "exec", "fiber-h1", "/usr/sbin/sshd", "-f", str(config_file),
-                    "-E", str(tmp_path / "sshd.log")], check=True, timeout=30)
-    try:
-        b = make_backend(hosts=f"{addr}:2222*8", known_hosts=str(tmp_path / "known_hosts"),
+    with private_sshd(hosts, tmp_path, 2222, "MaxSessions 2") as host:
+        b = make_backend(hosts=f"{host}*8", known_hosts=str(tmp_path / "known_hosts"),
                          host_key_policy="accept-new")
         jobs = [b.start_job(py("import time; print('up', flush=True); time.sleep(600)"))
                 for _ in range(5)]
@@ -357,10 +484,8 @@ def test_more_connections_when_sshd_limits_sessions(make_backend: Any, hosts: di
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         assert len({id(j.handle.transport) for j in jobs}) >= 3
+        addr = host.split(":")[0]
         assert f"[{addr}]:2222 ssh-ed25519" in (tmp_path / "known_hosts").read_text()
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
 
 
 # -- clear errors -------------------------------------------------------------------------------
@@ -533,6 +658,8 @@ def test_lost_host_ends_its_jobs_is_skipped_then_revived(hosts: dict[str, str], 
         kill_all_sshd("fiber-h3")
     assert b.wait_for_job(on_h3, T) == LOST
     assert "lost root@" in b.get_job_logs(on_h3)
+    assert b.end_reason(on_h3) is EndReason.HOST_LOST
+    assert on_h3.state.detail.startswith(f"lost {on_h3.handle.host.name}: ")
     again = b.start_job(py("import socket; print(socket.gethostname())"))
     assert b.wait_for_job(again, T) == 0
     assert again.host != "fiber-h3"
