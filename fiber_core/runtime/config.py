@@ -160,22 +160,31 @@ class Config:
 
     def check_file(self) -> None:
         """Validate every key of ``.fiberconfig`` whose section is known."""
+        for section in self._read_file().sections():
+            self.check_section(section)
+
+    def check_section(self, section: str) -> None:
+        """Validate the keys of ``[section]`` in ``.fiberconfig``, if the section is known.
+
+        An unknown key is an error naming the known ones, so a misspelled setting (or a
+        secret put where it does not belong) is refused instead of silently ignored.
+        """
         parser = self._read_file()
-        globals_ = {o.name for o in GLOBAL_OPTIONS}
-        for section in parser.sections():
-            names = globals_ if section == "fiber" else (
-                {o.name for o in self._backend_options[section]}
-                if section in self._backend_options else None
-            )
-            if names is None:
-                continue
-            for key in parser.options(section):
-                if key not in names:
-                    raise ConfigError(
-                        f"unknown key {key!r} in [{section}] of {self._file_path}; known: "
-                        + ", ".join(sorted(names))
-                    )
-                self.lookup(key, section)
+        if not parser.has_section(section):
+            return
+        if section == "fiber":
+            names = {o.name for o in GLOBAL_OPTIONS}
+        elif section in self._backend_options:
+            names = {o.name for o in self._backend_options[section]}
+        else:
+            return
+        for key in parser.options(section):
+            if key not in names:
+                raise ConfigError(
+                    f"unknown key {key!r} in [{section}] of {self._file_path}; known: "
+                    + ", ".join(sorted(names))
+                )
+            self.lookup(key, section)
 
     def snapshot(self) -> dict[str, Any]:
         """Values set in code, to hand to child processes so they see the same config."""
@@ -251,6 +260,7 @@ def selected_backend_name(explicit: str | None = None) -> str:
 def create_backend(name: str, run_id: str, rundir: str | None = None) -> Backend:
     """A new instance of the backend ``name`` with its settings resolved now."""
     cls = plugins().get_class(name)
+    config.check_section(cls.settings_section())
     backend = cls(config.backend_settings(cls.settings_section()), run_id, rundir)
     backend.peer_timeout = config.get("peer_timeout")
     return backend

@@ -33,8 +33,7 @@ import docker
 import fiber_core
 import pytest
 from fiber_core.contract import Backend, BackendError, ConfigError, EndReason, Job, JobSpec
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, create_backend, listen_host
+from fiber_core.runtime.config import config, create_backend, listen_host, plugins
 from fiber_core.testing import BackendConformance
 
 from fiber_aws.backend import AwsBatchBackend
@@ -162,7 +161,7 @@ def batch(moto: str):  # noqa: ANN201 - a boto3 client
 
 def make_backend(run_id: str | None = None, **overrides: object) -> AwsBatchBackend:
     """A backend built by hand, with the settings Fiber resolves (this module's FIBER_AWS_*) and ``overrides``."""
-    registry.get_class("aws-batch")  # loads the plugin, so the configuration knows its options
+    plugins().get_class("aws-batch")  # loads the plugin, so the configuration knows its options
     settings = {**config.backend_settings(AwsBatchBackend.settings_section()), **overrides}
     return AwsBatchBackend(settings, run_id or "t" + secrets.token_hex(4))
 
@@ -567,9 +566,9 @@ def test_listen_address_outside_the_jobs_vpc_says_what_to_set(monkeypatch: pytes
 
 
 def test_plugin_installed_and_registered() -> None:
-    assert registry.get_class("aws-batch") is AwsBatchBackend
-    assert registry.get_class("aws") is AwsBatchBackend
-    info = {i.name: i for i in registry.backends()}["aws-batch"]
+    assert plugins().get_class("aws-batch") is AwsBatchBackend
+    assert plugins().get_class("aws") is AwsBatchBackend
+    info = {i.name: i for i in plugins().backends()}["aws-batch"]
     assert info.package == "fiber-aws" and info.aliases == ("aws",)
     assert config.lookup("queue", "aws").value == CPU_QUEUE
     assert create_backend("aws", "r").settings["queue"] == CPU_QUEUE
@@ -635,6 +634,8 @@ def test_credentials_in_fiber_configuration_are_refused(monkeypatch: pytest.Monk
     # checks it (fiber config); the backend sees only its resolved settings.
     with pytest.raises(ConfigError, match=r"unknown key 'aws_access_key_id' in \[aws\]"):
         config.check_file()
+    with pytest.raises(ConfigError, match=r"unknown key 'aws_access_key_id' in \[aws\]"):
+        create_backend("aws-batch", "t")  # what Fiber does when a program selects the backend
     assert "aws_access_key_id" not in make_backend("t").settings
     (tmp_path / ".fiberconfig").write_text("[aws]\njob_role = AKIAIOSFODNN7EXAMPLE\n")
     config.reset()
