@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from fiber_core import hookimpl
+from fiber_core.contract import hookimpl
 
 from fiber_k8s.backend import KubernetesBackend
 
