@@ -30,7 +30,7 @@ import pytest
 import yaml
 from fiber_core.contract import BackendError, EndReason, JobSpec
 from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, listen_host
+from fiber_core.runtime.config import config, listen_host, selected_backend_name
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance
 from k8s_helpers import WAIT, Emu, start_emulator
@@ -133,21 +133,28 @@ def test_registered_as_kubernetes_and_k8s() -> None:
     assert info.package == "fiber-k8s" and info.aliases == ("k8s",)
 
 
-def test_selected_by_itself_in_a_pod(tmp_path: Path) -> None:
-    # The core registry picks kubernetes when KUBERNETES_SERVICE_HOST is set and nothing is configured.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
-    code = "from fiber_core.registry import selected_backend_name as s; print(s())"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "KUBERNETES_SERVICE_HOST": "10.0.0.1"},
-                         cwd=tmp_path, capture_output=True, text=True, timeout=WAIT)
-    assert out.stdout.strip() == "kubernetes", out.stderr
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=WAIT)
-    assert out.stdout.strip() == "local", out.stderr
+def test_selected_by_itself_in_a_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing configured: the plugin's fiber_detect_backend answers kubernetes in a pod only.
+    monkeypatch.chdir(tmp_path)  # no .fiberconfig
+    for key in [k for k in os.environ if k.startswith("FIBER_")]:
+        monkeypatch.delenv(key)
+    try:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+        config.reset()
+        assert selected_backend_name() == "kubernetes"
+        monkeypatch.setenv("FIBER_BACKEND", "local")  # what is configured wins
+        assert selected_backend_name() == "local"
+        monkeypatch.delenv("FIBER_BACKEND")
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+        config.reset()
+        assert selected_backend_name() == "local"
+    finally:
+        config.reset()
 
 
 def test_selected_by_itself_in_a_real_pod(backend: KubernetesBackend, pod_site: Path) -> None:
     # A pod of the emulator has KUBERNETES_SERVICE_HOST from its kubelet, as on a cluster.
-    code = "from fiber_core.registry import selected_backend_name as s; print('backend', s())"
+    code = "from fiber_core.runtime.config import selected_backend_name as s; print('backend', s())"
     job = backend.start_job(job_spec(code, env={"PYTHONPATH": str(pod_site)},
                                      backend_options={"volumes": [f"{pod_site}:{pod_site}:ro"]}))
     assert backend.wait_for_job(job, WAIT) == 0, backend.get_job_logs(job)
