@@ -4,17 +4,20 @@ How a job starts on Kubernetes, whole: :meth:`KubernetesBackend.create_job` buil
 (:func:`build_pod`: ``restartPolicy: Never``, the worker command under a small ``sh`` that
 passes SIGTERM on, resources, GPU and node selector, labels ``fiber.run``/``fiber.parent``,
 an ownerReference to the parent's own pod) and creates it. One watch per backend (label
-selector ``fiber.run=<run>,fiber.parent=<this process>``) keeps the state of every pod of the
-run, so :meth:`~KubernetesBackend.poll_job` never calls the API. Terminating deletes the pod
-(with a grace period; kill: grace 0); at exit every pod this process created is deleted.
+selector ``fiber.run=<run>,fiber.parent=<this process>``) follows every pod of the run and
+finishes each job's ``state`` when its pod ends (:func:`pod_end` says with which code and
+why), so polls never call the API. Terminating deletes the pod (with a grace period; kill:
+grace 0); at exit every pod this process created is deleted.
 
 A pod that cannot start fails its job instead of waiting forever: an image that cannot be
 pulled (``ErrImagePull``...) at once, a pod that no node can take after ``schedule_timeout``.
-Either way the job's exit code is 1 and :meth:`~KubernetesBackend.get_job_logs` says why.
+Either way the job's exit code is 1, it ended :attr:`~EndReason.NEVER_STARTED`, and
+:meth:`~KubernetesBackend.get_job_logs` says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,13 +28,21 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from fiber_core.base.errors import BackendError, ConfigError
-from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
-from fiber_core.runtime.config import config
+from fiber_core.contract import (
+    Backend,
+    BackendError,
+    ConfigError,
+    EndReason,
+    Job,
+    JobSpec,
+    Option,
+    Watcher,
+    exitcode_from_status,
+    parse_pairs,
+)
 
 from fiber_k8s.cluster import Cluster, http_status, in_pod
 
@@ -41,8 +52,8 @@ CONTAINER = "job"
 """Name of the one container of a job's pod."""
 DEFAULT_GPU_LABEL = "nvidia.com/gpu.product"
 """Node label matched against ``gpu_type`` (set by NVIDIA GPU feature discovery / GPU operator)."""
-FAILED_TO_START = 1
-"""Exit code of a job whose pod never ran (image not pulled, not schedulable)."""
+NO_EXIT_STATUS = 1
+"""Exit code of a job whose container left no exit status (it never ran, or its node was lost)."""
 WATCH_SECONDS = 240
 """Lifetime of one watch request; the watch is resumed from its last resourceVersion."""
 
@@ -71,6 +82,8 @@ OPTIONS: tuple[Option, ...] = (
 _FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
                   "CreateContainerConfigError", "CreateContainerError"}
 """Reasons a container waits that need a fix, not time: its job fails at once."""
+_NOT_STARTED = {"StartError", "ContainerCannotRun"}
+"""Reasons of a terminated container that never ran its command."""
 
 # PID 1 of a container ignores signals it has no handler for, so SIGTERM would not end a
 # Python job until the grace period runs out. This shell runs the command as its child and
@@ -250,35 +263,15 @@ def _container_status(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def pod_outcome(pod: Mapping[str, Any]) -> tuple[int | None, str]:
-    """``(exit code, why)`` of a finished pod; ``(None, "")`` while it runs or waits.
-
-    A container ended by signal N (status 128+N) gives ``-N``, as multiprocessing does.
-    """
-    status = pod.get("status") or {}
-    term = (_container_status(pod).get("state") or {}).get("terminated")
-    if term:
-        code = exitcode_from_status(int(term.get("exitCode", 1)))
-        reason = term.get("reason") or ""
-        if reason == "OOMKilled":
-            return -signal.SIGKILL, "the container was killed for exceeding its memory limit (OOMKilled)"
-        if reason not in ("", "Completed", "Error"):
-            return code, f"container {reason}: {term.get('message') or ''}".rstrip(": ")
-        return code, ""
-    phase = status.get("phase")
-    if phase == "Succeeded":
-        return 0, ""
-    if phase == "Failed":
-        return FAILED_TO_START, f"pod failed: {status.get('reason') or ''} {status.get('message') or ''}".strip()
-    return None, ""
+def _said(reason: str | None, message: str | None) -> str:
+    """``reason: message`` as the cluster gave them (either may be missing)."""
+    return f"{reason or ''}: {message or ''}".strip(": ")
 
 
 def pod_start_failure(pod: Mapping[str, Any]) -> str | None:
     """Why the pod's container cannot start without a fix (image pull, config), else ``None``."""
     waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
-    if waiting.get("reason") in _FATAL_WAITING:
-        return f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
-    return None
+    return _said(waiting["reason"], waiting.get("message")) if waiting.get("reason") in _FATAL_WAITING else None
 
 
 def pod_unschedulable(pod: Mapping[str, Any] | None) -> str | None:
@@ -291,17 +284,79 @@ def pod_unschedulable(pod: Mapping[str, Any] | None) -> str | None:
     return ""
 
 
+def pod_end(pod: Mapping[str, Any], deleted: bool = False,
+            stop_signal: int | None = None) -> tuple[int, EndReason, str] | None:
+    """How the job of ``pod`` (its last state seen) ended: exit code, why, what the cluster said.
+
+    ``None`` while it runs or waits for a node. ``deleted``: the pod is gone from the API;
+    ``stop_signal``: Fiber deleted it to stop the job (SIGTERM, or SIGKILL for a kill). A
+    container ended by signal N (status 128+N) gives ``-N``, as multiprocessing does; a job
+    whose container left no exit status has code 1. Why, in this order: the container's
+    ``OOMKilled``; Fiber's own stop; a ``DisruptionTarget`` condition (preemption, the eviction
+    API, the taint manager, the kubelet; ``DeletionByPodGC``: its node is gone) or
+    ``reason: Evicted``; a lost node (``NodeLost``, phase ``Unknown``); a pod that never ran
+    its command; a pod deleted by someone else; else the program's own exit.
+    """
+    status, name = pod.get("status") or {}, (pod.get("metadata") or {}).get("name", "")
+    state = _container_status(pod).get("state") or {}
+    term, phase, why = state.get("terminated") or {}, status.get("phase"), status.get("reason") or ""
+    start_failure = pod_start_failure(pod)
+    if term:
+        code = exitcode_from_status(int(term.get("exitCode", 1))) or 0
+    elif phase == "Unknown" or why == "NodeLost":  # its node stopped answering: the rest is stale
+        code = NO_EXIT_STATUS
+    elif "running" in state and not deleted:  # (an evicted pod's container is still being killed)
+        return None
+    elif phase == "Succeeded":
+        code = 0
+    elif phase == "Failed" or start_failure:
+        code = NO_EXIT_STATUS
+    elif deleted:  # gone without a final state: force-deleted, or deleted before it ran
+        code = -(stop_signal or signal.SIGTERM)
+    else:
+        return None
+    if stop_signal == signal.SIGKILL and code < 0:
+        code = -signal.SIGKILL  # kill deletes the pod at once; a kubelet may still send SIGTERM first
+
+    if term.get("reason") == "OOMKilled":
+        limit = next((((c.get("resources") or {}).get("limits") or {}).get("memory")
+                      for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == CONTAINER), None)
+        return -signal.SIGKILL, EndReason.OOM, (
+            f"the container was killed for exceeding its memory limit of {limit} (OOMKilled)" if limit
+            else "the container was killed by its node's out-of-memory killer (OOMKilled)")
+    if stop_signal is not None and code < 0:
+        return code, EndReason.STOPPED, ""
+    disruption = next((c for c in status.get("conditions") or []
+                       if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None)
+    if disruption is not None or why == "Evicted":
+        cause = disruption or {"reason": why, "message": status.get("message")}
+        said = _said(cause.get("reason"), cause.get("message"))
+        if cause.get("reason") == "DeletionByPodGC":  # its node no longer exists
+            return code, EndReason.HOST_LOST, f"pod {name} was lost with its node ({said})"
+        return code, EndReason.PREEMPTED, f"pod {name} was {'evicted' if why == 'Evicted' else 'disrupted'} ({said})"
+    if phase == "Unknown" or why == "NodeLost":
+        return code, EndReason.HOST_LOST, f"the node of pod {name} was lost ({_said(why, status.get('message'))})"
+    if start_failure or term.get("reason") in _NOT_STARTED or (phase == "Failed" and not term):
+        said = start_failure or _said(term.get("reason") or why, term.get("message") or status.get("message"))
+        return code, EndReason.NEVER_STARTED, f"pod {name} could not start: {said}"
+    if deleted or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        if term or "running" in state:
+            return code, EndReason.HOST_LOST, f"pod {name} was deleted by someone other than Fiber"
+        return code, EndReason.NEVER_STARTED, f"pod {name} was deleted by someone other than Fiber before it ran"
+    if term.get("reason") not in (None, "", "Completed", "Error"):
+        return code, EndReason.EXITED, _said(f"container {term['reason']}", term.get("message"))
+    return code, EndReason.EXITED, ""
+
+
 @dataclass
 class _Pod:
-    """What the backend knows of one job's pod. Guarded by the backend's condition."""
+    """``Job.handle`` of a pod: what the watch saw of it, and what Fiber asked of it."""
 
-    job: Job
     created: float
     pod: dict[str, Any] | None = None
     deleted: bool = False
-    stop_code: int | None = None  # -15 / -9 once terminate / kill was asked
-    code: int | None = None
-    why: str = ""
+    stop_signal: int | None = None  # SIGTERM / SIGKILL once terminate / kill deleted it
+    started: threading.Event = field(default_factory=threading.Event)  # the container ran, or the job ended
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -319,13 +374,11 @@ class KubernetesBackend(Backend):
                  rundir: str | None = None) -> None:
         super().__init__(settings, run_id, rundir)
         self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
         self._cluster: Cluster | None = None
         self._own_pod: dict[str, Any] | None = None
         self._parent_id = ""
-        self._pods: dict[str, _Pod] = {}
-        self._watch: _Watch | None = None
-        self._created_any = False
+        self._pods: dict[str, Job] = {}  # pod name -> its job, until the job ends: where events go
+        self._watch: _PodWatch | None = None  # made by the first create_job
 
     # -- connection, identity ----------------------------------------------------------------
 
@@ -382,10 +435,10 @@ class KubernetesBackend(Backend):
                          owner=owner)
 
     def get_listen_addr(self) -> str:
-        """``listen_host`` if set; in a pod, the pod's IP; else an error saying what to set."""
-        host = config.get("listen_host")
-        if host:
-            return host
+        """In a pod, the pod's IP; else an error saying what to set.
+
+        Fiber asks this only when ``listen_host`` is not set.
+        """
         if in_pod():
             ip = os.environ.get("POD_IP")
             if not ip:
@@ -409,10 +462,9 @@ class KubernetesBackend(Backend):
         for _ in range(3):
             body = self.manifest(spec)
             name = body["metadata"]["name"]
-            job = Job(id=name, spec=spec)
+            job = Job(id=name, spec=spec, handle=_Pod(time.monotonic()))
             with self._lock:
-                self._pods[name] = _Pod(job, time.monotonic())
-                self._created_any = True
+                self._pods[name] = job  # before the pod exists: its first events may come at once
             try:
                 cluster.create_pod(body)
                 return job
@@ -427,96 +479,60 @@ class KubernetesBackend(Backend):
     def _ensure_watch(self) -> None:
         with self._lock:
             if self._watch is None:
-                watch = _Watch(self)
-                watch.start()  # the first list and watch requests: errors are raised here
+                watch = _PodWatch(self)
+                watch.open()  # the first list and watch requests: errors are raised here
+                watch.watcher = self.watch(watch.step, "watch", interval=0.1, max_backoff=5.0)
                 self._watch = watch
 
-    def _settle(self, p: _Pod) -> tuple[int | None, bool]:
-        """The job's exit code if known, and whether its pod must be deleted. Holds the lock."""
-        if p.code is not None:
-            return p.code, False
-        delete = False
-        if p.pod is not None:
-            code, why = pod_outcome(p.pod)
-            if code is None:
-                failure = pod_start_failure(p.pod)
-                if failure:
-                    code, why, delete = FAILED_TO_START, f"pod {p.job.id} could not start: {failure}", True
-            if code is not None:
-                if p.stop_code == -signal.SIGKILL and code < 0:
-                    # kill deletes the pod at once; a kubelet may still send SIGTERM first.
-                    code = -signal.SIGKILL
-                p.code, p.why = code, why
-                return code, delete
-        if p.deleted:
-            # Gone without a final state (force-deleted, or deleted by someone else).
-            p.code = p.stop_code if p.stop_code is not None else -signal.SIGTERM
-            return p.code, False
-        timeout = float(self.settings.get("schedule_timeout") or 0)
-        waiting = pod_unschedulable(p.pod)
-        if timeout > 0 and waiting is not None and time.monotonic() - p.created > timeout:
-            p.code = FAILED_TO_START
-            p.why = (f"pod {p.job.id} was not scheduled within schedule_timeout={timeout:g}s: "
-                     f"{waiting or 'no node took it'}. Check its cpu/memory/gpu/gpu_type requests, "
-                     "node_selector and tolerations against the cluster's nodes, or raise "
-                     "FIBER_KUBERNETES_SCHEDULE_TIMEOUT.")
-            return p.code, True
-        if self._watch is None or self._watch.closed:
-            p.code = p.stop_code if p.stop_code is not None else -signal.SIGKILL
-            return p.code, False
-        return None, False
+    def _settle(self, job: Job) -> None:
+        """Finish the job if what the watch saw of its pod says it ended."""
+        p = job.handle
+        if p.pod is None and not p.deleted:
+            return
+        pod = p.pod or {"metadata": {"name": job.id}}  # deleted before the watch saw it
+        end = pod_end(pod, p.deleted, p.stop_signal)
+        if end is not None:
+            # A pod that cannot start is deleted, so that the kubelet stops retrying it.
+            self._end(job, *end, delete=not p.deleted and pod_start_failure(pod) is not None)
+        elif "running" in (_container_status(pod).get("state") or {}):
+            p.started.set()
 
-    def _check(self, job: Job) -> int | None:
-        with self._lock:
-            p = self._pods.get(job.id)
-            if p is None:
-                return job.exitcode
-            code, delete = self._settle(p)
-            watch = self._watch
-        if delete:
+    def _end(self, job: Job, code: int, reason: EndReason, detail: str, delete: bool = False) -> None:
+        if job.state.finish(code, reason, detail) and delete:
             threading.Thread(target=self._delete_quietly, args=(job.id,), daemon=True,
                              name=f"fiber-k8s-delete-{job.id}").start()
-        if code is None and watch is not None:
-            watch.raise_if_lost()
-        return code
+        job.handle.started.set()
+        with self._lock:
+            if self._pods.get(job.id) is job:
+                del self._pods[job.id]
 
     def poll_job(self, job: Job) -> int | None:
-        code = self._check(job)
-        if code is not None:
-            job.state.finish(code)
-        return code
-
-    def wait_for_job(self, job: Job, timeout: float | None = None) -> int | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                code = self.poll_job(job)
-                if code is not None:
-                    return code
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return None
-                # Woken by every event of the watch; the slice re-checks schedule_timeout.
-                self._cond.wait(1.0 if left is None else min(left, 1.0))
+        """The job's exit code as the watch saw it: no API call. Fails the job of a pod that
+        waited for a node longer than ``schedule_timeout``; raises when the watch is lost."""
+        if not job.state.done():
+            p = job.handle
+            timeout = float(self.settings.get("schedule_timeout") or 0)
+            waiting = pod_unschedulable(p.pod)
+            if timeout > 0 and waiting is not None and time.monotonic() - p.created > timeout:
+                self._end(job, NO_EXIT_STATUS, EndReason.NEVER_STARTED, (
+                    f"pod {job.id} was not scheduled within schedule_timeout={timeout:g}s: "
+                    f"{waiting or 'no node took it'}. Check its cpu/memory/gpu/gpu_type requests, "
+                    "node_selector and tolerations against the cluster's nodes, or raise "
+                    "FIBER_KUBERNETES_SCHEDULE_TIMEOUT."), delete=True)
+            else:
+                watch = self._watch
+                if watch is not None:
+                    watch.raise_if_lost()
+        return job.state.exitcode
 
     def wait_started(self, job: Job, timeout: float | None = None) -> int | None:
-        """Block until the job's container runs or the job ends; return :meth:`poll_job`."""
+        """Block until the job's container runs, the job ends or ``timeout`` passes; return :meth:`poll_job`."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                code = self.poll_job(job)
-                pod = self._pods[job.id].pod if job.id in self._pods else None
-                state = _container_status(pod or {}).get("state") or {}
-                left = None if deadline is None else deadline - time.monotonic()
-                if code is not None or "running" in state or (left is not None and left <= 0):
-                    return code
-                self._cond.wait(1.0 if left is None else min(left, 1.0))
-
-    def failure(self, job: Job) -> str:
-        """Why the job failed outside its command (its pod could not start...), else ``""``."""
-        with self._lock:
-            p = self._pods.get(job.id)
-            return p.why if p is not None else ""
+        while True:
+            code = self.poll_job(job)  # fails a pod that waits past schedule_timeout; raises if the watch is lost
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if code is not None or left <= 0 or job.handle.started.wait(left):
+                return self.poll_job(job)
 
     def _delete(self, name: str, grace: int) -> None:
         """Delete one pod; a pod already gone is not an error."""
@@ -534,12 +550,11 @@ class KubernetesBackend(Backend):
             log.warning("fiber: could not delete pod %s: %s", name, e)
 
     def _stop(self, job: Job, sig: int, grace: int) -> None:
-        with self._lock:
-            p = self._pods.get(job.id)
-            if p is None or self._settle(p)[0] is not None:
-                return
-            if p.stop_code != -signal.SIGKILL:
-                p.stop_code = -sig
+        if job.state.done():
+            return
+        p = job.handle
+        if p.stop_signal != signal.SIGKILL:
+            p.stop_signal = sig
         self._delete(job.id, grace)
 
     def terminate_job(self, job: Job) -> None:
@@ -549,6 +564,8 @@ class KubernetesBackend(Backend):
         self._stop(job, signal.SIGKILL, 0)
 
     def get_job_logs(self, job: Job) -> str:
+        """The pod's log from the API (``""`` before it ran or once it is deleted), then why
+        the job ended when the cluster said more than its exit code."""
         cluster = self.cluster
         text = ""
         try:
@@ -556,9 +573,7 @@ class KubernetesBackend(Backend):
         except BackendError as e:
             if http_status(e) not in (400, 404):  # 400: not started yet; 404: pod gone
                 text = f"fiber: cannot read the logs of pod {job.id}: {e}\n"
-        with self._lock:
-            p = self._pods.get(job.id)
-            why = p.why if p is not None else ""
+        why = job.state.detail
         if why:
             text += ("" if not text or text.endswith("\n") else "\n") + f"fiber: {why}\n"
         return text
@@ -566,46 +581,43 @@ class KubernetesBackend(Backend):
     # -- watch events --------------------------------------------------------------------------
 
     def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
-        with self._cond:
-            p = self._pods.get(pod["metadata"]["name"])
-            if p is None:
-                return
-            p.pod = pod
-            p.job.host = (pod.get("spec") or {}).get("nodeName") or p.job.host
-            if kind == "DELETED":
-                p.deleted = True
-            self._cond.notify_all()
+        with self._lock:
+            job = self._pods.get(pod["metadata"]["name"])
+        if job is None:
+            return
+        p = job.handle
+        p.pod = pod
+        job.host = (pod.get("spec") or {}).get("nodeName") or job.host
+        if kind == "DELETED":
+            p.deleted = True
+        self._settle(job)
 
     def _on_relist(self, names: set[str], started: float) -> None:
         """After a relist begun at ``started``: pods created before it and missing were deleted."""
-        with self._cond:
-            for name, p in self._pods.items():
-                if name not in names and p.created < started:
-                    p.deleted = True
-            self._cond.notify_all()
+        with self._lock:
+            gone = [job for name, job in self._pods.items() if name not in names and job.handle.created < started]
+        for job in gone:
+            job.handle.deleted = True
+            self._settle(job)
 
     # -- cleanup -------------------------------------------------------------------------------
 
     def cleanup(self) -> None:
         """Delete every pod this process created in the run, finished ones included."""
-        with self._jobs_lock:
-            self._jobs = []
+        self.take_jobs()  # their pods go below, all at once by label
         with self._lock:
-            created, self._created_any = self._created_any, False
-            for p in self._pods.values():
-                if p.code is None and p.stop_code is None:
-                    p.stop_code = -signal.SIGKILL
+            jobs, self._pods = list(self._pods.values()), {}
             watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
-        with self._cond:
-            self._cond.notify_all()
-        if created and self._cluster is not None:
             try:
-                _delete_pods(self._cluster, self.selector)
+                _delete_pods(watch.cluster, watch.selector)
             except BackendError as e:
                 log.warning("fiber: could not delete the pods of run %s: %s (remove them with "
                             "`fiber clean --backend kubernetes --run %s`)", self.run_id, e, self.run_id)
+        for job in jobs:  # the watch is closed: the ends of their pods will not be seen
+            self._end(job, -(job.handle.stop_signal or signal.SIGKILL), EndReason.STOPPED, "")
+        super().cleanup()
 
     @classmethod
     def clean(cls, settings: Mapping[str, Any], run_id: str | None = None) -> list[str]:
@@ -641,92 +653,68 @@ def _delete_pods(cluster: Cluster, selector: str) -> list[str]:
     return names
 
 
-class _Watch:
-    """One watch on the pods of a backend's selector, feeding ``backend._on_event``.
+class _PodWatch:
+    """The one watch on the pods of a backend's selector, feeding ``backend._on_event``.
 
-    :meth:`start` makes the first list and watch requests in the caller's thread, so a
-    missing permission is an error at the first ``create_job``. A thread then reads events,
-    resumes from the last resourceVersion when a request ends, and relists when that is too
-    old (410). If the API stays unreachable for ``4 * api_timeout``, polling the jobs raises.
+    :meth:`open` lists the pods and opens the watch request; the first time in the caller's
+    thread, so a missing permission is an error at the first ``create_job``. Then
+    :meth:`step`, run by the backend's :class:`~fiber_core.contract.Watcher` (which backs off
+    while it fails), reads events until the request ends, resumes from the last
+    resourceVersion, and relists when that is too old (410). If the API stays unreachable for
+    ``4 * api_timeout``, polling the jobs raises.
     """
 
     def __init__(self, backend: KubernetesBackend) -> None:
-        self.backend = backend
-        self.cluster = backend.cluster
-        self.selector = backend.selector
-        self.rv = ""
-        self.closed = False
-        self.resp: Any = None
-        self.error: str | None = None
+        self.backend, self.cluster, self.selector = backend, backend.cluster, backend.selector
+        self.rv, self.closed, self.error = "", False, ""
+        self.resp: Any = None  # the open watch response
         self.down_since: float | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True, name="fiber-k8s-watch")
+        self.watcher: Watcher | None = None
 
-    def _list(self) -> None:
+    def open(self) -> None:
         started = time.monotonic()
         listed = self.cluster.list_pods(self.selector)
         for pod in listed.get("items") or []:
             self.backend._on_event("MODIFIED", pod)
         self.backend._on_relist({p["metadata"]["name"] for p in listed.get("items") or []}, started)
         self.rv = listed["metadata"]["resourceVersion"]
+        self.resp = self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
 
-    def _open(self) -> Any:
-        return self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
+    def step(self) -> float:
+        """One watch request's events; the next one starts at once."""
+        from kubernetes.watch.watch import iter_resp_lines  # the client is loaded with the cluster
 
-    def start(self) -> None:
-        self._list()
-        self.resp = self._open()
-        self._thread.start()
-
-    def _run(self) -> None:
-        from kubernetes.watch.watch import iter_resp_lines
-
-        delay = 0.1
-        while not self.closed:
-            try:
-                if not self.rv:
-                    self._list()
-                if self.resp is None:
-                    self.resp = self._open()
-                    if self.closed:
-                        break
-                self.down_since, self.error, delay = None, None, 0.1
-                expired = False
-                for line in iter_resp_lines(self.resp):
-                    if not line:
-                        continue
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        expired = obj.get("code") == 410
-                        if not expired:
-                            raise BackendError(f"watch error: {obj.get('message')}")
-                        break
-                    self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
-                    if event.get("type") != "BOOKMARK":
-                        self.backend._on_event(event["type"], obj)
-                self._release()
-                if expired:
-                    self.rv = ""
-            except Exception as e:
-                self._release()
-                if self.closed:
-                    return
-                if isinstance(e, BackendError) and http_status(e) == 410:
+        try:
+            if not self.rv:
+                self.open()
+            elif self.resp is None:
+                self.resp = self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
+            if self.closed:
+                return 0.0
+            self.down_since = None
+            for line in iter_resp_lines(self.resp):
+                event = json.loads(line) if line else {}
+                obj = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    if obj.get("code") != 410:
+                        raise BackendError(f"watch error: {obj.get('message')}")
                     self.rv = ""  # too old: the next round relists
-                if self.down_since is None:
-                    self.down_since = time.monotonic()
-                self.error = str(e)
-                log.debug("fiber: watch on %s interrupted: %s", self.selector, e)
-                time.sleep(delay)  # back off before reconnecting to a failing API server
-                delay = min(delay * 2, 5.0)
-
-    def _release(self) -> None:
-        resp, self.resp = self.resp, None
-        if resp is not None:
-            try:
-                resp.release_conn()
-            except Exception:
-                pass
+                    break
+                self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
+                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                    self.backend._on_event(event["type"], obj)
+            return 0.0
+        except Exception as e:
+            if not self.closed:
+                if http_status(e) == 410:
+                    self.rv = ""  # too old: the next round relists
+                self.down_since, self.error = self.down_since or time.monotonic(), str(e)
+            raise
+        finally:
+            resp, self.resp = self.resp, None
+            if resp is not None:
+                with contextlib.suppress(Exception):
+                    resp.release_conn()
 
     def raise_if_lost(self) -> None:
         since = self.down_since
@@ -736,10 +724,9 @@ class _Watch:
 
     def close(self) -> None:
         self.closed = True
+        if self.watcher is not None:
+            self.watcher.stop()
         resp = self.resp
         if resp is not None:
-            try:
+            with contextlib.suppress(Exception):
                 resp.shutdown()  # unblocks the reading thread (urllib3 >= 2.3)
-            except Exception:
-                pass
-        self._thread.join(5.0)

@@ -1,18 +1,26 @@
-"""Registers the ``kubernetes`` backend (alias ``k8s``) and the ``fiber run`` command."""
+"""Registers the ``kubernetes`` backend (alias ``k8s``) and the ``fiber run`` command, and
+selects the backend inside a pod when nothing else is configured."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from fiber_core import hookimpl
+from fiber_core.contract import hookimpl
 
 from fiber_k8s.backend import KubernetesBackend
+from fiber_k8s.cluster import in_pod
 
 
 @hookimpl
 def fiber_register_backends(register: Any) -> None:
     register(KubernetesBackend)
+
+
+@hookimpl
+def fiber_detect_backend() -> str | None:
+    """``kubernetes`` in a pod (the kubelet sets ``KUBERNETES_SERVICE_HOST``), else no opinion."""
+    return KubernetesBackend.name if in_pod() else None
 
 
 @hookimpl

@@ -19,14 +19,16 @@ import sys
 import uuid
 from typing import Any
 
-from fiber_core.base.errors import BackendError, FiberError
-from fiber_core.base.options import parse_pairs
-from fiber_core.contract.backend import JobSpec
-from fiber_core.runtime.config import GLOBAL_OPTIONS, config
-from fiber_core.runtime.run import ENV_RUN_ID
+from fiber_core.base.errors import FiberError
+from fiber_core.contract import BackendError, JobSpec, parse_pairs
+from fiber_core.runtime.config import GLOBAL_OPTIONS, config, selected_backend_name
 
 from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend
 from fiber_k8s.rbac import SERVICE_ACCOUNT
+
+ENV_RUN_ID = "FIBER_RUN_ID"
+"""The variable a Fiber program takes its run id from (``fiber_core.runtime.run.ENV_RUN_ID``,
+not a public name of the core)."""
 
 _NOT_FORWARDED = {"backend", "listen_host", "listen_port", "kubeconfig", "context", "registry", "image"}
 """Settings of this machine that mean nothing in the parent pod. (``image``: the jobs use
@@ -141,9 +143,7 @@ def build_image(context: str, dockerfile: str, registry: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The ``fiber run`` command; returns the parent pod's exit status."""
-    from fiber_core.contract.registry import registry
-
-    if registry.canonical(args.backend) != KubernetesBackend.name:
+    if selected_backend_name(args.backend) != KubernetesBackend.name:
         raise FiberError(f"fiber run launches programs on Kubernetes only, not on {args.backend!r}; "
                          f"for other backends run the program directly: FIBER_BACKEND={args.backend} CMD")
     if not args.cmd:
@@ -187,12 +187,11 @@ def run(args: argparse.Namespace) -> int:
         if code is None:
             _follow_logs(backend, job.id)
             code = backend.wait_for_job(job)
-        why = backend.failure(job)
-        if why:
-            print(f"fiber run: {why}", file=sys.stderr)
+        if job.state.detail:
+            print(f"fiber run: {job.state.detail}", file=sys.stderr)
     except KeyboardInterrupt:
         print(f"fiber run: interrupted: stopping pod {where}", file=sys.stderr)
-        backend.terminate_job(job)
+        backend.stop_job(job)
         backend.wait_for_job(job, int(settings.get("grace_period") or 0) + backend.cluster.timeout)
         code = -signal.SIGINT
     finally:

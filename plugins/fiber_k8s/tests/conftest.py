@@ -2,8 +2,8 @@
 the ``kubernetes`` backend at it.
 
 The emulator of `scripts/test-services.sh up k8s` is used when its kubeconfig answers
-($FIBER_K8S_KUBECONFIG or $FIBER_SERVICES_DIR/k8s/kubeconfig); else a private one is started on
-a free port. Tests that run containers need the test dockerd and its `fiber-test:latest` image
+($FIBER_K8S_KUBECONFIG or $FIBER_SERVICES_DIR/k8s/kubeconfig) and it runs this tree's emulator
+code; else a private one is started on a free port. Tests that run containers need the test dockerd and its `fiber-test:latest` image
 ($FIBER_K8S_TEST_IMAGE); they skip, saying why, when either is missing.
 """
 
@@ -22,6 +22,7 @@ pytest.importorskip("kubernetes")
 from fiber_core.contract.registry import registry  # noqa: E402
 from fiber_core.runtime.config import config  # noqa: E402
 from fiber_core.runtime.run import runtime  # noqa: E402
+from k8s_emulator.server import source_revision  # noqa: E402
 from k8s_helpers import IMAGE, POD_PYTHON, SERVICES, Emu, answers, build_pod_site, start_emulator  # noqa: E402
 from kubernetes import client  # noqa: E402
 
@@ -30,8 +31,10 @@ from kubernetes import client  # noqa: E402
 def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emu]:
     shared = Path(os.environ.get("FIBER_K8S_KUBECONFIG") or SERVICES / "k8s" / "kubeconfig")
     if answers(shared):
-        yield Emu(str(shared))
-        return
+        emu = Emu(str(shared))
+        if emu.admin("state").get("revision") == source_revision():
+            yield emu
+            return
     proc, kubeconfig = start_emulator(tmp_path_factory.mktemp("k8s-emulator"), "--token", uuid.uuid4().hex)
     try:
         yield Emu(str(kubeconfig))

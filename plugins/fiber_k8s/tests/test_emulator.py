@@ -66,7 +66,7 @@ def test_discovery_and_namespaces(emu: Emu, v1: client.CoreV1Api) -> None:
     assert client.VersionApi(emu.api_client).get_code().major == "1"
     assert "v1" in client.CoreApi(emu.api_client).get_api_versions().versions
     names = {r.name for r in v1.get_api_resources().resources}
-    assert {"pods", "pods/log", "namespaces", "nodes"} <= names
+    assert {"pods", "pods/eviction", "pods/log", "namespaces", "nodes"} <= names
     assert v1.read_namespace("default").status.phase == "Active"
     with pytest.raises(ApiException) as e:
         v1.read_namespace("no-such-ns")
@@ -358,3 +358,36 @@ def test_start_error_when_command_is_missing(v1: client.CoreV1Api, ns: str, imag
     assert p.status.phase == "Failed" and term.reason == "StartError" and term.exit_code == 128
     assert "/no/such/binary" in term.message
     v1.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
+def disruption(p: client.V1Pod) -> client.V1PodCondition | None:
+    return next((c for c in p.status.conditions or [] if c.type == "DisruptionTarget"), None)
+
+
+def test_eviction_marks_the_pod_then_deletes_it(emu: Emu, v1: client.CoreV1Api, ns: str, image: str,
+                                                 restore_config: None) -> None:
+    # As kube-apiserver >= 1.26: DisruptionTarget (EvictionByEvictionAPI), then a graceful delete.
+    name = v1.create_namespaced_pod(ns, pod(image=image)).metadata.name
+    _, p = wait_pod(v1, ns, name, lambda _, p: p.status.phase == "Running")
+    since = p.metadata.resource_version
+    with pytest.raises(ApiException) as e:
+        v1.create_namespaced_pod_eviction(name, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name="other")))
+    assert e.value.status == 400 and error(e.value)["message"] == "name in URL does not match name in Eviction object"
+    with pytest.raises(ApiException) as e:
+        v1.create_namespaced_pod_eviction("no-such-pod", ns, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name="no-such-pod")))
+    assert e.value.status == 404
+    emu.admin("config", {"rbac": {"pods": ["get", "list", "watch", "delete"]}}, "PUT")
+    with pytest.raises(ApiException) as e:
+        v1.create_namespaced_pod_eviction(name, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=name)))
+    assert e.value.status == 403 and 'cannot create resource "pods/eviction"' in error(e.value)["message"]
+    emu.admin("config", {"rbac": None}, "PUT")
+    v1.create_namespaced_pod_eviction(name, ns, client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=name), delete_options=client.V1DeleteOptions(grace_period_seconds=1)))
+    _, p = wait_pod(v1, ns, name, lambda _, p: disruption(p) is not None, since=since)
+    cond = disruption(p)
+    assert (cond.status, cond.reason, cond.message) == ("True", "EvictionByEvictionAPI", "Eviction API: evicting")
+    kind, p = wait_pod(v1, ns, name, lambda kind, _: kind == "DELETED", since=since)
+    assert p.metadata.deletion_grace_period_seconds == 1 and disruption(p) is not None
+    # `sleep` as PID 1 ignores SIGTERM: killed when the grace period ends
+    assert p.status.container_statuses[0].state.terminated.exit_code == 137

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -27,17 +28,16 @@ import fiber_core
 import pod_functions
 import pytest
 import yaml
-from fiber_core.base.errors import BackendError
-from fiber_core.contract.backend import JobSpec
+from fiber_core.contract import BackendError, EndReason, JobSpec
 from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config
+from fiber_core.runtime.config import config, listen_host, selected_backend_name
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance
 from k8s_helpers import WAIT, Emu, start_emulator
 from kubernetes import client, watch
 
 from fiber_k8s import rbac
-from fiber_k8s.backend import KubernetesBackend, build_pod, label_value, pod_name
+from fiber_k8s.backend import KubernetesBackend, build_pod, label_value, pod_end, pod_name
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,6 +52,22 @@ class TestKubernetes(BackendConformance):
     @pytest.fixture(autouse=True)
     def _env(self, k8s_env: dict[str, str], image: str) -> None:
         pass
+
+    def test_job_reaches_listen_address(self, backend: KubernetesBackend) -> None:  # type: ignore[override]
+        # Outside a pod only the listen_host setting (k8s_env sets it) gives an address that
+        # pods reach, and Fiber reads the setting before it asks the backend (listen_host()).
+        # The shared test asks the backend alone; this is it with Fiber's answer.
+        host = listen_host(backend)
+        with socket.create_server((host, 0)) as server:
+            server.settimeout(self.start_timeout)
+            port, token = server.getsockname()[1], uuid.uuid4().hex
+            job = backend.start_job(self.spec(
+                f"import socket; s = socket.create_connection(({host!r}, {port})); s.sendall(b'{token}')"))
+            conn, _ = server.accept()
+            with conn:
+                conn.settimeout(self.start_timeout)
+                assert conn.recv(100) == token.encode()
+            assert self.wait(backend, job) == 0, backend.get_job_logs(job)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -117,21 +133,28 @@ def test_registered_as_kubernetes_and_k8s() -> None:
     assert info.package == "fiber-k8s" and info.aliases == ("k8s",)
 
 
-def test_selected_by_itself_in_a_pod(tmp_path: Path) -> None:
-    # The core registry picks kubernetes when KUBERNETES_SERVICE_HOST is set and nothing is configured.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
-    code = "from fiber_core.registry import selected_backend_name as s; print(s())"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "KUBERNETES_SERVICE_HOST": "10.0.0.1"},
-                         cwd=tmp_path, capture_output=True, text=True, timeout=WAIT)
-    assert out.stdout.strip() == "kubernetes", out.stderr
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=WAIT)
-    assert out.stdout.strip() == "local", out.stderr
+def test_selected_by_itself_in_a_pod(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing configured: the plugin's fiber_detect_backend answers kubernetes in a pod only.
+    monkeypatch.chdir(tmp_path)  # no .fiberconfig
+    for key in [k for k in os.environ if k.startswith("FIBER_")]:
+        monkeypatch.delenv(key)
+    try:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+        config.reset()
+        assert selected_backend_name() == "kubernetes"
+        monkeypatch.setenv("FIBER_BACKEND", "local")  # what is configured wins
+        assert selected_backend_name() == "local"
+        monkeypatch.delenv("FIBER_BACKEND")
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+        config.reset()
+        assert selected_backend_name() == "local"
+    finally:
+        config.reset()
 
 
 def test_selected_by_itself_in_a_real_pod(backend: KubernetesBackend, pod_site: Path) -> None:
     # A pod of the emulator has KUBERNETES_SERVICE_HOST from its kubelet, as on a cluster.
-    code = "from fiber_core.registry import selected_backend_name as s; print('backend', s())"
+    code = "from fiber_core.runtime.config import selected_backend_name as s; print('backend', s())"
     job = backend.start_job(job_spec(code, env={"PYTHONPATH": str(pod_site)},
                                      backend_options={"volumes": [f"{pod_site}:{pod_site}:ro"]}))
     assert backend.wait_for_job(job, WAIT) == 0, backend.get_job_logs(job)
@@ -216,6 +239,7 @@ def test_image_pull_failure_fails_the_job_with_the_reason(v1: client.CoreV1Api, 
     assert backend.wait_for_job(job, WAIT) == 1
     logs = backend.get_job_logs(job)
     assert "ErrImagePull" in logs and "fiber-no-such-image:1" in logs
+    assert job.state.reason is EndReason.NEVER_STARTED
     # The pod is deleted, so the kubelet stops retrying the pull.
     wait_pods(v1, ns, f"fiber.run={backend.run_id}", lambda pods: not pods, "deleted")
 
@@ -241,6 +265,7 @@ def test_out_of_memory_is_sigkill_with_the_reason(backend: KubernetesBackend) ->
     assert backend.wait_for_job(job, WAIT) == -signal.SIGKILL
     logs = backend.get_job_logs(job)
     assert "OOMKilled" in logs and "survived" not in logs
+    assert job.state.reason is EndReason.OOM and "memory limit of 64Mi" in job.state.detail
 
 
 def test_unschedulable_pod_fails_after_schedule_timeout(v1: client.CoreV1Api, ns: str,
@@ -251,6 +276,7 @@ def test_unschedulable_pod_fails_after_schedule_timeout(v1: client.CoreV1Api, ns
         assert b.wait_for_job(job, WAIT) == 1
         logs = b.get_job_logs(job)
         assert "schedule_timeout=1s" in logs and "Insufficient nvidia.com/gpu" in logs
+        assert job.state.reason is EndReason.NEVER_STARTED
         wait_pods(v1, ns, f"fiber.run={b.run_id}", lambda pods: not pods, "deleted")
     finally:
         b.cleanup()
@@ -479,3 +505,86 @@ def test_status_comes_from_one_watch(backend: KubernetesBackend) -> None:
         backend.kill_job(j)
     assert [backend.wait_for_job(j, WAIT) for j in jobs] == [-signal.SIGKILL] * 3
 
+
+
+# -- why a job ended --------------------------------------------------------------------------------
+
+
+def running_job(backend: KubernetesBackend) -> Any:
+    """A job whose container runs (and prints 'up') until it is stopped."""
+    job = backend.start_job(job_spec("import time; print('up', flush=True); time.sleep(120)"))
+    assert backend.wait_started(job, WAIT) is None, backend.get_job_logs(job)
+    return job
+
+
+def test_own_exit_is_exited(backend: KubernetesBackend) -> None:
+    job = backend.start_job(job_spec("import sys; sys.exit(3)"))
+    assert backend.wait_for_job(job, WAIT) == 3
+    assert job.state.reason is EndReason.EXITED and job.state.detail == ""
+    assert backend.end_reason(job) is EndReason.EXITED
+
+
+def test_stopped_by_fiber(backend: KubernetesBackend) -> None:
+    job = running_job(backend)
+    backend.stop_job(job)  # what Process.terminate() calls
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGTERM
+    assert job.state.reason is EndReason.STOPPED
+
+
+def test_eviction_by_the_eviction_api_is_preempted(v1: client.CoreV1Api, ns: str, backend: KubernetesBackend) -> None:
+    # What `kubectl drain` does: the API server marks the pod DisruptionTarget, then deletes it.
+    job = running_job(backend)
+    v1.create_namespaced_pod_eviction(job.id, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=job.id)))
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGTERM  # deleted gracefully: SIGTERM
+    assert job.state.reason is EndReason.PREEMPTED
+    assert "EvictionByEvictionAPI: Eviction API: evicting" in job.state.detail
+    assert "EvictionByEvictionAPI" in backend.get_job_logs(job)
+
+
+def test_node_pressure_eviction_is_preempted(emu: Emu, v1: client.CoreV1Api, ns: str,
+                                             backend: KubernetesBackend) -> None:
+    job = running_job(backend)
+    emu.admin("evict", {"namespace": ns, "name": job.id, "resource": "memory"}, "POST")
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGKILL
+    assert job.state.reason is EndReason.PREEMPTED
+    assert "was evicted (TerminationByKubelet: The node was low on resource: memory.)" in job.state.detail
+    pod = v1.read_namespaced_pod(job.id, ns)  # an evicted pod stays, Failed, until it is deleted
+    assert pod.status.phase == "Failed" and pod.status.reason == "Evicted"
+    assert [(c.reason, c.status) for c in pod.status.conditions if c.type == "DisruptionTarget"] == [
+        ("TerminationByKubelet", "True")]
+
+
+def test_deleted_by_someone_else_is_host_lost(v1: client.CoreV1Api, ns: str, backend: KubernetesBackend) -> None:
+    job = running_job(backend)
+    v1.delete_namespaced_pod(job.id, ns, grace_period_seconds=1)
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGTERM
+    assert job.state.reason is EndReason.HOST_LOST and "someone other than Fiber" in job.state.detail
+
+
+def pod_status(**status: Any) -> dict[str, Any]:
+    """A pod object as the API server returns it, with ``status``."""
+    return {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "job"}]}, "status": status}
+
+
+RUNNING = [{"name": "job", "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}}}]
+
+
+@pytest.mark.parametrize("pod, deleted, end", [
+    # Pod objects that this emulator does not produce, as a cluster does.
+    (pod_status(phase="Unknown", reason="NodeLost", message="Node n which was running pod p is unresponsive",
+                containerStatuses=RUNNING), False, (1, EndReason.HOST_LOST, "NodeLost")),
+    (pod_status(phase="Running", containerStatuses=RUNNING, conditions=[{
+        "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
+        "message": "PodGC: node no longer exists"}]), True, (-15, EndReason.HOST_LOST, "DeletionByPodGC")),
+    (pod_status(phase="Running", containerStatuses=RUNNING, conditions=[{
+        "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+        "message": "default-scheduler: preempting to accommodate a higher priority pod"}]), True,
+     (-15, EndReason.PREEMPTED, "PreemptionByScheduler")),
+    (pod_status(phase="Running", containerStatuses=RUNNING), False, None),
+])
+def test_pod_end_as_a_cluster_reports_it(pod: dict[str, Any], deleted: bool, end: tuple | None) -> None:
+    got = pod_end(pod, deleted)
+    if end is None:
+        assert got is None
+    else:
+        assert got is not None and got[:2] == end[:2] and end[2] in got[2]

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from .dockerapi import Docker, DockerError
-from .store import Store, now
+from .store import ApiError, Store, now
 from .validation import parse_quantity
 
 log = logging.getLogger("k8s_emulator.kubelet")
@@ -106,7 +106,9 @@ def refresh_phase(pod: dict[str, Any]) -> None:
     st = pod["status"]
     cs = st.get("containerStatuses") or []
     states = [next(iter(c["state"])) for c in cs]
-    if states and all(s == "terminated" for s in states):
+    if st.get("reason") == "Evicted":
+        st["phase"] = "Failed"  # the kubelet ended it, whatever its containers still do
+    elif states and all(s == "terminated" for s in states):
         failed = any(c["state"]["terminated"]["exitCode"] != 0 for c in cs)
         st["phase"] = "Failed" if failed else "Succeeded"
     elif states and "waiting" not in states:
@@ -454,6 +456,28 @@ class Kubelet:
                     cs["state"] = terminated_state(info, rt.containers[cs["name"]])
             refresh_phase(p)
         self._update(pod, fn)
+
+    def evict(self, pod: dict[str, Any], resource: str = "memory") -> dict[str, Any]:
+        """Node-pressure eviction, as the kubelet's eviction manager does it (hard threshold).
+
+        The pod becomes ``Failed`` with reason ``Evicted`` and a ``DisruptionTarget`` condition
+        (``TerminationByKubelet``), its containers are killed at once, and the pod object
+        stays (until someone deletes it). Returns the pod as marked.
+        """
+        meta = pod["metadata"]
+        if not pod["spec"].get("nodeName") or pod["status"].get("phase") in TERMINAL:
+            raise ApiError(409, "Conflict", f'pod "{meta["name"]}" is not running on a node: nothing to evict')
+        message = f"The node was low on resource: {resource}. "
+
+        def mark(p: dict[str, Any]) -> None:
+            p["status"].update(phase="Failed", reason="Evicted", message=message)
+            set_condition(p["status"], "DisruptionTarget", "True", "TerminationByKubelet", message)
+        self._update(pod, mark)
+        rt = self.runtime.get(meta["uid"])
+        for cid in (rt.containers.values() if rt and self.docker else ()):
+            self.docker.kill(cid)  # type: ignore[union-attr]  # the next tick records their end
+        self.store.wakeup.set()
+        return self.store.get_pod(meta["namespace"], meta["name"])
 
     def _finalize(self, pod: dict[str, Any], rt: Runtime) -> None:
         """End of a graceful delete: kill what still runs, record it, remove containers and the pod."""

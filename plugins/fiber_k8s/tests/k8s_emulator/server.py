@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -17,11 +18,12 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .dockerapi import Docker, DockerError
-from .kubelet import Kubelet
+from .kubelet import Kubelet, set_condition
 from .store import (
     ApiError,
     Store,
@@ -46,10 +48,20 @@ VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-fiber-emulator", 
            "gitTreeState": "clean", "buildDate": "2024-01-01T00:00:00Z", "goVersion": "go1.22",
            "compiler": "gc", "platform": "linux/amd64"}
 RESOURCES = [("pods", "Pod", True, ["create", "delete", "deletecollection", "get", "list", "watch"]),
-             ("pods/log", "Pod", True, ["get"]), ("pods/status", "Pod", True, ["get"]),
+             ("pods/eviction", "Eviction", True, ["create"]), ("pods/log", "Pod", True, ["get"]),
+             ("pods/status", "Pod", True, ["get"]),
              ("namespaces", "Namespace", False, ["create", "get", "list"]), ("nodes", "Node", False, ["get", "list"])]
 PUBLIC = ("/version", "/healthz", "/livez", "/readyz")  # readable without credentials, as on a cluster
 WATCH_MAX = 1800  # seconds a watch without timeoutSeconds stays open
+
+
+def source_revision() -> str:
+    """A digest of the emulator's source files: tests use a running emulator only if it serves
+    the API of their own tree (``GET /_emulator/state`` says ``revision``)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 class Emulator:
@@ -67,6 +79,7 @@ class Emulator:
         self.docker = Docker(docker_host) if docker_host else None
         self.kubelet = Kubelet(self.store, self.docker, instance or uuid.uuid4().hex[:12], self.port)
         self._thread: threading.Thread | None = None
+        self.revision = source_revision()
 
     def start(self) -> Emulator:
         self.kubelet.start()
@@ -116,7 +129,8 @@ class Emulator:
                        "namespace": (c.get("Labels") or {}).get("io.kubernetes.pod.namespace")}
                       for c in self.kubelet.containers()]
         reachable = bool(self.docker and self.docker.ping())
-        return {"url": self.url, "instance": self.kubelet.instance, "resourceVersion": rv, "namespaces": nss,
+        return {"url": self.url, "instance": self.kubelet.instance, "revision": self.revision,
+                "resourceVersion": rv, "namespaces": nss,
                 "config": cfg, "pods": pods, "containers": containers,
                 "docker": {"host": self.docker.host if self.docker else None, "reachable": reachable,
                            "images": self.docker.images() if self.docker and reachable else []}}
@@ -285,7 +299,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
         if method == "GET" and path == "/api/v1":
             return self._send(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-                {"name": n, "singularName": "" if "/" in n else n[:-1], "namespaced": nsd, "kind": k, "verbs": v}
+                {"name": n, "singularName": "" if "/" in n else n[:-1], "namespaced": nsd, "kind": k, "verbs": v,
+                 **({"group": "policy", "version": "v1"} if k == "Eviction" else {})}
                 for n, k, nsd, v in RESOURCES]})
         if path == "/api/v1/namespaces":
             if method == "GET":
@@ -333,10 +348,13 @@ class Handler(BaseHTTPRequestHandler):
             if method == "DELETE" and ns is not None:
                 self._authorize("deletecollection", "pods", ns)
                 return self._delete_collection(ns, body)
-        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(?:/(log|status))?", path)
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(?:/(log|status|eviction))?", path)
         if m:
             ns, name, sub = m[1], m[2], m[3]
-            if method == "GET":
+            if method == "POST" and sub == "eviction":
+                self._authorize("create", "pods/eviction", ns, name)
+                return self._evict(ns, name, body)
+            if method == "GET" and sub != "eviction":
                 self._authorize("get", f"pods/{sub}" if sub else "pods", ns, name)
                 if sub == "log":
                     return self._log(ns, name)
@@ -389,6 +407,22 @@ class Handler(BaseHTTPRequestHandler):
         pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
         dry = self.query.get("dryRun") == "All"
         self._send(201, self.emu.store.create_pod(pod, dry_run=dry))
+
+    def _evict(self, ns: str, name: str, eviction: Any) -> None:
+        """The Eviction subresource (policy/v1) as kube-apiserver >= 1.26 answers it, without
+        PodDisruptionBudgets: the pod gets the ``DisruptionTarget`` condition, then is deleted
+        gracefully (``deleteOptions.gracePeriodSeconds``, else the pod's own)."""
+        if not isinstance(eviction, dict) or eviction.get("kind", "Eviction") != "Eviction":
+            raise ApiError(400, "BadRequest", f"not a Eviction object: {type(eviction).__name__}")
+        if (eviction.get("metadata") or {}).get("name") != name:
+            raise ApiError(400, "BadRequest", "name in URL does not match name in Eviction object")
+        options = eviction.get("deleteOptions") or {}
+        store, uid = self.emu.store, self.emu.store.get_pod(ns, name)["metadata"]["uid"]
+        if self.query.get("dryRun") != "All" and options.get("dryRun") != ["All"]:
+            store.update_pod(ns, name, uid, lambda p: set_condition(
+                p["status"], "DisruptionTarget", "True", "EvictionByEvictionAPI", "Eviction API: evicting"))
+            store.delete_pod(ns, name, self._grace(options))
+        self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
 
     def _matcher(self) -> Any:
         labels = parse_label_selector(self.query.get("labelSelector"))
@@ -523,10 +557,15 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, emu.admin_config(body or {}))
         if path == "/_emulator/reset" and method == "POST":
             return self._send(200, emu.admin_reset())
+        if path == "/_emulator/evict" and method == "POST":
+            body = body or {}
+            pod = emu.store.get_pod(body.get("namespace") or "default", body.get("name") or "")
+            return self._send(200, emu.kubelet.evict(pod, body.get("resource") or "memory"))
         if path == "/_emulator/kubeconfig" and method == "GET":
             return self._send(200, emu.kubeconfig().encode(), "application/yaml")
         raise ApiError(404, "NotFound", "unknown emulator admin endpoint; have GET /_emulator/state, GET|PUT "
-                       "/_emulator/config, POST /_emulator/reset, GET /_emulator/kubeconfig", {})
+                       "/_emulator/config, POST /_emulator/reset, POST /_emulator/evict, "
+                       "GET /_emulator/kubeconfig", {})
 
 
 def load_config(value: str | None) -> dict[str, Any]:
