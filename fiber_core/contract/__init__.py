@@ -8,7 +8,22 @@ Everything a backend plugin needs from Fiber is importable from here::
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads on first use
+    from fiber_core.base.errors import BackendError, ConfigError
+    from fiber_core.base.net import keepalive
+    from fiber_core.base.options import Option, parse_pairs
+    from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
+    from fiber_core.contract.env import (
+        ENV_AUTHKEY,
+        ENV_HUB,
+        ENV_RUN_ID,
+        ENV_TOKEN,
+        SECRET_VARIABLES,
+    )
+    from fiber_core.contract.hookspecs import hookimpl
+    from fiber_core.contract.jobs import LOG_LIMIT, EndReason, JobState, LogRing, Watcher
 
 _EXPORTS = {
     "BackendError": "fiber_core.base.errors",
@@ -21,6 +36,11 @@ _EXPORTS = {
     "JobSpec": "fiber_core.contract.backend",
     "exitcode_from_status": "fiber_core.contract.backend",
     "hookimpl": "fiber_core.contract.hookspecs",
+    "ENV_AUTHKEY": "fiber_core.contract.env",
+    "ENV_HUB": "fiber_core.contract.env",
+    "ENV_RUN_ID": "fiber_core.contract.env",
+    "ENV_TOKEN": "fiber_core.contract.env",
+    "SECRET_VARIABLES": "fiber_core.contract.env",
     "LOG_LIMIT": "fiber_core.contract.jobs",
     "EndReason": "fiber_core.contract.jobs",
     "JobState": "fiber_core.contract.jobs",
@@ -28,7 +48,11 @@ _EXPORTS = {
     "Watcher": "fiber_core.contract.jobs",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ENV_AUTHKEY", "ENV_HUB", "ENV_RUN_ID", "ENV_TOKEN", "LOG_LIMIT", "SECRET_VARIABLES", "Backend",
+    "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
+    "Watcher", "exitcode_from_status", "hookimpl", "keepalive", "parse_pairs",
+]
 
 
 def __getattr__(name: str) -> Any:

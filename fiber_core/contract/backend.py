@@ -367,7 +367,9 @@ class Backend(ABC):
         containers, completed pods) override it, take what is tracked with
         :meth:`take_jobs`, and call ``super().cleanup()``.
         """
-        for watcher in self._watchers:
+        with self._jobs_lock:
+            watchers, self._watchers = self._watchers, []
+        for watcher in watchers:
             watcher.stop()
         for job in self.take_jobs():
             try:

@@ -36,11 +36,12 @@ from multiprocessing.connection import Connection
 from typing import Any, ClassVar, Protocol, cast
 
 from fiber_core.base.errors import FiberError, ProcessError, TimeoutError
+from fiber_core.contract.env import ENV_HUB
 from fiber_core.parallel.pool import Pool
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import Process
 from fiber_core.runtime.hub import reachable_host
-from fiber_core.runtime.run import ENV_HUB, runtime
+from fiber_core.runtime.run import runtime
 
 
 class _StateRecord(Protocol):

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fiber_core.base.errors import FiberError
+from fiber_core.contract.env import ENV_HUB
 from fiber_core.parallel.queues import Queue
 from fiber_core.processes.process import Process
 from fiber_core.runtime.hub import reachable_host
-from fiber_core.runtime.run import ENV_HUB
 from fiber_core.wire.framing import wait
 
 

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.errors import FiberError, JobStartError
 from fiber_core.base.log import log, tail
+from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import config
-from fiber_core.runtime.run import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN, runtime, sending_to
+from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.serialize import dumps
 

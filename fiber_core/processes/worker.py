@@ -16,10 +16,11 @@ import signal
 import sys
 import threading
 
+from fiber_core.contract.env import ENV_HUB, ENV_TOKEN
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
-from fiber_core.runtime.run import ENV_HUB, ENV_TOKEN, runtime
+from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.serialize import loads
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fiber_core.base.log import log
+from fiber_core.contract.env import ENV_AUTHKEY, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import (
     config,
     create_backend,
@@ -26,17 +27,6 @@ from fiber_core.runtime.hub import Hub
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend
 
-
-ENV_RUN_ID = "FIBER_RUN_ID"
-
-
-ENV_AUTHKEY = "FIBER_AUTHKEY"
-
-
-ENV_HUB = "FIBER_PARENT_HUB"
-
-
-ENV_TOKEN = "FIBER_PROCESS_TOKEN"
 
 
 class Runtime:

@@ -20,15 +20,11 @@ import uuid
 from typing import Any
 
 from fiber_core.base.errors import FiberError
-from fiber_core.contract import BackendError, JobSpec, parse_pairs
+from fiber_core.contract import ENV_RUN_ID, BackendError, JobSpec, parse_pairs
 from fiber_core.runtime.config import GLOBAL_OPTIONS, config, selected_backend_name
 
 from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend
 from fiber_k8s.rbac import SERVICE_ACCOUNT
-
-ENV_RUN_ID = "FIBER_RUN_ID"
-"""The variable a Fiber program takes its run id from (``fiber_core.runtime.run.ENV_RUN_ID``,
-not a public name of the core)."""
 
 _NOT_FORWARDED = {"backend", "listen_host", "listen_port", "kubeconfig", "context", "registry", "image"}
 """Settings of this machine that mean nothing in the parent pod. (``image``: the jobs use

@@ -1,0 +1,171 @@
+"""The job machinery the contract gives every backend: JobState, LogRing, Watcher, group starts."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+import fiber_core.contract as contract
+from fiber_core.base.errors import BackendError
+from fiber_core.contract import Backend, EndReason, Job, JobSpec, JobState, LogRing, Watcher
+
+
+def test_first_finish_wins_and_wakes_waiters() -> None:
+    state = JobState()
+    woke = threading.Event()
+
+    def waiter() -> None:
+        if state.wait(30):
+            woke.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert not state.done() and state.exitcode is None and state.reason is None
+    assert state.finish(-9, EndReason.OOM, "limit 64 MiB") is True
+    assert state.finish(0) is False  # a later report changes nothing
+    t.join(30)
+    assert woke.is_set()
+    assert (state.exitcode, state.reason, state.detail) == (-9, EndReason.OOM, "limit 64 MiB")
+
+
+@pytest.mark.parametrize("requested, code, reason", [
+    (False, 0, EndReason.EXITED), (False, -15, EndReason.EXITED),
+    (True, -15, EndReason.STOPPED), (True, -9, EndReason.STOPPED),
+    (True, 3, EndReason.EXITED),  # asked to stop, but it exited by itself first
+])
+def test_the_default_reason_follows_who_asked_for_the_end(requested: bool, code: int,
+                                                          reason: EndReason) -> None:
+    state = JobState()
+    state.stop_requested = requested
+    state.finish(code)
+    assert state.reason is reason
+
+
+def test_which_reasons_are_not_the_jobs_fault() -> None:
+    assert {r for r in EndReason if r.infrastructure} == {
+        EndReason.STOPPED, EndReason.PREEMPTED, EndReason.HOST_LOST}
+
+
+def test_log_ring_keeps_the_last_bytes() -> None:
+    ring = LogRing(limit=10)
+    ring.append(b"0123456789")
+    ring.append("abc")
+    assert ring.text() == "3456789abc"
+    assert len(ring) == 10
+    ring.append(b"\xff")  # not UTF-8: replaced, never an error
+    assert ring.text().endswith("\ufffd")
+
+
+def test_watcher_survives_failing_rounds_and_stops_when_asked() -> None:
+    calls = 0
+    done = threading.Event()
+
+    def step() -> float | None:
+        nonlocal calls
+        calls += 1
+        if calls <= 3:
+            raise ConnectionError("cluster unreachable")  # backed off, then tried again
+        done.set()
+        watcher.stop()
+        return 0.0
+
+    watcher = Watcher(step, "test-watcher", interval=0.001, max_backoff=0.004)
+    assert done.wait(30)
+    assert watcher.stopped and calls == 4
+
+
+def test_watcher_wake_runs_the_next_round_at_once() -> None:
+    rounds = threading.Semaphore(0)
+    watcher = Watcher(lambda: rounds.release() or 3600.0, "test-wake", interval=3600.0)
+    try:
+        assert rounds.acquire(timeout=30)  # the first round runs at start
+        watcher.wake()
+        assert rounds.acquire(timeout=30)  # not an hour later
+    finally:
+        watcher.stop()
+
+
+class _Recorder(Backend):
+    """A backend whose jobs never run: it records what Fiber asks of it."""
+
+    name = "recorder"
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__({}, "run")
+        self.fail_at = fail_at
+        self.killed: list[str] = []
+
+    def create_job(self, spec: JobSpec) -> Job:
+        if spec.name == f"job-{self.fail_at}":
+            raise BackendError("no capacity")
+        return Job(id=spec.name, spec=spec)
+
+    def terminate_job(self, job: Job) -> None:
+        job.state.finish(-15)
+
+    def kill_job(self, job: Job) -> None:
+        self.killed.append(job.id)
+        job.state.finish(-9)
+
+
+def _specs(n: int) -> list[JobSpec]:
+    return [JobSpec(command=[sys.executable, "-c", "pass"], name=f"job-{i}") for i in range(n)]
+
+
+def test_start_jobs_tracks_every_job_in_order() -> None:
+    b = _Recorder()
+    jobs = b.start_jobs(_specs(3))
+    assert [j.id for j in jobs] == ["job-0", "job-1", "job-2"]
+    assert b.jobs == jobs
+
+
+def test_create_jobs_is_all_or_nothing() -> None:
+    b = _Recorder(fail_at=2)
+    with pytest.raises(BackendError, match="no capacity"):
+        b.start_jobs(_specs(4))
+    assert b.killed == ["job-0", "job-1"]  # what the call had started is stopped again
+    assert b.jobs == []
+
+
+def test_stop_job_marks_the_end_as_fibers_own() -> None:
+    b = _Recorder()
+    job = b.start_job(_specs(1)[0])
+    b.stop_job(job)
+    assert (b.poll_job(job), b.end_reason(job)) == (-15, EndReason.STOPPED)
+    assert b.wait_for_job(job, 0) == -15
+
+
+def test_cleanup_kills_what_runs_and_untracks_everything() -> None:
+    b = _Recorder()
+    running, ended = b.start_jobs(_specs(2))
+    ended.state.finish(0)
+    b.cleanup()
+    assert b.killed == [running.id]
+    assert running.state.reason is EndReason.STOPPED
+    assert b.jobs == []
+
+
+def test_a_backend_made_by_hand_gets_a_private_directory_that_cleanup_removes() -> None:
+    import os
+
+    b = _Recorder()
+    path = b.rundir
+    assert os.path.isdir(path) and oct(os.stat(path).st_mode & 0o777) == "0o700"
+    b.cleanup()
+    assert not os.path.exists(path)
+
+
+def test_wait_for_job_times_out_while_the_job_runs() -> None:
+    b = _Recorder()
+    job = b.start_job(_specs(1)[0])
+    assert b.wait_for_job(job, 0.01) is None
+    assert b.get_job_logs(job) == ""  # no output yet is no logs, not an error
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in contract.__all__:
+        assert getattr(contract, name) is not None
+    with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
+        contract.Nope  # noqa: B018
