@@ -162,6 +162,9 @@ def main() -> int:
     queues = sys.modules.get("fiber_core.parallel.queues")  # only if this job used a queue
     if queues is not None:
         queues.settle()  # os._exit skips atexit: acknowledge the items this process took
+    pipes = sys.modules.get("fiber_core.processes.pipe")  # only if this job holds a Pipe end
+    if pipes is not None:
+        pipes.settle()  # give back what was sent to this job's copies and not read
     finishing.set()
     sys.stdout.flush()
     sys.stderr.flush()
