@@ -74,6 +74,7 @@ import os
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -85,7 +86,7 @@ from fiber_core.base.log import log
 from fiber_core.processes.process import pickling_for
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
-from fiber_core.wire.framing import Connection, _recv_exact
+from fiber_core.wire.framing import _WAITALL, Connection, _recv_exact
 from fiber_core.wire.serialize import _SMALL
 
 _H = struct.Struct("!I")
@@ -122,6 +123,43 @@ def _read_frame(sock: socket.socket) -> tuple[bool, bytes]:
     elif n & _CTRL:
         return True, _recv_exact(sock, n & ~_CTRL)
     return False, _recv_exact(sock, n) if n else b""
+
+
+_WAIT = struct.pack("ll", 0, 50_000)  # SO_RCVTIMEO of a copy's socket in the creator: 50 ms
+
+
+def _recv_rest(sock: socket.socket, n: int, got: bytes = b"") -> bytes:
+    """Read until ``n`` bytes are there, through the socket's receive timeouts."""
+    parts = [got] if got else []
+    need = n - len(got)
+    while need:
+        try:
+            chunk = sock.recv(need, _WAITALL)
+        except BlockingIOError:
+            continue  # the rest of a frame is on its way
+        if not chunk:
+            raise EOFError("connection closed by the other process")
+        parts.append(chunk)
+        need -= len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _read_frame_patient(sock: socket.socket) -> tuple[bool, bytes] | None:
+    """:func:`_read_frame` for a socket with a receive timeout: None if no frame began."""
+    try:
+        head = sock.recv(4, _WAITALL)
+    except BlockingIOError:
+        return None
+    if len(head) < 4:
+        if not head:
+            raise EOFError("connection closed by the other process")
+        head = _recv_rest(sock, 4, head)
+    (n,) = _H.unpack(head)
+    if n == _BIG:
+        (n,) = _BIG_H.unpack(_recv_rest(sock, 8))
+    elif n & _CTRL:
+        return True, _recv_rest(sock, n & ~_CTRL)
+    return False, _recv_rest(sock, n) if n else b""
 
 
 def _peek_is_data(sock: socket.socket) -> bool | None:
@@ -187,6 +225,7 @@ class _Remote:
         self.wake_r, self.wake_w = os.pipe()  # readable: the reader must look at ``owner`` again
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _WAIT)
         self.poller = select.poll()  # used by the holder of ``rlock``
         self.poller.register(sock.fileno(), select.POLLIN)
         self.poller.register(self.wake_r, select.POLLIN)
@@ -263,6 +302,7 @@ class _Pipe:
         self.waiting: list[deque[_Remote]] = [deque(), deque()]  # remote readers that asked
         self.direct: _Remote | None = None
         self.bells: list[_Bell | None] = [None, None]
+        self.eager = [False, False]  # fileno() was asked of the local end: pair early
         self.serial = 0
 
     # -- counting (lock held) ------------------------------------------------------------
@@ -292,6 +332,12 @@ class _Pipe:
         target = None
         if len(act_local) == 1 and len(act_remote) == 1 and act_remote[0].end != act_local[0]:
             target = act_remote[0]
+        elif len(act_local) == 1 and not act_remote and self.eager[act_local[0]]:
+            # Its descriptor was asked for: pair with the one copy of the other end, unused yet.
+            x = act_local[0]
+            others = [r for r in self.remotes.values() if r.end != x and not r.closing]
+            if len(others) == 1 and all(e == x for e in self.tickets.values()):
+                target = others[0]
         if self.direct is not None and self.direct is not target:
             self._leave_direct()
         if target is not None and self.direct is None:
@@ -358,6 +404,32 @@ class _Pipe:
         bell = self.bells[i]
         if bell is not None:
             bell.set(bool(self.fifo[i]) or (self._readable(i) and self.eof(i)))
+
+    def local_fileno(self, i: int) -> int:
+        """A descriptor that is readable when end ``i`` has something to read.
+
+        As with the stdlib, it is the connection's socket when this end talks to
+        one copy of the other end directly (so ``multiprocessing.reduction`` can
+        pass descriptors on it); if that copy is on its way, it waits for it.
+        """
+        self.activate(i)
+        j = 1 - i
+        with self.cond:
+            self.eager[i] = True
+            while True:
+                self.update()
+                r = self.direct
+                if r is not None and r.end == j:
+                    if r.owner == "local":
+                        return r.sock.fileno()
+                    break
+                on_way = [e for e in self.tickets.values() if e == j]
+                if (len(on_way) == 1 and not any(r.end == j for r in self.remotes.values())
+                        and not (self.local_open[j] and self.local_active[j])):
+                    self.cond.wait()  # until that copy connects, or its process ends
+                    continue
+                break
+            return self.bell(i)
 
     def bell(self, i: int) -> int:
         with self.lock:
@@ -524,19 +596,21 @@ class _Pipe:
                     self.cond.wait(left)
 
     def _read_direct(self, r: _Remote, i: int, deadline: float | None, consume: bool) -> Any:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not r.rlock.acquire(timeout=-1 if left is None else left):
+        if deadline is None:
+            r.rlock.acquire()
+        elif not r.rlock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return False if not consume else None
         try:
             while True:
                 if self.direct is not r or r.owner != "local" or self.fifo[i]:
                     return _SWITCHED
-                sock_ready, wake = r.wait(deadline)
-                if wake:
-                    r.drain_wake()
-                    continue
-                if not sock_ready:
-                    return False if not consume else None
+                if deadline is not None or not consume:
+                    sock_ready, wake = r.wait(deadline)
+                    if wake:
+                        r.drain_wake()
+                        continue
+                    if not sock_ready:
+                        return False if not consume else None
                 try:
                     if not consume:
                         kind = _peek_is_data(r.sock)
@@ -544,15 +618,19 @@ class _Pipe:
                             raise EOFError
                         if kind:
                             return True
-                    is_ctrl, body = _read_frame(r.sock)
+                    # Blocking, without a poll: the socket's receive timeout brings this
+                    # loop back now and then to see whether the pipe changed mode.
+                    frame = _read_frame_patient(r.sock)
                 except (EOFError, OSError):
                     with self.lock:
                         self.remove(r, None)
                     return _SWITCHED
-                if is_ctrl:
-                    self.handle(r, body)
+                if frame is None:
                     continue
-                return body
+                if frame[0]:
+                    self.handle(r, frame[1])
+                    continue
+                return frame[1]
         finally:
             r.rlock.release()
             if r.gone:
@@ -580,6 +658,7 @@ class _Pipe:
         with self.lock:
             if self.tickets.pop(ticket, None) is not None:
                 self.update()
+                self.cond.notify_all()
 
     def route(self, target: str, sock: socket.socket) -> None:
         """A copy connected (in the hub's thread, which then serves it)."""
@@ -592,6 +671,8 @@ class _Pipe:
             else:
                 self.early[ticket] = r
             self.remotes[copy_id] = r
+            self.update()
+            self.cond.notify_all()
         self.relay(r)
 
     def relay(self, r: _Remote) -> None:
@@ -604,15 +685,17 @@ class _Pipe:
                         r.drain_wake()
                         continue
                     try:
-                        is_ctrl, body = _read_frame(r.sock)
+                        frame = _read_frame_patient(r.sock)
                     except (EOFError, OSError):
                         with self.lock:
                             self.remove(r, None)
                         break
-                    if is_ctrl:
-                        self.handle(r, body)
+                    if frame is None:
+                        continue
+                    if frame[0]:
+                        self.handle(r, frame[1])
                     else:
-                        self.remote_data(r, body)
+                        self.remote_data(r, frame[1])
             with self.lock:
                 if r.gone:
                     r.relay_running = False
@@ -759,13 +842,8 @@ class PipeEnd(Connection):
     def fileno(self) -> int:
         if self._closed:
             raise OSError("handle is closed")
-        state = self._state
-        if state is not None:
-            state.activate(self._index)
-            r = state.direct
-            if r is not None and r.end != self._index and r.owner == "local":
-                return r.sock.fileno()
-            return state.bell(self._index)
+        if self._state is not None:
+            return self._state.local_fileno(self._index)
         self._activate()
         sock = self._socket()
         if self._readable:
@@ -785,21 +863,63 @@ class PipeEnd(Connection):
         return sock.fileno()
 
     def _send(self, data: memoryview | bytes, head: bytes = b"") -> None:
-        if self._closed:
-            raise OSError("handle is closed")
         if head:
             data = head + bytes(data)
-        if self._state is not None:
-            self._state.local_send(self._index, data)
+        st = self._state
+        if st is not None:
+            r = st.direct
+            if r is not None and r.end != self._index and st.local_active[self._index] \
+                    and not self._closed:
+                with r.wlock:  # the usual case, kept short: one end here, one copy there
+                    if st.direct is r and not r.closing:
+                        n = len(data)
+                        try:
+                            if n <= _SMALL:
+                                r.sock.sendall(_H.pack(n) + data)
+                            else:
+                                _send_data(r.sock, data)
+                            r.pushed += 1
+                            return
+                        except OSError:
+                            r.closing = True
+            if self._closed:
+                raise OSError("handle is closed")
+            st.local_send(self._index, data)
             return
-        self._activate()
+        if self._closed:
+            raise OSError("handle is closed")
+        if not self._active:
+            self._activate()
         with self._wlock:
             _send_data(self._socket(), data)
 
     def _recv(self, maxlength: int | None = None) -> bytes:
         if self._closed:
             raise OSError("handle is closed")
-        msg = self._next(None, True)
+        st = self._state
+        msg: Any = None
+        if st is not None:
+            i = self._index
+            r = st.direct
+            if r is not None and r.owner == "local" and r.end != i and st.local_active[i]:
+                msg = st._read_direct(r, i, None, True)  # the usual case: straight from the socket
+                if msg is _SWITCHED:
+                    msg = None
+        elif self._mode == b"d" and self._active and self._rlock.acquire(False):
+            try:  # the usual case of a copy: messages come unasked
+                if self._mode == b"d" and not self._eof:
+                    is_ctrl, body = _read_frame(self._socket())
+                    if is_ctrl:
+                        self._on_ctrl(body)
+                    else:
+                        self._received += 1
+                        msg = body
+            except EOFError:
+                self._eof = True
+            finally:
+                self._rlock.release()
+        if msg is None:
+            msg = self._next(None, True)
         if maxlength is not None and len(msg) > maxlength:
             self.close()
             raise OSError("bad message length")
@@ -815,10 +935,12 @@ class PipeEnd(Connection):
         state = self._state
         if state is not None:
             return state.local_recv(self._index, deadline, consume)
-        self._activate()
+        if not self._active:
+            self._activate()
         sock = self._socket()
-        if not self._rlock.acquire(timeout=-1 if deadline is None
-                                   else max(0.0, deadline - time.monotonic())):
+        if deadline is None:
+            self._rlock.acquire()
+        elif not self._rlock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return False if not consume else None
         try:
             while True:
@@ -946,7 +1068,7 @@ class PipeEnd(Connection):
         sock.sendall(b"".join(frames))
 
     def __del__(self) -> None:
-        if getattr(self, "_closed", True):
+        if getattr(self, "_closed", True) or sys.is_finalizing():
             return
         # Not here: the collector may run while this thread holds one of the locks.
         try:

@@ -28,7 +28,8 @@ from fiber_core.wire.serialize import loads
 def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001
     try:
         while True:
-            conn.recv_bytes()
+            if conn.recv_bytes()[:1] == b"i":  # the parent got SIGINT: as if from the terminal
+                signal.raise_signal(signal.SIGINT)
     except (EOFError, OSError):
         pass
     parent.gone.set()
@@ -102,6 +103,81 @@ def _import_main(ref: tuple[str, str] | None) -> None:
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
 
 
+def _set_logging(level: int, to_stderr: bool) -> None:
+    """The parent's level and stderr handler for Fiber's logger, as spawn gives the stdlib's."""
+    from fiber_core.base.log import get_logger, log_to_stderr
+
+    get_logger().setLevel(level)
+    if to_stderr:
+        log_to_stderr()
+
+
+class _SharedMemoryHook:
+    """Keeps a job's resource tracker from unlinking shared memory the job only attached to.
+
+    Under spawn a child reports to its parent's resource tracker, so a block it
+    attaches to by name outlives it. A job has its own tracker, which unlinks at
+    the job's end every block still registered: so blocks the job attaches to
+    are not registered (those it creates still are). Installed as an import hook
+    so that a job that does not use :mod:`multiprocessing.shared_memory` does not
+    import it.
+    """
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+        if name != "multiprocessing.shared_memory":
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        class _Loader:
+            def create_module(self, spec):  # noqa: ANN001, ANN202
+                return loader.create_module(spec)
+
+            def exec_module(self, module):  # noqa: ANN001, ANN202
+                exec_module(module)
+                _untrack_attached(module)
+
+        spec.loader = _Loader()  # type: ignore[assignment]
+        return spec
+
+
+def _untrack_attached(shared_memory) -> None:  # noqa: ANN001
+    tracker = shared_memory.resource_tracker
+    register, unregister = tracker.register, tracker.unregister
+    attaching = threading.local()
+    untracked: set[str] = set()
+
+    def tracked_register(name: str, rtype: str) -> None:
+        if rtype == "shared_memory" and getattr(attaching, "on", False):
+            untracked.add(name)
+            return
+        register(name, rtype)
+
+    def tracked_unregister(name: str, rtype: str) -> None:
+        if rtype == "shared_memory" and name in untracked:
+            untracked.discard(name)
+            return
+        unregister(name, rtype)
+
+    init = shared_memory.SharedMemory.__init__
+
+    def __init__(self, name=None, create=False, size=0):  # noqa: ANN001, ANN202, N807
+        attaching.on = not create
+        try:
+            init(self, name, create, size)
+        finally:
+            attaching.on = False
+
+    tracker.register, tracker.unregister = tracked_register, tracked_unregister
+    shared_memory.SharedMemory.__init__ = __init__
+
+
 def main() -> int:
 
     rt = runtime()
@@ -119,6 +195,11 @@ def main() -> int:
         for entry in data["sys_path"]:
             if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
                 sys.path.append(entry)
+        if "argv" in data:
+            sys.argv = list(data["argv"])  # before the main module runs, as spawn does
+        if data.get("log"):
+            _set_logging(*data["log"])
+        sys.meta_path.insert(0, _SharedMemoryHook())
         _import_main(data.get("main"))
         config.restore(data["config"])
         proc = loads(conn.recv_bytes())
