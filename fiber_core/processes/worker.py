@@ -29,7 +29,8 @@ def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa:
     try:
         while True:
             if conn.recv_bytes()[:1] == b"i":  # the parent got SIGINT: as if from the terminal
-                signal.raise_signal(signal.SIGINT)
+                # To the main thread, which runs the handler: a blocking call there ends.
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
     except (EOFError, OSError):
         pass
     parent.gone.set()
