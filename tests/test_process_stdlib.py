@@ -218,7 +218,7 @@ def test_a_job_that_attaches_to_shared_memory_leaves_it_in_place() -> None:
 
 
 def _call(address: object, q: fiber_core.Queue) -> None:
-    with Client(address) as conn:
+    with Client(address, authkey=fiber_core.current_process().authkey) as conn:
         conn.send("hello")
         q.put(conn.recv())
 
@@ -226,7 +226,8 @@ def _call(address: object, q: fiber_core.Queue) -> None:
 def test_listener_and_client_between_processes_of_the_run() -> None:
     assert "AF_UNIX" in families and "AF_INET" in families
     q = fiber_core.Queue()
-    with Listener() as listener:  # authenticated with the run's key
+    key = fiber_core.current_process().authkey  # the run's key: every process of the run has it
+    with Listener(authkey=key) as listener:
         p = fiber_core.Process(target=_call, args=(listener.address, q))
         p.start()
         with listener.accept() as conn:
@@ -235,7 +236,7 @@ def test_listener_and_client_between_processes_of_the_run() -> None:
     assert q.get(timeout=T) == "welcome"
     p.join(T)
     assert p.exitcode == 0
-    with Listener(("127.0.0.1", 0)) as listener:
+    with Listener(("127.0.0.1", 0), authkey=key) as listener:
         refused: list[BaseException] = []
 
         def accept() -> None:
