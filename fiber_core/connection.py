@@ -12,16 +12,13 @@ reachable on this host only; for jobs on other hosts, listen on a TCP address
 
 from __future__ import annotations
 
-from multiprocessing.connection import (
-    Client,
-    Listener,
-    answer_challenge,
-    deliver_challenge,
-    families,
-)
+from multiprocessing import connection as _stdlib
+from multiprocessing.connection import Client, Listener, answer_challenge, deliver_challenge
 
 from fiber_core.processes.pipe import Pipe, PipeEnd
 from fiber_core.wire.framing import Connection, wait
+
+families: list[str] = _stdlib.families  # type: ignore[attr-defined]  # not in the stubs
 
 __all__ = ["Client", "Connection", "Listener", "Pipe", "PipeEnd", "answer_challenge",
            "deliver_challenge", "families", "wait"]

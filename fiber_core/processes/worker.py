@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from fiber_core.contract.env import ENV_HUB, ENV_TOKEN
 from fiber_core.processes import process as process_mod
@@ -23,6 +24,11 @@ from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.serialize import loads
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 
 def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001
@@ -124,7 +130,8 @@ class _SharedMemoryHook:
     import it.
     """
 
-    def find_spec(self, name: str, path: object = None, target: object = None) -> object:
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if name != "multiprocessing.shared_memory":
             return None
         import importlib.util
@@ -232,7 +239,7 @@ def main() -> int:
         forwards = [(fd, *_forward(fd, kind, conn, lock)) for fd, kind in ((1, b"o"), (2, b"e"))]
         for stream in (sys.stdout, sys.stderr):
             try:
-                stream.reconfigure(line_buffering=True)
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass
 
