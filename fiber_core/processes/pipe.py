@@ -162,6 +162,15 @@ def _read_frame_patient(sock: socket.socket) -> tuple[bool, bytes] | None:
     return False, _recv_rest(sock, n) if n else b""
 
 
+def _frame_after(sock: socket.socket, n: int, exact: Any = _recv_exact) -> tuple[bool, bytes]:
+    """The rest of a frame whose 4-byte length was ``n``: (is it a control frame, its body)."""
+    if n == _BIG:
+        (n,) = _BIG_H.unpack(exact(sock, 8))
+    elif n & _CTRL:
+        return True, exact(sock, n & ~_CTRL)
+    return False, exact(sock, n) if n else b""
+
+
 def _peek_is_data(sock: socket.socket) -> bool | None:
     """Whether the frame waiting on ``sock`` is data (None: end of file)."""
     head = sock.recv(4, socket.MSG_PEEK)
@@ -301,6 +310,7 @@ class _Pipe:
         self.fifo: list[deque[bytes]] = [deque(), deque()]  # messages to be read on end i
         self.waiting: list[deque[_Remote]] = [deque(), deque()]  # remote readers that asked
         self.direct: _Remote | None = None
+        self.reader: list[_Remote | None] = [None, None]  # the socket end i reads directly
         self.bells: list[_Bell | None] = [None, None]
         self.eager = [False, False]  # fileno() was asked of the local end: pair early
         self.serial = 0
@@ -364,6 +374,7 @@ class _Pipe:
         self.direct = r
         if self._readable(x):
             r.owner = "local"
+            self.reader[x] = r
             r.wake()
         self.cond.notify_all()
 
@@ -377,6 +388,7 @@ class _Pipe:
                     r.send_ctrl(b"M", b"s")
             if r.owner == "local":
                 r.owner = "relay"
+                self.reader = [None, None]
                 r.wake()
                 if not r.relay_running:
                     r.relay_running = True
@@ -516,6 +528,7 @@ class _Pipe:
             return
         r.gone = True
         r.closing = True
+        self.reader = [x if x is not r else None for x in self.reader]
         self.remotes.pop(r.copy_id, None)
         if r in self.waiting[r.end]:
             self.waiting[r.end].remove(r)
@@ -637,6 +650,36 @@ class _Pipe:
                 with self.lock:
                     if not r.relay_running:
                         r.close_fds()
+
+    def read_one(self, r: _Remote) -> bytes | None:
+        """One frame from ``r`` (its ``rlock`` held): the message, or None (a control frame,
+        nothing within the receive timeout, or the end: the caller goes the long way)."""
+        sock = r.sock
+        try:
+            head = sock.recv(4, _WAITALL)
+        except BlockingIOError:
+            return None
+        except OSError:
+            head = b""
+        if len(head) == 4:
+            (n,) = _H.unpack(head)
+            if n < _CTRL:
+                if not n:
+                    return b""
+                msg = sock.recv(n, _WAITALL)
+                return msg if len(msg) == n else _recv_rest(sock, n, msg)
+        try:
+            if not head:
+                raise EOFError
+            is_ctrl, body = _frame_after(sock, _H.unpack(_recv_rest(sock, 4, head))[0], _recv_rest)
+        except (EOFError, OSError):
+            with self.lock:
+                self.remove(r, None)
+            return None
+        if not is_ctrl:
+            return body
+        self.handle(r, body)
+        return None
 
     def local_closed(self, i: int) -> None:
         with self.lock:
@@ -784,6 +827,7 @@ class PipeEnd(Connection):
         self._pipe_id = pipe_id
         self._index = index
         self._state = state  # the pipe, in the creating process
+        self._fast = False
         if state is not None:
             with state.lock:
                 state.local_open[index] += 1
@@ -799,6 +843,7 @@ class PipeEnd(Connection):
         self._received = 0  # messages that came directly
         self._eof = False
         self._serial = 0
+        self._fast = False  # told "direct", open, not at the end: recv reads the socket as is
         self._unread: list[bytes] = []  # direct messages read while closing
         self._acks = {b"K": False, b"Y": False}
 
@@ -865,33 +910,35 @@ class PipeEnd(Connection):
     def _send(self, data: memoryview | bytes, head: bytes = b"") -> None:
         if head:
             data = head + bytes(data)
-        st = self._state
-        if st is not None:
-            r = st.direct
-            if r is not None and r.end != self._index and st.local_active[self._index] \
-                    and not self._closed:
-                with r.wlock:  # the usual case, kept short: one end here, one copy there
-                    if st.direct is r and not r.closing:
-                        n = len(data)
-                        try:
-                            if n <= _SMALL:
-                                r.sock.sendall(_H.pack(n) + data)
-                            else:
-                                _send_data(r.sock, data)
-                            r.pushed += 1
-                            return
-                        except OSError:
-                            r.closing = True
-            if self._closed:
-                raise OSError("handle is closed")
-            st.local_send(self._index, data)
-            return
         if self._closed:
             raise OSError("handle is closed")
-        if not self._active:
-            self._activate()
-        with self._wlock:
-            _send_data(self._socket(), data)
+        st = self._state
+        if st is None:  # a copy
+            if not self._active:
+                self._activate()
+            sock = self._sock
+            n = len(data)
+            with self._wlock:
+                if n <= _SMALL and sock is not None:
+                    sock.sendall(_H.pack(n) + data)
+                else:
+                    _send_data(self._socket(), data)
+            return
+        r = st.direct
+        if r is not None and r.end != self._index and st.local_active[self._index]:
+            with r.wlock:  # the usual case, kept short: one end here, one copy there
+                if st.direct is r and not r.closing:
+                    n = len(data)
+                    try:
+                        if n <= _SMALL:
+                            r.sock.sendall(_H.pack(n) + data)
+                        else:
+                            _send_data(r.sock, data)
+                        r.pushed += 1
+                        return
+                    except OSError:
+                        r.closing = True
+        st.local_send(self._index, data)
 
     def _recv(self, maxlength: int | None = None) -> bytes:
         if self._closed:
@@ -900,24 +947,32 @@ class PipeEnd(Connection):
         msg: Any = None
         if st is not None:
             i = self._index
-            r = st.direct
-            if r is not None and r.owner == "local" and r.end != i and st.local_active[i]:
-                msg = st._read_direct(r, i, None, True)  # the usual case: straight from the socket
-                if msg is _SWITCHED:
-                    msg = None
-        elif self._mode == b"d" and self._active and self._rlock.acquire(False):
-            try:  # the usual case of a copy: messages come unasked
-                if self._mode == b"d" and not self._eof:
-                    is_ctrl, body = _read_frame(self._socket())
+            r = st.reader[i]
+            if r is not None and not st.fifo[i] and r.rlock.acquire(False):
+                # The usual case: this end reads one copy's socket, straight.
+                try:
+                    if st.reader[i] is r and not st.fifo[i]:
+                        msg = st.read_one(r)
+                finally:
+                    r.rlock.release()
+        elif self._fast:
+            # The usual case of a copy: told "direct", its messages come unasked.
+            sock = self._sock
+            try:
+                (n,) = _H.unpack(_recv_exact(sock, 4))  # type: ignore[arg-type]
+                if n < _CTRL:
+                    msg = _recv_exact(sock, n) if n else b""  # type: ignore[arg-type]
+                    self._received += 1
+                else:
+                    is_ctrl, body = _frame_after(sock, n)  # type: ignore[arg-type]
                     if is_ctrl:
                         self._on_ctrl(body)
                     else:
-                        self._received += 1
                         msg = body
+                        self._received += 1
             except EOFError:
                 self._eof = True
-            finally:
-                self._rlock.release()
+                self._fast = False
         if msg is None:
             msg = self._next(None, True)
         if maxlength is not None and len(msg) > maxlength:
@@ -964,6 +1019,7 @@ class PipeEnd(Connection):
                     is_ctrl, body = _read_frame(sock)
                 except EOFError:
                     self._eof = True  # the creator ended
+                    self._fast = False
                     continue
                 if is_ctrl:
                     self._on_ctrl(body)
@@ -987,6 +1043,7 @@ class PipeEnd(Connection):
             self._eof = True
         elif kind in self._acks:
             self._acks[kind] = True
+        self._fast = self._mode == b"d" and not self._eof and not self._closed
 
     def _activate(self) -> None:
         if not self._active:
@@ -1005,6 +1062,7 @@ class PipeEnd(Connection):
         if self._closed:
             return
         self._closed = True
+        self._fast = False
         state = self._state
         if state is not None:
             state.local_closed(self._index)
