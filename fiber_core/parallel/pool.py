@@ -905,6 +905,7 @@ class Pool:
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self)
         with self._lock:
+            self._check_running()  # again: the pool may have failed while func was pickled
             self._jobs[it._job_id] = it
 
         def feed() -> None:

@@ -6,7 +6,10 @@ A backend plugin proves itself with::
 
     class TestDocker(BackendConformance):
         backend_name = "docker"
-        python = "python3"   # the interpreter inside the jobs
+        python = "python3"      # the interpreter inside the jobs
+        start_timeout = 120.0   # the bound of each wait
+
+``docs/writing-a-backend.md`` walks through writing a backend and proving it.
 """
 
 from __future__ import annotations
