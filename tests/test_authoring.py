@@ -25,8 +25,7 @@ from authoring import shell_backend
 from fiber_core.base.errors import BackendError
 from fiber_core.contract import JobSpec
 from fiber_core.contract import backend as contract
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, create_backend
+from fiber_core.runtime.config import config, create_backend, plugins
 from fiber_core.testing import BackendConformance
 
 try:
@@ -42,8 +41,8 @@ COPIES = [Path(__file__).parent / "authoring" / "shell_backend.py", TEMPLATE / "
 @pytest.fixture(scope="module", autouse=True)
 def _shell_registered() -> None:
     """The recipe's module, registered by hand as a plugin (as an entry point would)."""
-    if not registry.pm.has_plugin("shell"):
-        registry.register_plugin(shell_backend, name="shell")
+    if not plugins().pm.has_plugin("shell"):
+        plugins().register_plugin(shell_backend, name="shell")
 
 
 class TestShellRecipe(BackendConformance):
@@ -137,7 +136,7 @@ def test_template_tests_pass_with_its_entry_point(template_installed: dict[str, 
 NO_PYTHON = '''
 from authoring.shell_backend import ShellBackend
 from fiber_core.contract import hookimpl
-from fiber_core.contract.registry import registry
+from fiber_core.runtime.config import plugins
 from fiber_core.testing import BackendConformance
 
 
@@ -156,7 +155,7 @@ class Plugin:
         register(NoPythonBackend)
 
 
-registry.register_plugin(Plugin(), name="nopython")
+plugins().register_plugin(Plugin(), name="nopython")
 
 
 class TestNoPython(BackendConformance):

@@ -19,9 +19,8 @@ from fiber_core.contract.registry import (
     KNOWN_PACKAGES,
     BackendRegistrar,
     Registry,
-    registry,
 )
-from fiber_core.runtime.config import selected_backend_name
+from fiber_core.runtime.config import plugins, selected_backend_name
 
 T = 30.0
 
@@ -49,7 +48,7 @@ def test_unknown_backend_says_what_to_install(name: str, package: str,
 
 def test_unknown_third_party_name() -> None:
     with pytest.raises(UnknownBackendError, match="its own package") as e:
-        registry.get_class("nomad")
+        plugins().get_class("nomad")
     assert "pip install" not in str(e.value)
 
 
@@ -110,14 +109,14 @@ def test_plugin_backend_runs_a_process(toy_backend: type) -> None:
 def test_entry_point_backend_end_to_end(run_script, toy_dist) -> None:  # noqa: ANN001
     out = run_script("""
         import os, fiber_core
-        from fiber_core.contract.registry import registry
+        from fiber_core.runtime.config import plugins
         from fiber_core.runtime.config import selected_backend_name
 
         def report(q):
             q.put(os.environ.get("FIBER_TOY_JOB"))
 
         if __name__ == "__main__":
-            print(selected_backend_name(), [b.package for b in registry.backends() if b.name == "toy"])
+            print(selected_backend_name(), [b.package for b in plugins().backends() if b.name == "toy"])
             q = fiber_core.Queue()
             p = fiber_core.Process(target=report, args=(q,))
             p.start()

@@ -21,8 +21,8 @@ and the hook; an unmarked function is not a hook and is never called.
 backends and plugins registered by hand are known. Tests and programs that embed
 a backend register one by hand, module or object alike::
 
-    from fiber_core.contract.registry import registry
-    registry.register_plugin(my_plugin_module, name="shell")
+    from fiber_core.runtime.config import plugins
+    plugins().register_plugin(my_plugin_module, name="shell")
 """
 
 from __future__ import annotations

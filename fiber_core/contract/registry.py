@@ -209,6 +209,3 @@ def _dist_name(plugin: object) -> str | None:
 @functools.lru_cache(maxsize=1)
 def _packages_distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
-
-
-registry = Registry()

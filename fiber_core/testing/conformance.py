@@ -34,8 +34,7 @@ import pytest
 
 import fiber_core
 from fiber_core.contract.backend import Backend, Job, JobSpec
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import create_backend
+from fiber_core.runtime.config import create_backend, plugins
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import targets
 
@@ -198,9 +197,9 @@ class BackendConformance:
     # -- registration --------------------------------------------------------------
 
     def test_registered(self, backend: Backend) -> None:
-        assert registry.get_class(backend.name) is type(backend)
+        assert plugins().get_class(backend.name) is type(backend)
         for alias in type(backend).aliases:
-            assert registry.get_class(alias) is type(backend)
+            assert plugins().get_class(alias) is type(backend)
 
     # -- lifecycle and exit codes ---------------------------------------------------
 

@@ -29,8 +29,7 @@ import pod_functions
 import pytest
 import yaml
 from fiber_core.contract import BackendError, EndReason, JobSpec
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, listen_host, selected_backend_name
+from fiber_core.runtime.config import config, listen_host, plugins, selected_backend_name
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance
 from k8s_helpers import WAIT, Emu, start_emulator
@@ -127,9 +126,9 @@ def script_env(k8s_env: dict[str, str], **extra: str) -> dict[str, str]:
 
 
 def test_registered_as_kubernetes_and_k8s() -> None:
-    assert registry.get_class("kubernetes") is KubernetesBackend
-    assert registry.get_class("k8s") is KubernetesBackend
-    info = next(i for i in registry.backends() if i.name == "kubernetes")
+    assert plugins().get_class("kubernetes") is KubernetesBackend
+    assert plugins().get_class("k8s") is KubernetesBackend
+    info = next(i for i in plugins().backends() if i.name == "kubernetes")
     assert info.package == "fiber-k8s" and info.aliases == ("k8s",)
 
 
