@@ -87,12 +87,14 @@ class FiberContext:
 
     def Pool(self, processes: int | None = None, initializer: Callable | None = None,  # noqa: N802
              initargs: tuple = (), maxtasksperchild: int | None = None, **kwargs: Any) -> Any:
-        from fiber_core.parallel.pool import Pool
+        from fiber_core.parallel.pool import (
+            Pool,  # on first use: a job that makes no Pool never loads it
+        )
 
         return Pool(processes, initializer, initargs, maxtasksperchild, **kwargs)
 
     def Manager(self) -> Any:  # noqa: N802
-        from fiber_core.parallel.managers import SyncManager
+        from fiber_core.parallel.managers import SyncManager  # on first use, as Pool
 
         m = SyncManager()
         m.start()

@@ -28,6 +28,7 @@ import multiprocessing.managers as _std
 import multiprocessing.process as _std_process
 import multiprocessing.util as _std_util
 import os
+import signal
 import sys
 import threading
 import time
@@ -106,8 +107,6 @@ def _serve(cls: type[BaseManager], registry: dict[str, _RegistryEntry], authkey:
     standard library uses. Elsewhere: TCP on all interfaces, reported as the
     address this host has on the route to the parent.
     """
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     share_run_key()
     if initializer is not None:

@@ -8,6 +8,7 @@ environment, so every process of the run can authenticate to every other.
 from __future__ import annotations
 
 import atexit
+import multiprocessing.process
 import os
 import threading
 from collections.abc import Callable
@@ -38,8 +39,6 @@ class Runtime:
         self.authkey = bytes.fromhex(key) if key else os.urandom(32)
         self.is_worker = ENV_TOKEN in os.environ
         # Proxies of the stdlib's managers authenticate with this process's authkey.
-        import multiprocessing.process
-
         multiprocessing.process.current_process().authkey = self.authkey
         self._lock = threading.RLock()
         self._hub: Hub | None = None
@@ -60,7 +59,7 @@ class Runtime:
     def rundir(self) -> str:
         with self._lock:
             if self._rundir is None:
-                import tempfile
+                import tempfile  # on first use: a job that serves nothing starts without it
 
                 self._rundir = tempfile.mkdtemp(prefix=f"fiber-{self.run_id}-")
                 os.chmod(self._rundir, 0o700)
@@ -125,7 +124,7 @@ class Runtime:
             if self._hub is not None:
                 self._hub.close()
             if self._rundir is not None:
-                import shutil
+                import shutil  # at exit, and only if there is a run directory
 
                 shutil.rmtree(self._rundir, ignore_errors=True)
 
