@@ -1,4 +1,5 @@
-"""The message vocabulary: every kind round-trips, a bad frame is a clear error, the table is true."""
+"""The message vocabulary: every kind round-trips, a bad frame is a clear error, the tables
+are the kinds."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ T = 30.0  # bound of every wait: reaching it is a failure, never a measure of sp
 
 
 def _frame(head: bytes, body: bytes = b"") -> bytes:
-    return bytes(head) + body
+    return head + body
 
 
 # kind -> (frame, what decoding it must give, the decoder). Every kind appears once.
@@ -33,7 +34,7 @@ _PRELUDE = {"sys_path": ["/x"], "main": None, "config": {}, "forward_output": Tr
             "parent": ("MainProcess", 1)}
 
 
-def _cases() -> dict[m.Kind, tuple[bytes, Any, Callable[[bytes], Any]]]:
+def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
     return {
         m.PROCESS_PRELUDE: (_frame(m.PROCESS_PRELUDE, m.encode_process_prelude(_PRELUDE)),
                             _PRELUDE, m.decode_process_prelude),
@@ -84,11 +85,10 @@ def _plain(value: Any) -> Any:
 
 def test_every_kind_round_trips() -> None:
     cases = _cases()
-    assert set(cases) == set(m.KINDS)
-    for kind, (frame, expected, decode) in cases.items():
-        assert m.kind_of(frame) == kind, kind
-        assert m.BY_CODE[m.kind_of(frame)] is kind
-        assert _plain(decode(frame)) == _plain(expected), kind
+    assert set(cases) == {kind.code for kind in m.KINDS}
+    for code, (frame, expected, decode) in cases.items():
+        assert m.kind_of(frame) == code
+        assert _plain(decode(frame)) == _plain(expected), m.BY_CODE[code].name
 
 
 def test_a_put_item_is_a_copy_when_small_and_a_view_when_big() -> None:
@@ -101,13 +101,14 @@ def test_a_put_item_is_a_copy_when_small_and_a_view_when_big() -> None:
 
 
 def test_codes_are_single_unique_bytes_and_every_kind_is_listed() -> None:
-    defined = {name: value for name, value in vars(m).items() if isinstance(value, m.Kind)}
-    assert set(defined.values()) == set(m.KINDS)
-    for name, kind in defined.items():
-        assert kind.name == name
-        assert len(kind) == 1 and kind.code == bytes(kind)
-    assert len({k.code for k in m.KINDS}) == len(m.KINDS)
+    defined = {name: value for name, value in vars(m).items()
+               if name.startswith(("PROCESS_", "POOL_", "QUEUE_"))}
+    assert defined == {kind.name: kind.code for kind in m.KINDS}
+    assert all(type(code) is bytes and len(code) == 1 for code in defined.values())
+    assert len(set(defined.values())) == len(m.KINDS)
     assert all(k.sender and k.receiver and k.meaning for k in m.KINDS)
+    with pytest.raises(ValueError, match="share the code"):
+        m._kind(b"p", "QUEUE_PUT_AGAIN", "a", "b", "", "", "a second meaning")
 
 
 def test_the_reference_tables_are_the_kinds() -> None:
@@ -117,10 +118,12 @@ def test_the_reference_tables_are_the_kinds() -> None:
 
 
 def test_each_fixed_layout_is_the_struct_its_kind_declares() -> None:
-    assert m.QUEUE_PUT.struct().size == 10
-    assert m.QUEUE_GET.struct(optional=False).size == 10 and m.QUEUE_GET.struct().size == 14
-    assert len(m.encode_queue_sizes(1, 2)) == m.QUEUE_SIZES.struct().size == 17
-    assert len(m.encode_pool_hello(1)) == m.POOL_HELLO.struct().size
+    kinds = m.BY_CODE
+    assert kinds[m.QUEUE_PUT].struct().size == 10
+    assert kinds[m.QUEUE_GET].struct(optional=False).size == 10
+    assert kinds[m.QUEUE_GET].struct().size == 14
+    assert len(m.encode_queue_sizes(1, 2)) == kinds[m.QUEUE_SIZES].struct().size == 17
+    assert len(m.encode_pool_hello(1)) == kinds[m.POOL_HELLO].struct().size
 
 
 _FIXED: list[tuple[bytes, Callable[[bytes], Any]]] = [
@@ -152,7 +155,7 @@ def test_a_truncated_body_is_a_clear_error() -> None:
         with pytest.raises(m.MessageError, match="QUEUE_BATCH"):
             m.decode_queue_batch(batch[:cut])
     put = m.encode_queue_put(True, None) + b"item"
-    for cut in range(1, 10):
+    for cut in range(1, 11):
         with pytest.raises(m.MessageError, match="QUEUE_PUT"):
             m.decode_queue_put(put[:cut])
         with pytest.raises(m.MessageError, match="QUEUE_PUT"):
@@ -171,7 +174,7 @@ def test_a_frame_of_another_kind_or_an_unknown_one_is_a_clear_error() -> None:
     assert "empty frame" in str(m.unexpected(b"", "here"))
     assert "QUEUE_FULL (owner → handle)" in str(m.unexpected(m.QUEUE_FULL, "here"))
     with pytest.raises(m.MessageError, match="POOL_QUIT"):
-        m.decode_process_prelude(bytes(m.POOL_QUIT))
+        m.decode_process_prelude(m.POOL_QUIT)
     with pytest.raises(m.MessageError, match="unknown kind"):
         m.decode_process_object(b"\xff")
     with pytest.raises(m.MessageError, match="empty frame"):
@@ -187,7 +190,7 @@ def test_a_negative_timeout_is_refused_before_anything_is_sent() -> None:
 
 def test_a_queue_owner_hangs_up_on_a_frame_it_does_not_understand() -> None:
     q = fiber_core.Queue()
-    for garbage in (b"\x07junk", b"", bytes(m.POOL_TASKS), m.encode_queue_ack(1)):
+    for garbage in (b"\x07junk", b"", m.POOL_TASKS, m.encode_queue_ack(1)):
         conn = Connection(dial(q._hub, runtime().authkey, f"queue:{q._id}"))
         conn._socket().settimeout(T)
         conn.send_frame(garbage)

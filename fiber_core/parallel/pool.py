@@ -220,7 +220,8 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
         start = time.perf_counter()
         results = [_run_unit(func, kind, loads(unit)) for unit in units]
         done += len(units)
-        conn.send_frame(POOL_RESULTS, _encode_results(batch_id, time.perf_counter() - start, results))
+        elapsed = time.perf_counter() - start
+        conn.send_frame(POOL_RESULTS, _encode_results(batch_id, elapsed, results))
     conn.close()
 
 

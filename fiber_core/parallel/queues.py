@@ -102,7 +102,7 @@ Empty = _stdqueue.Empty
 Full = _stdqueue.Full
 
 
-_Item = bytes | memoryview  # a pickled item, as it came in
+_Item = bytes | bytearray | memoryview  # a pickled item, as it came in
 
 
 _CLIENT_CHECK = 0.2  # seconds between checks that a client blocked in get() still lives

@@ -4,10 +4,10 @@ A message is one frame of :mod:`fiber_core.wire.framing` on an authenticated
 connection (:mod:`fiber_core.wire.auth`). Its first byte names its kind; the
 fixed fields that follow are packed with :mod:`struct` (network byte order); a
 *body* (an item, a pickle, output) takes the rest of the frame. Each kind is
-defined once, below, as a :class:`Kind`: a one-byte ``bytes`` (the code itself,
-so ``frame[:1] == QUEUE_PUT`` is the whole test) that also carries its name,
-direction, layout and meaning. :data:`KINDS` lists them all; no code means two
-things anywhere in a run.
+defined once, below: a module constant that is its one-byte code (plain
+``bytes``, so that ``kind_of(frame) == QUEUE_PUT`` costs no more than comparing
+two bytes), and a :class:`Kind` record in :data:`KINDS` with its name, direction,
+layout and meaning. No code means two things anywhere in a run.
 
 This module does no I/O and knows nothing of who sends what when: the pool,
 queues and processes do. It only builds and reads frame payloads:
@@ -68,7 +68,7 @@ import operator
 import pickle
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from fiber_core.base.errors import FiberError
 from fiber_core.wire.serialize import dumps, loads
@@ -82,14 +82,15 @@ class MessageError(FiberError, ValueError):
     """
 
 
-class Kind(bytes):
-    """A message kind: the one byte that starts its frames, with what it is.
+class Kind(NamedTuple):
+    """A message kind: the one byte that starts its frames, and what it is.
 
     ``fields`` is a space-separated list of ``name:format`` (:mod:`struct`) packed
-    right after the code; ``body`` describes what takes the rest of the frame
-    ("" for nothing).
+    right after the code, a ``[field]`` being optional; ``body`` says what takes the
+    rest of the frame ("" for nothing).
     """
 
+    code: bytes
     name: str
     sender: str
     receiver: str
@@ -97,21 +98,8 @@ class Kind(bytes):
     body: str
     meaning: str
 
-    def __new__(cls, code: bytes, name: str, sender: str, receiver: str, fields: str,
-                body: str, meaning: str) -> Kind:
-        if len(code) != 1:
-            raise ValueError(f"the code of {name} must be one byte, not {code!r}")
-        self = super().__new__(cls, code)
-        self.name, self.sender, self.receiver = name, sender, receiver
-        self.fields, self.body, self.meaning = fields, body, meaning
-        return self
-
-    @property
-    def code(self) -> bytes:
-        return bytes(self)
-
     def struct(self, optional: bool = True) -> struct.Struct:
-        """The code and the fixed fields, packed together; a ``[field]`` is optional."""
+        """The code and the fixed fields (with the optional ones or not), packed together."""
         return struct.Struct("!c" + "".join(
             f.strip("[]").split(":")[1] for f in self.fields.split()
             if optional or not f.startswith("[")))
@@ -121,90 +109,92 @@ class Kind(bytes):
         parts = [p for p in (self.fields, self.body) if p]
         return ", ".join(parts) if parts else "—"
 
-    def __repr__(self) -> str:
-        return f"<{self.name} {bytes(self)!r}>"
+
+_table: list[Kind] = []
+
+
+def _kind(code: bytes, name: str, sender: str, receiver: str, fields: str, body: str,
+          meaning: str) -> bytes:
+    """Add a kind to the table; return its code, the constant the protocols use."""
+    if len(code) != 1:
+        raise ValueError(f"the code of {name} must be one byte, not {code!r}")
+    for other in _table:
+        if other.code == code:
+            raise ValueError(f"{name} and {other.name} would share the code {code!r}")
+    _table.append(Kind(code, name, sender, receiver, fields, body, meaning))
+    return code
 
 
 # -- process: the parent and the job running a Process ---------------------------------
 
-PROCESS_PRELUDE = Kind(b"P", "PROCESS_PRELUDE", "parent", "job", "",
-                       "pickle of {sys_path, main, config, forward_output, parent}",
-                       "what the job applies before it can unpickle the process object")
-PROCESS_OBJECT = Kind(b"O", "PROCESS_OBJECT", "parent", "job", "", "pickle of the Process",
-                      "the process object to run")
-PROCESS_STDOUT = Kind(b"o", "PROCESS_STDOUT", "job", "parent", "", "output bytes",
-                      "what the job wrote to fd 1")
-PROCESS_STDERR = Kind(b"e", "PROCESS_STDERR", "job", "parent", "", "output bytes",
-                      "what the job wrote to fd 2")
-PROCESS_EXIT = Kind(b"x", "PROCESS_EXIT", "job", "parent", "", "exit code, ASCII decimal",
-                    "the exit code of the process object's run")
+PROCESS_PRELUDE = _kind(b"P", "PROCESS_PRELUDE", "parent", "job", "",
+                        "pickle of {sys_path, main, config, forward_output, parent}",
+                        "what the job applies before it can unpickle the process object")
+PROCESS_OBJECT = _kind(b"O", "PROCESS_OBJECT", "parent", "job", "", "pickle of the Process",
+                       "the process object to run")
+PROCESS_STDOUT = _kind(b"o", "PROCESS_STDOUT", "job", "parent", "", "output bytes",
+                       "what the job wrote to fd 1")
+PROCESS_STDERR = _kind(b"e", "PROCESS_STDERR", "job", "parent", "", "output bytes",
+                       "what the job wrote to fd 2")
+PROCESS_EXIT = _kind(b"x", "PROCESS_EXIT", "job", "parent", "", "exit code, ASCII decimal",
+                     "the exit code of the process object's run")
 
 # -- pool: the pool's master thread and a worker ---------------------------------------
 
-POOL_HELLO = Kind(b"H", "POOL_HELLO", "worker", "pool", "worker:Q", "",
-                  "a new worker's first frame: which worker it is")
-POOL_READY = Kind(b"W", "POOL_READY", "worker", "pool", "", "",
-                  "its initializer ran: it wants work")
-POOL_TASKS = Kind(b"T", "POOL_TASKS", "pool", "worker", "",
-                  "pickle of (batch, job, func or None, kind, units)",
-                  "a batch to run; func is sent once per job and worker")
-POOL_RESULTS = Kind(b"D", "POOL_RESULTS", "worker", "pool", "",
-                    "pickle of (batch, seconds, [(ok, value or (exc, tb))])",
-                    "a batch's results, in its order, and its run time")
-POOL_QUIT = Kind(b"Q", "POOL_QUIT", "pool", "worker", "", "",
-                 "exit once the batches already sent are done")
+POOL_HELLO = _kind(b"H", "POOL_HELLO", "worker", "pool", "worker:Q", "",
+                   "a new worker's first frame: which worker it is")
+POOL_READY = _kind(b"W", "POOL_READY", "worker", "pool", "", "",
+                   "its initializer ran: it wants work")
+POOL_TASKS = _kind(b"T", "POOL_TASKS", "pool", "worker", "",
+                   "pickle of (batch, job, func or None, kind, units)",
+                   "a batch to run; func is sent once per job and worker")
+POOL_RESULTS = _kind(b"D", "POOL_RESULTS", "worker", "pool", "",
+                     "pickle of (batch, seconds, [(ok, value or (exc, tb))])",
+                     "a batch's results, in its order, and its run time")
+POOL_QUIT = _kind(b"Q", "POOL_QUIT", "pool", "worker", "", "",
+                  "exit once the batches already sent are done")
 
 # -- queue: a handle in another process and the queue's owner --------------------------
 
-QUEUE_PUT = Kind(b"p", "QUEUE_PUT", "handle", "owner", "block:? timeout:d", "item",
-                 "put; answered by QUEUE_OK or QUEUE_FULL only if the queue is bounded")
-QUEUE_GET = Kind(b"g", "QUEUE_GET", "handle", "owner", "block:? timeout:d [window:I]", "",
-                 "get one item (QUEUE_ITEM or QUEUE_EMPTY); with a window, on a loan, "
-                 "up to window (QUEUE_BATCH)")
-QUEUE_GOT = Kind(b"a", "QUEUE_GOT", "handle", "owner", "", "",
-                 "the item of a plain get arrived (else it goes back in front)")
-QUEUE_SIZE = Kind(b"s", "QUEUE_SIZE", "handle", "owner", "", "", "how many items? (QUEUE_SIZES)")
-QUEUE_TASK_DONE = Kind(b"d", "QUEUE_TASK_DONE", "handle", "owner", "", "",
-                       "task_done() (QUEUE_OK or QUEUE_TOO_MANY_DONE)")
-QUEUE_JOIN = Kind(b"j", "QUEUE_JOIN", "handle", "owner", "", "",
-                  "join(): QUEUE_OK once every item is done")
-QUEUE_LOAN = Kind(b"L", "QUEUE_LOAN", "handle", "owner", "token:q", "",
-                  "this connection borrows: its gets are loans until it ends")
-QUEUE_ACK = Kind(b"c", "QUEUE_ACK", "handle", "owner", "n:I", "",
-                 "the program took the next n lent items")
-QUEUE_RETURN = Kind(b"r", "QUEUE_RETURN", "handle", "owner", "n:I", "",
-                    "the next n lent items are unused: back in front (answers QUEUE_RECALL)")
-QUEUE_OK = Kind(b"k", "QUEUE_OK", "owner", "handle", "", "", "done (a bounded put, task_done, join)")
-QUEUE_SIZES = Kind(b"S", "QUEUE_SIZES", "owner", "handle", "waiting:q used:q", "",
-                   "items waiting, and room used (waiting + lent)")
-QUEUE_ITEM = Kind(b"i", "QUEUE_ITEM", "owner", "handle", "", "item", "one item for a get")
-QUEUE_BATCH = Kind(b"b", "QUEUE_BATCH", "owner", "handle", "n:I", "n sizes:I, the n items",
-                   "items lent for a get with a window")
-QUEUE_EMPTY = Kind(b"E", "QUEUE_EMPTY", "owner", "handle", "", "", "the get found no item in time")
-QUEUE_FULL = Kind(b"F", "QUEUE_FULL", "owner", "handle", "", "",
-                  "the bounded put found no room in time")
-QUEUE_TOO_MANY_DONE = Kind(b"V", "QUEUE_TOO_MANY_DONE", "owner", "handle", "", "",
-                           "task_done() was called more times than items were put")
-QUEUE_RECALL = Kind(b"R", "QUEUE_RECALL", "owner", "handle", "", "",
-                    "unasked: another getter waits, give back unused items (QUEUE_RETURN)")
+QUEUE_PUT = _kind(b"p", "QUEUE_PUT", "handle", "owner", "block:? timeout:d", "item",
+                  "put; answered by QUEUE_OK or QUEUE_FULL only if the queue is bounded")
+QUEUE_GET = _kind(b"g", "QUEUE_GET", "handle", "owner", "block:? timeout:d [window:I]", "",
+                  "get one item (QUEUE_ITEM or QUEUE_EMPTY); with a window, on a loan, "
+                  "up to window (QUEUE_BATCH)")
+QUEUE_GOT = _kind(b"a", "QUEUE_GOT", "handle", "owner", "", "",
+                  "the item of a plain get arrived (else it goes back in front)")
+QUEUE_SIZE = _kind(b"s", "QUEUE_SIZE", "handle", "owner", "", "", "how many items? (QUEUE_SIZES)")
+QUEUE_TASK_DONE = _kind(b"d", "QUEUE_TASK_DONE", "handle", "owner", "", "",
+                        "task_done() (QUEUE_OK or QUEUE_TOO_MANY_DONE)")
+QUEUE_JOIN = _kind(b"j", "QUEUE_JOIN", "handle", "owner", "", "",
+                   "join(): QUEUE_OK once every item is done")
+QUEUE_LOAN = _kind(b"L", "QUEUE_LOAN", "handle", "owner", "token:q", "",
+                   "this connection borrows: its gets are loans until it ends")
+QUEUE_ACK = _kind(b"c", "QUEUE_ACK", "handle", "owner", "n:I", "",
+                  "the program took the next n lent items")
+QUEUE_RETURN = _kind(b"r", "QUEUE_RETURN", "handle", "owner", "n:I", "",
+                     "the next n lent items are unused: back in front (answers QUEUE_RECALL)")
+QUEUE_OK = _kind(b"k", "QUEUE_OK", "owner", "handle", "", "",
+                 "done (a bounded put, task_done, join)")
+QUEUE_SIZES = _kind(b"S", "QUEUE_SIZES", "owner", "handle", "waiting:q used:q", "",
+                    "items waiting, and room used (waiting + lent)")
+QUEUE_ITEM = _kind(b"i", "QUEUE_ITEM", "owner", "handle", "", "item", "one item for a get")
+QUEUE_BATCH = _kind(b"b", "QUEUE_BATCH", "owner", "handle", "n:I", "n sizes:I, the n items",
+                    "items lent for a get with a window")
+QUEUE_EMPTY = _kind(b"E", "QUEUE_EMPTY", "owner", "handle", "", "", "the get found no item in time")
+QUEUE_FULL = _kind(b"F", "QUEUE_FULL", "owner", "handle", "", "",
+                   "the bounded put found no room in time")
+QUEUE_TOO_MANY_DONE = _kind(b"V", "QUEUE_TOO_MANY_DONE", "owner", "handle", "", "",
+                            "task_done() was called more times than items were put")
+QUEUE_RECALL = _kind(b"R", "QUEUE_RECALL", "owner", "handle", "", "",
+                     "unasked: another getter waits, give back unused items (QUEUE_RETURN)")
 
 
-KINDS: tuple[Kind, ...] = (
-    PROCESS_PRELUDE, PROCESS_OBJECT, PROCESS_STDOUT, PROCESS_STDERR, PROCESS_EXIT,
-    POOL_HELLO, POOL_READY, POOL_TASKS, POOL_RESULTS, POOL_QUIT,
-    QUEUE_PUT, QUEUE_GET, QUEUE_GOT, QUEUE_SIZE, QUEUE_TASK_DONE, QUEUE_JOIN, QUEUE_LOAN,
-    QUEUE_ACK, QUEUE_RETURN, QUEUE_OK, QUEUE_SIZES, QUEUE_ITEM, QUEUE_BATCH, QUEUE_EMPTY,
-    QUEUE_FULL, QUEUE_TOO_MANY_DONE, QUEUE_RECALL,
-)
-"""Every message kind of a run: the reference table in this module's docstring."""
+KINDS: tuple[Kind, ...] = tuple(_table)
+"""Every message kind of a run, in the order of the reference table."""
 
 
-BY_CODE: dict[bytes, Kind] = {}
-for _kind in KINDS:
-    if _kind in BY_CODE:
-        raise ValueError(f"{_kind.name} and {BY_CODE[_kind].name} share the code {_kind.code!r}")
-    BY_CODE[_kind.code] = _kind
-del _kind
+BY_CODE: dict[bytes, Kind] = {kind.code: kind for kind in KINDS}
 
 
 def table() -> str:
@@ -241,15 +231,16 @@ def unexpected(frame: bytes | bytearray | memoryview, where: str) -> MessageErro
         "(every process of a run must use the same one)")
 
 
-def _truncated(kind: Kind, frame: bytes | bytearray | memoryview, need: str) -> MessageError:
+def _truncated(code: bytes, frame: bytes | bytearray | memoryview, need: str) -> MessageError:
+    kind = BY_CODE[code]
     return MessageError(
         f"a {kind.name} frame of {len(frame)} bytes is malformed: it needs {need} "
         f"({kind.layout()} after the code)")
 
 
-def _expect(kind: Kind, frame: bytes | bytearray | memoryview) -> None:
-    if frame[:1] != kind:
-        raise unexpected(frame, f"a connection that expected {kind.name}")
+def _expect(code: bytes, frame: bytes | bytearray | memoryview) -> None:
+    if frame[:1] != code:
+        raise unexpected(frame, f"a connection that expected {BY_CODE[code].name}")
 
 
 # -- process --------------------------------------------------------------------------
@@ -289,7 +280,7 @@ def decode_process_exit(frame: bytes | bytearray) -> int:
 
 # -- pool -----------------------------------------------------------------------------
 
-_POOL_HELLO = POOL_HELLO.struct()
+_POOL_HELLO = BY_CODE[POOL_HELLO].struct()
 
 
 def encode_pool_hello(worker: int) -> bytes:
@@ -326,14 +317,14 @@ def decode_pool_results(frame: bytes | bytearray) -> tuple[int, float, list]:
 
 # -- queue ----------------------------------------------------------------------------
 
-_QUEUE_PUT = QUEUE_PUT.struct()
-_QUEUE_GET = QUEUE_GET.struct(optional=False)  # without its window ...
-_QUEUE_LEND = QUEUE_GET.struct()  # ... and with it
-_QUEUE_LOAN = QUEUE_LOAN.struct()
-_QUEUE_ACK = QUEUE_ACK.struct()
-_QUEUE_RETURN = QUEUE_RETURN.struct()
-_QUEUE_SIZES = QUEUE_SIZES.struct()
-_QUEUE_BATCH = QUEUE_BATCH.struct()
+_QUEUE_PUT = BY_CODE[QUEUE_PUT].struct()
+_QUEUE_GET = BY_CODE[QUEUE_GET].struct(optional=False)  # without its window ...
+_QUEUE_LEND = BY_CODE[QUEUE_GET].struct()  # ... and with it
+_QUEUE_LOAN = BY_CODE[QUEUE_LOAN].struct()
+_QUEUE_ACK = BY_CODE[QUEUE_ACK].struct()
+_QUEUE_RETURN = BY_CODE[QUEUE_RETURN].struct()
+_QUEUE_SIZES = BY_CODE[QUEUE_SIZES].struct()
+_QUEUE_BATCH = BY_CODE[QUEUE_BATCH].struct()
 _SIZE = struct.Struct("!I")
 _PUT_SIZE = _QUEUE_PUT.size
 _NO_TIMEOUT = -1.0
@@ -357,7 +348,8 @@ def encode_queue_put(block: bool, timeout: float | None) -> bytes:
     return _QUEUE_PUT.pack(QUEUE_PUT, bool(block), _timeout(timeout))
 
 
-def decode_queue_put(frame: bytes | bytearray) -> tuple[bool, float | None, bytes | memoryview]:
+def decode_queue_put(frame: bytes | bytearray
+                     ) -> tuple[bool, float | None, bytes | bytearray | memoryview]:
     """(block, timeout, item) of a QUEUE_PUT frame."""
     try:
         _, block, timeout = _QUEUE_PUT.unpack_from(frame)
@@ -366,15 +358,13 @@ def decode_queue_put(frame: bytes | bytearray) -> tuple[bool, float | None, byte
     return block, None if timeout < 0 else timeout, decode_queue_put_item(frame)
 
 
-def decode_queue_put_item(frame: bytes | bytearray) -> bytes | memoryview:
-    """The item of a QUEUE_PUT frame: a copy when small (a view would keep the frame's
-    whole buffer), else a view."""
-    n = len(frame)
-    if n < _PUT_SIZE:
-        raise _truncated(QUEUE_PUT, frame, f"at least {_PUT_SIZE} bytes")
-    if n > _COPY_BELOW or type(frame) is not bytes:
-        return memoryview(frame)[_PUT_SIZE:]
-    return frame[_PUT_SIZE:]
+def decode_queue_put_item(frame: bytes | bytearray) -> bytes | bytearray | memoryview:
+    """The item of a QUEUE_PUT frame: a copy when small (cheaper to make and to
+    unpickle), else a view. Called per item: it checks only that there is one."""
+    item = frame[_PUT_SIZE:] if len(frame) <= _COPY_BELOW else memoryview(frame)[_PUT_SIZE:]
+    if not item:  # a pickle is never empty
+        raise _truncated(QUEUE_PUT, frame, f"more than {_PUT_SIZE} bytes")
+    return item
 
 
 def encode_queue_get(block: bool, timeout: float | None, window: int | None = None) -> bytes:
@@ -396,9 +386,9 @@ def decode_queue_get(frame: bytes | bytearray) -> tuple[bool, float | None, int 
     return block, None if timeout < 0 else timeout, window
 
 
-def _unpack(packer: struct.Struct, kind: Kind, frame: bytes | bytearray) -> tuple:
+def _unpack(packer: struct.Struct, code: bytes, frame: bytes | bytearray) -> tuple:
     if len(frame) != packer.size:
-        raise _truncated(kind, frame, f"{packer.size} bytes")
+        raise _truncated(code, frame, f"{packer.size} bytes")
     return packer.unpack(frame)
 
 
@@ -436,7 +426,7 @@ def decode_queue_sizes(frame: bytes | bytearray) -> tuple[int, int]:
     return waiting, used
 
 
-def encode_queue_batch(items: Sequence[bytes | memoryview]) -> bytes:
+def encode_queue_batch(items: Sequence[bytes | bytearray | memoryview]) -> bytes:
     """A QUEUE_BATCH frame of ``items``."""
     sizes = b"".join([_SIZE.pack(len(item)) for item in items])
     return b"".join([_QUEUE_BATCH.pack(QUEUE_BATCH, len(items)), sizes, *items])
