@@ -1,4 +1,11 @@
-"""TODO."""
+"""``Pipe``: two connected ends that work in any processes of a run, on any hosts.
+
+An end is a :class:`~fiber_core.wire.framing.Connection` that connects on first
+use: to its peer through a local socket pair while both stay in the creating
+process, or, once sent to a child, to the creator's hub, which hands it the
+other end's socket (or relays between the two when both left). What travels is
+the program's own data: a Pipe has no message kinds of its own.
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 from fiber_core.contract.env import ENV_HUB, ENV_TOKEN
 from fiber_core.processes import process as process_mod
@@ -22,7 +23,13 @@ from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
-from fiber_core.wire.serialize import loads
+from fiber_core.wire.messages import (
+    PROCESS_STDERR,
+    PROCESS_STDOUT,
+    decode_process_object,
+    decode_process_prelude,
+    encode_process_exit,
+)
 
 
 def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001
@@ -62,7 +69,7 @@ def _forward(fd: int, kind: bytes, conn, lock: threading.Lock) -> tuple:  # noqa
                 pass
             try:
                 with lock:
-                    conn.send_bytes(kind + chunk)
+                    conn.send_frame(kind, chunk)
             except OSError:
                 pass
         os.close(r)
@@ -115,13 +122,13 @@ def main() -> int:
         return 3
     conn = Connection(sock)
     try:
-        data = loads(conn.recv_bytes())
+        data = decode_process_prelude(conn.recv_bytes())
         for entry in data["sys_path"]:
             if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
                 sys.path.append(entry)
         _import_main(data.get("main"))
         config.restore(data["config"])
-        proc = loads(conn.recv_bytes())
+        proc = decode_process_object(conn.recv_bytes())
     except Exception:
         # Output is not forwarded yet: send the reason itself, or only the job's log has it.
         import traceback
@@ -129,8 +136,8 @@ def main() -> int:
         text = "fiber worker: cannot load the process to run:\n" + traceback.format_exc()
         sys.stderr.write(text)
         try:
-            conn.send_bytes(b"e" + text.encode("utf-8", "replace"))
-            conn.send_bytes(b"x1")
+            conn.send_frame(PROCESS_STDERR, text.encode("utf-8", "replace"))
+            conn.send_frame(encode_process_exit(1))
         except OSError:
             pass
         return 1
@@ -147,8 +154,10 @@ def main() -> int:
     if data["forward_output"]:
         sys.stdout.flush()
         sys.stderr.flush()
-        forwards = [(fd, *_forward(fd, kind, conn, lock)) for fd, kind in ((1, b"o"), (2, b"e"))]
-        for stream in (sys.stdout, sys.stderr):
+        forwards = [(fd, *_forward(fd, kind, conn, lock))
+                    for fd, kind in ((1, PROCESS_STDOUT), (2, PROCESS_STDERR))]
+        streams: tuple[Any, ...] = (sys.stdout, sys.stderr)  # reconfigure() if TextIOWrapper
+        for stream in streams:
             try:
                 stream.reconfigure(line_buffering=True)
             except (AttributeError, ValueError):
@@ -171,7 +180,7 @@ def main() -> int:
         thread.join(2.0)
     try:
         with lock:
-            conn.send_bytes(b"x%d" % code)
+            conn.send_frame(encode_process_exit(code))
     except OSError:
         pass
     return code

@@ -1,4 +1,9 @@
-"""TODO."""
+"""Length-prefixed frames on a socket: :class:`Connection`, :class:`FrameReader`, :func:`wait`.
+
+A frame is a 4-byte big-endian length and that many bytes; a frame of 4 GiB or
+more has the length ``0xFFFFFFFF`` followed by an 8-byte length. What a frame
+holds is :mod:`fiber_core.wire.messages`' business (or, for a Pipe, the user's).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,11 @@ _BIG_HEADER = struct.Struct("!Q")
 
 
 _WAITALL = getattr(socket, "MSG_WAITALL", 0)
+
+
+def framed(payload: bytes) -> bytes:
+    """``payload`` as one frame, header included (to write several in one call)."""
+    return _HEADER.pack(len(payload)) + payload
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -98,7 +108,7 @@ class Connection:
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
         self._check_writable()
         if type(buf) is bytes and offset == 0 and size is None:  # the usual case
-            self._send(buf)
+            self.send_frame(b"", buf)
             return
         view = memoryview(buf).cast("B")
         n = len(view)
@@ -108,21 +118,22 @@ class Connection:
             size = n - offset
         if size < 0 or offset + size > n:
             raise ValueError("size is out of bounds")
-        self._send(view[offset:offset + size])
+        self.send_frame(b"", view[offset:offset + size])
 
-    def _send(self, data: memoryview | bytes, head: bytes = b"") -> None:
-        """Send one frame of ``head + data``; a big ``data`` is not copied."""
+    def send_frame(self, head: bytes, body: bytes | bytearray | memoryview = b"") -> None:
+        """Send one frame of ``head + body``, a message's head and body (a big ``body``
+        is not copied). For Fiber's own connections: a Pipe's user has ``send_bytes``."""
         sock = self._socket()
-        n = len(head) + len(data)
+        n = len(head) + len(body)
         if n >= _BIG:
             header = _HEADER.pack(_BIG) + _BIG_HEADER.pack(n)
         else:
             header = _HEADER.pack(n)
         if n <= _SMALL:
-            sock.sendall(header + head + data)
+            sock.sendall(header + head + body)
         else:
             sock.sendall(header + head)
-            sock.sendall(data)
+            sock.sendall(body)
 
     def _recv(self, maxlength: int | None = None) -> bytes:
         sock = self._socket()
@@ -155,7 +166,7 @@ class Connection:
 
     def send(self, obj: Any) -> None:
         self._check_writable()
-        self._send(dumps(obj))
+        self.send_frame(b"", dumps(obj))
 
     def recv(self) -> Any:
         self._check_readable()
