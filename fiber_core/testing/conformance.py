@@ -34,7 +34,7 @@ import pytest
 
 import fiber_core
 from fiber_core.contract.backend import Backend, Job, JobSpec
-from fiber_core.runtime.config import create_backend, plugins
+from fiber_core.runtime.config import create_backend, listen_host, plugins
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import targets
 
@@ -106,7 +106,7 @@ class BackendConformance:
         """Start a job that runs ``setup``, says it is running, then sleeps; return it once it
         said so. It says so by connecting to this process (an event, not its log, which some
         platforms publish only when a job ends); it also prints ``up``."""
-        host = backend.get_listen_addr()
+        host = listen_host(backend)  # as Fiber does: the listen_host setting, else the backend
         with socket.create_server((host, 0)) as server:
             port = server.getsockname()[1]
             job = backend.start_job(self.spec(
@@ -263,7 +263,7 @@ class BackendConformance:
         assert f"err {token}" in logs, f"stderr is missing from get_job_logs: {logs!r} ({keep})"
 
     def test_job_reaches_listen_address(self, backend: Backend) -> None:
-        host = backend.get_listen_addr()
+        host = listen_host(backend)  # as Fiber does: the listen_host setting, else the backend
         server = socket.create_server((host, 0))
         port = server.getsockname()[1]
         token = secrets.token_hex(8)
