@@ -511,7 +511,7 @@ class _JobRun:
                 conn.close()
             code = backend.wait_for_job(job, _REPORT_GRACE if self.reported is not None else 60.0)
             if code is None and self.reported is None:
-                backend.kill_job(job)
+                backend.stop_job(job, force=True)  # it went silent: Fiber ends it
                 code = backend.wait_for_job(job, 30.0)
             if code is not None:
                 backend.untrack_job(job)
