@@ -8,10 +8,14 @@ job on the selected backend, and the observations come back through shared memor
 (``shared_memory=True``: a Fiber ``Array``) or through the pipes (``False``). Each run
 is compared with a ``SyncVectorEnv`` given the same seeds and actions.
 
-It runs unchanged on any backend; the jobs need gymnasium (and numpy)::
+It runs unchanged on any backend; the jobs need gymnasium (and numpy). With
+``shared_memory=True`` they must also map this process's shared memory: they do on the
+local backend, and in Docker containers on this host when ``/dev/shm`` is mounted; jobs on
+other machines cannot, and the run says so (``--shared-memory off`` leaves it out)::
 
     python examples/gym_vector_env.py
-    FIBER_BACKEND=docker python examples/gym_vector_env.py
+    FIBER_BACKEND=docker FIBER_DOCKER_VOLUMES=/dev/shm:/dev/shm python examples/gym_vector_env.py
+    FIBER_BACKEND=kubernetes python examples/gym_vector_env.py --shared-memory off
 """
 
 from __future__ import annotations
@@ -42,14 +46,16 @@ def main() -> None:
     parser.add_argument("--envs", type=int, default=8)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shared-memory", choices=("both", "on", "off"), default="both")
     args = parser.parse_args()
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.shared_memory]
     make = [functools.partial(gym.make, "CartPole-v1")] * args.envs
 
     sync = gym.vector.SyncVectorEnv(make)
     expected = rollout(sync, args.steps, args.seed)
     sync.close()
 
-    for shared_memory in (True, False):
+    for shared_memory in modes:
         start = time.perf_counter()
         envs = gym.vector.AsyncVectorEnv(make, shared_memory=shared_memory, context="fiber")
         try:

@@ -240,10 +240,13 @@ def test_sb3_with_its_module_patched_instead(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def docker_env() -> dict[str, str]:
-    """The test Docker daemon, its image, and this environment's packages mounted read-only.
+    """The test Docker daemon and image, with this tree and this environment's packages.
 
-    The image has Python and fiber_core only; the jobs find gymnasium, numpy and
+    The image has Python and a fiber_core; the jobs run this tree's fiber_core instead (the
+    same as the parent's, as the image must have) and find gymnasium, numpy and
     Stable-Baselines3 (with torch) on the mounted path, as in a virtualenv on the host.
+    This host's ``/dev/shm`` is mounted too, so that jobs map the parent's shared memory
+    (``AsyncVectorEnv(shared_memory=True)``), as the example's documentation says.
     """
     services = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
     try:
@@ -253,7 +256,8 @@ def docker_env() -> dict[str, str]:
     env = dict(line.split("=", 1) for line in lines if "=" in line)
     site = sysconfig.get_paths()["purelib"]
     env.update(FIBER_BACKEND="docker", FIBER_DOCKER_IMAGE="fiber-test:latest",
-               FIBER_DOCKER_VOLUMES=f"{site}:{site}:ro")
+               FIBER_DOCKER_VOLUMES=f"{ROOT}:{ROOT}:ro,{site}:{site}:ro,/dev/shm:/dev/shm",
+               FIBER_DOCKER_EXTRA_ENV=f"PYTHONPATH={ROOT}")
     return env
 
 
@@ -262,7 +266,7 @@ def run_example(name: str, args: list[str], backend: str, tmp_path: Path) -> str
     if backend == "docker":
         env.update(docker_env())
     done = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=600)
+                          text=True, env=env, cwd=tmp_path, timeout=400)
     assert done.returncode == 0, f"{name} on {backend} failed:\n{done.stdout}\n{done.stderr[-5000:]}"
     return done.stdout
 
