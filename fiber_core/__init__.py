@@ -1,7 +1,10 @@
 """Fiber: the ``multiprocessing`` API, with every process a job on a pluggable backend.
 
 ``import fiber_core as multiprocessing`` is the whole port; ``FIBER_BACKEND=docker``
-(or ``kubernetes``, ``ssh``, ``aws-batch``) moves the jobs off this machine.
+(or ``kubernetes``, ``ssh``, ``aws-batch``) moves the jobs off this machine. Importing
+``fiber_core`` also makes ``"fiber"`` a start method name for libraries that take one
+(``multiprocessing.get_context("fiber")``), and ``fiber_core.futures`` has the
+:mod:`concurrent.futures` executor.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any, TypeVar
 from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
 from fiber_core.base.log import get_logger, log_to_stderr
 from fiber_core.base.options import Option
-from fiber_core.parallel.context import FiberContext, get_context
+from fiber_core.parallel.context import FiberContext, get_context, register_start_method
 from fiber_core.parallel.queues import JoinableQueue, Queue, SimpleQueue
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import (
@@ -28,6 +31,9 @@ __version__ = "0.1.0"
 
 F = TypeVar("F", bound=Callable[..., Any])
 _context = get_context()
+# "fiber" becomes a start method name of the stdlib's multiprocessing.get_context, for
+# libraries that take a name (gymnasium's AsyncVectorEnv(context="fiber")).
+register_start_method()
 
 
 def init(**kwargs: Any) -> None:

@@ -13,7 +13,8 @@ front of the queue and a replacement job is started; a result is accepted once
 per task, so every result reaches the caller exactly once, and ``map`` keeps
 its order. A task that raises is not retried: its exception is re-raised in the
 caller with the remote traceback as ``__cause__``. A task that kills every
-worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts, and
+worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts
+(:class:`~fiber_core.base.errors.TaskLostError`), and
 workers that die before they are ready (bad image, failing initializer) fail
 the pool after :data:`MAX_START_FAILURES` in a row (:data:`MAX_START_KILLS` in
 a row when a signal ended them, which may be a lost host rather than a broken
@@ -69,7 +70,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fiber_core.base.errors import FiberError, JobStartError, TimeoutError
+from fiber_core.base.errors import FiberError, JobStartError, TaskLostError, TimeoutError
 from fiber_core.base.log import log
 from fiber_core.processes.process import Process, cpu_count
 from fiber_core.runtime.hub import dial
@@ -654,7 +655,7 @@ class Pool:
                 unit.attempts += 1
             for unit in reversed([u for units in batches for u in units]):
                 if unit.attempts >= MAX_TASK_ATTEMPTS:
-                    unit.job._set_unit(unit.index, False, FiberError(
+                    unit.job._set_unit(unit.index, False, TaskLostError(
                         f"task lost: {unit.attempts} workers died while running it "
                         f"(last: {w.process.name}); it is not retried again"))
                 else:
