@@ -10,8 +10,8 @@ from fiber_core.parallel.synchronize import (
     Event,
     Lock,
     RLock,
-    SemLock,
     Semaphore,
+    SemLock,
 )
 
 __all__ = [

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing.sharedctypes as _mp
+import sys
 import weakref
 from typing import Any
 
@@ -38,7 +39,7 @@ from fiber_core.parallel.sharing import (
 )
 from fiber_core.parallel.synchronize import RLock
 
-typecode_to_type: dict[str, type] = dict(_mp.typecode_to_type)
+typecode_to_type: dict[str, Any] = dict(vars(_mp)["typecode_to_type"])
 
 
 class SharedBufferError(FiberError, BufferError):
@@ -62,8 +63,8 @@ def _no_buffer(what: str) -> SharedBufferError:
 # -- the shared objects -------------------------------------------------------------------
 
 
-def _type_of(typecode_or_type: Any) -> type:
-    type_ = typecode_to_type.get(typecode_or_type, typecode_or_type) \
+def _type_of(typecode_or_type: Any) -> Any:
+    type_: Any = typecode_to_type.get(typecode_or_type, typecode_or_type) \
         if isinstance(typecode_or_type, str) else typecode_or_type
     try:
         ctypes.sizeof(type_)
@@ -73,20 +74,38 @@ def _type_of(typecode_or_type: Any) -> type:
     return type_
 
 
-def _describe(t: type) -> tuple:
-    """A picklable description of a ctypes type (array types have no importable name)."""
+_MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+def _describe(t: Any) -> tuple:
+    """A picklable description of a ctypes type.
+
+    Array types have no importable name; a Structure of the main module goes by name
+    (cloudpickle cannot copy a ctypes type by value), found in the job's copy of it.
+    """
     if issubclass(t, ctypes.Array):
         return ("array", _describe(t._type_), t._length_)
+    if t.__module__ in _MAIN_MODULES:
+        return ("main", t.__qualname__)
     return ("type", t)
 
 
 def _undescribe(desc: tuple) -> Any:
     if desc[0] == "array":
         return _undescribe(desc[1]) * desc[2]
+    if desc[0] == "main":
+        for module in reversed(_MAIN_MODULES):  # a job imports the main module as __mp_main__
+            found = getattr(sys.modules.get(module), desc[1], None)
+            if isinstance(found, type):
+                return found
+        raise TypeError(f"the ctypes type {desc[1]!r} of the program's main module is not "
+                        "defined here: define it at the top of the main module, or in a module "
+                        "that every process imports")
     return desc[1]
 
 
 _shared_types: dict[type, type] = {}
+_make_property = vars(_mp)["make_property"]  # the stdlib's field accessors of wrappers
 
 
 def _shared_type(base: type) -> Any:
@@ -328,6 +347,50 @@ class ServedCtypes:
         return f"{shown} (served by its creator)"
 
 
+class BufferWrapper:
+    """A block of shared memory, as ``multiprocessing.heap.BufferWrapper``: ``create_memoryview()``.
+
+    A process that cannot map it (another host) gets :class:`SharedBufferError` from
+    ``create_memoryview()``: a block has no element access to serve.
+    """
+
+    _fiber_ref: Ref | None = None
+
+    def __init__(self, size: int) -> None:
+        if not 0 <= size < sys.maxsize:
+            raise ValueError(f"Size {size} out of bounds")
+        self._segment: Segment | None = Segment.create(size)
+        self._name, self._size = self._segment.name, size
+
+    def create_memoryview(self) -> memoryview:
+        if self._segment is None:
+            raise _no_buffer("memory block")
+        return memoryview(self._segment.buf)[:self._size]
+
+    def __reduce__(self) -> tuple:
+        return _rebuild_buffer, (self._name, self._size, ref_for_pickle(self))
+
+    def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
+        raise FiberError("a shared memory block has no operation that its creator serves")
+
+    def _serve_lost(self, served: Served) -> None:
+        return None
+
+
+def _rebuild_buffer(name: str, size: int, ref: Ref) -> BufferWrapper:
+    obj = known(ref)
+    if obj is not None:
+        return obj
+    wrapper = BufferWrapper.__new__(BufferWrapper)
+    wrapper._name, wrapper._size, wrapper._segment = name, size, None
+    if may_attach(ref):
+        try:
+            wrapper._segment = Segment.attach(name, size)
+        except OSError:
+            pass
+    return remember(ref, wrapper)
+
+
 # -- synchronized wrappers ------------------------------------------------------------------
 
 
@@ -457,12 +520,12 @@ def _struct_class(cls: type, served: bool) -> type:
             d = {name: _served_property(name) for name in names}
             scls = type("Synchronized" + cls.__name__, (_Served, SynchronizedBase), d)
         else:
-            d = {name: _mp.make_property(name) for name in names}
+            d = {name: _make_property(name) for name in names}
             scls = type("Synchronized" + cls.__name__, (SynchronizedBase,), d)
         cache[cls] = scls
     return scls
 
 
-__all__ = ["Array", "RawArray", "RawValue", "ServedCtypes", "SharedBufferError", "Synchronized",
+__all__ = ["Array", "BufferWrapper", "RawArray", "RawValue", "ServedCtypes", "SharedBufferError", "Synchronized",
            "SynchronizedArray", "SynchronizedBase", "SynchronizedString", "Value", "copy",
            "synchronized", "typecode_to_type"]

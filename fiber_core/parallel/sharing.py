@@ -29,6 +29,8 @@ The message kinds of a session are defined once, in :data:`KINDS`.
 
 from __future__ import annotations
 
+import _multiprocessing
+import _posixshmem
 import itertools
 import math
 import mmap
@@ -41,9 +43,6 @@ import time
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
-
-import _multiprocessing
-import _posixshmem
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
@@ -254,36 +253,100 @@ def remember(ref: Ref, obj: Any) -> Any:
 # -- the OS objects ---------------------------------------------------------------------
 
 
+def run_prefix(run_id: str) -> str:
+    """What the names of a run's semaphores and segments start with (after the ``/``)."""
+    return f"fb-{run_id}-"
+
+
 def new_name() -> str:
-    """A fresh name for a semaphore or segment; it carries the run id (see :func:`sweep`)."""
-    return f"/fiber-{runtime().run_id}-{os.urandom(5).hex()}"
+    """A fresh name for a semaphore or segment (short: macOS allows 31 characters)."""
+    return f"/{run_prefix(runtime().run_id)}{os.urandom(6).hex()}"
 
 
-def _forget(name: str, rtype: str) -> None:
-    """Remove a name this process created (it is no longer used here, or this process exits)."""
-    from multiprocessing import resource_tracker
-
+_TRACKER = """\
+import sys
+from _multiprocessing import sem_unlink
+from _posixshmem import shm_unlink
+names = set()
+for line in sys.stdin.buffer:
+    name = line[1:].decode().strip()
+    if line[:1] == b"+":
+        names.add(name)
+    else:
+        names.discard(name)
+for name in names:
     try:
-        if rtype == "semaphore":
+        (sem_unlink if name[0] == "s" else shm_unlink)(name[1:])
+    except OSError:
+        pass
+"""
+
+
+class _Tracker:
+    """A small process that removes the names this process owns when it ends, however it ends.
+
+    Like the stdlib's resource tracker, but silent and in a session of its own: a
+    job ends with ``os._exit``, and may be killed with its process group (``kill()``,
+    or its parent going away), and what it still owns is then removed all the same.
+    It holds no stdout or stderr of this process (a job's forwarded output ends when
+    the job does). It reads ``+KIND/NAME`` and ``-KIND/NAME`` lines until its pipe
+    closes with this process, then removes what was not given back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0
+        self.tracker_pid = 0
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._fd is None or self._pid != os.getpid():
+                import subprocess
+                import sys
+
+                r, w = os.pipe()
+                try:
+                    proc = subprocess.Popen(
+                        [sys.executable, "-I", "-S", "-c", _TRACKER], stdin=r,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        start_new_session=True)
+                finally:
+                    os.close(r)
+                proc.returncode = 0  # never waited for: it ends after this process
+                self._fd, self._pid, self.tracker_pid = w, os.getpid(), proc.pid
+            os.write(self._fd, line.encode())
+
+    def register(self, name: str, kind: str) -> None:
+        self._send(f"+{kind}{name}\n")
+
+    def unregister(self, name: str, kind: str) -> None:
+        try:
+            self._send(f"-{kind}{name}\n")
+        except OSError:  # late in the interpreter's exit
+            pass
+
+
+_tracker = _Tracker()
+
+
+def _forget(name: str, kind: str) -> None:
+    """Remove a name this process created (dropped here, or this process exits)."""
+    try:
+        if kind == "s":
             _multiprocessing.sem_unlink(name)
         else:
             _posixshmem.shm_unlink(name)
     except OSError:
         pass
-    try:
-        resource_tracker.unregister(name, rtype)
-    except Exception:  # the tracker is gone (late in the interpreter's exit)
-        pass
+    _tracker.unregister(name, kind)
 
 
-def _own(owner: Any, name: str, rtype: str) -> None:
-    """``name`` is removed when ``owner`` is dropped or this process exits, or, if it dies
-    without doing so, by the stdlib's resource tracker (as multiprocessing's own are)."""
-    from multiprocessing import resource_tracker
-
-    resource_tracker.register(name, rtype)
-    weakref.finalize(owner, _forget, name, rtype)
-    _sweep_at_exit()
+def _own(owner: Any, name: str, kind: str) -> None:
+    """``name`` (of kind ``s`` semaphore or ``m`` segment) is removed when ``owner`` is
+    dropped or this process exits; if it exits without doing so, by the tracker."""
+    _tracker.register(name, kind)
+    weakref.finalize(owner, _forget, name, kind)
 
 
 def create_semlock(owner: Any, kind: int, value: int, maxvalue: int) -> Any:
@@ -294,7 +357,7 @@ def create_semlock(owner: Any, kind: int, value: int, maxvalue: int) -> Any:
             semlock = _multiprocessing.SemLock(kind, value, maxvalue, name, False)
         except FileExistsError:
             continue
-        _own(owner, name, "semaphore")
+        _own(owner, name, "s")
         return semlock
     raise FileExistsError("cannot find a free name for a semaphore")
 
@@ -336,7 +399,7 @@ class Segment:
             finally:
                 os.close(fd)
             segment = cls(name, size, buf)
-            _own(segment, name, "shared_memory")
+            _own(segment, name, "m")
             return segment
         raise FileExistsError("cannot find a free name for a shared-memory segment")
 
@@ -357,36 +420,6 @@ class Segment:
         finally:
             os.close(fd)
         return cls(name, size, buf)
-
-
-_swept = False
-
-
-def _sweep_at_exit() -> None:
-    global _swept
-    if not _swept:
-        _swept = True
-        rt = runtime()
-        if not rt.is_worker:
-            rt.at_shutdown(sweep)
-
-
-def sweep() -> None:
-    """Remove this run's semaphores and segments left on this host (the main process, at exit).
-
-    A job killed with everything it started (its resource tracker too) cannot remove
-    what it created; its jobs have ended by the time the main process exits.
-    """
-    prefix = f"fiber-{runtime().run_id}-"
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return
-    for entry in names:
-        if entry.startswith(prefix):
-            _forget("/" + entry, "shared_memory")
-        elif entry.startswith("sem." + prefix):
-            _forget("/" + entry[4:], "semaphore")
 
 
 # -- the user's side of the served path ----------------------------------------------------

@@ -30,14 +30,13 @@ Lost holders, by path:
 
 from __future__ import annotations
 
+import _multiprocessing
 import errno
 import multiprocessing.synchronize as _mp
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
-
-import _multiprocessing
 
 from fiber_core.base.errors import FiberError
 from fiber_core.parallel.sharing import (
@@ -125,6 +124,11 @@ class SemLock(_mp.SemLock):
     def __init__(self, kind: int, value: int, maxvalue: int, *, ctx: Any = None) -> None:
         self._semlock = create_semlock(self, kind, value, maxvalue)
         self._make_methods()
+
+    def _make_methods(self) -> None:
+        # The semaphore's own methods, bound as the stdlib binds them: nothing in between.
+        self.acquire = self._semlock.acquire  # type: ignore[method-assign]
+        self.release = self._semlock.release  # type: ignore[method-assign]
 
     def __reduce__(self) -> tuple:
         sl = self._semlock
@@ -278,6 +282,7 @@ class Condition(_mp.Condition):
 
     _fiber_ref: Ref | None = None
     _remote: Remote | None = None
+    _parts: tuple | None = None  # a served copy's: what it was rebuilt from, to send it on
 
     def __init__(self, lock: Any = None, *, ctx: Any = None) -> None:
         self._lock = lock or RLock()
@@ -286,24 +291,14 @@ class Condition(_mp.Condition):
         self._wait_semaphore = Semaphore(0)
         self._make_methods()
 
+    def _make_methods(self) -> None:
+        self.acquire = self._lock.acquire  # type: ignore[method-assign]
+        self.release = self._lock.release  # type: ignore[method-assign]
+
     def __reduce__(self) -> tuple:
-        parts = getattr(self, "_parts", None) or (
+        parts = self._parts or (
             self._lock, self._sleeping_count, self._woken_count, self._wait_semaphore)
         return _rebuild_condition, (ref_for_pickle(self), parts)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._remote is not None:
-            return self._remote.call("wait", timeout)
-        return super().wait(timeout)
-
-    def notify(self, n: int = 1) -> None:
-        if self._remote is not None:
-            self._remote.call("notify", n)
-        else:
-            super().notify(n)
-
-    def notify_all(self) -> None:
-        self.notify(sys.maxsize)
 
     def __repr__(self) -> str:
         if self._remote is None:
@@ -348,9 +343,21 @@ def _rebuild_condition(ref: Ref, parts: tuple) -> Condition:
     cond = Condition.__new__(Condition)
     lock, sleeping, woken, wait_semaphore = parts
     if any(_is_served(s) for s in parts[1:]):
-        cond._remote = Remote(ref, "Condition")
+        remote = cond._remote = Remote(ref, "Condition")
         cond._lock = _served_lock_view(ref, lock)
         cond._parts = parts
+
+        # Only a served copy gets these: an attached one runs the stdlib's methods as they are.
+        def wait(timeout: float | None = None) -> bool:
+            return remote.call("wait", timeout)
+
+        def notify(n: int = 1) -> None:
+            remote.call("notify", n)
+
+        def notify_all() -> None:
+            remote.call("notify", sys.maxsize)
+
+        vars(cond).update(wait=wait, notify=notify, notify_all=notify_all)
     else:
         cond._lock, cond._sleeping_count, cond._woken_count, cond._wait_semaphore = parts
     cond._make_methods()
@@ -370,28 +377,6 @@ class Event(_mp.Event):
     def __reduce__(self) -> tuple:
         return _rebuild_event, (ref_for_pickle(self), self._cond, self._flag)
 
-    def is_set(self) -> bool:
-        if self._remote is not None:
-            return self._remote.call("is_set")
-        return super().is_set()
-
-    def set(self) -> None:
-        if self._remote is not None:
-            self._remote.call("set")
-        else:
-            super().set()
-
-    def clear(self) -> None:
-        if self._remote is not None:
-            self._remote.call("clear")
-        else:
-            super().clear()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if self._remote is not None:
-            return self._remote.call("wait", timeout)
-        return super().wait(timeout)
-
     def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
         if op in ("is_set", "set", "clear", "wait"):
             return getattr(self, op)(*args)
@@ -408,7 +393,13 @@ def _rebuild_event(ref: Ref, cond: Condition, flag: Semaphore) -> Event:
     event = Event.__new__(Event)
     event._cond, event._flag = cond, flag
     if _is_served(cond) or _is_served(flag):
-        event._remote = Remote(ref, "Event")
+        remote = event._remote = Remote(ref, "Event")
+
+        def wait(timeout: float | None = None) -> bool:
+            return remote.call("wait", timeout)
+
+        vars(event).update(wait=wait, is_set=lambda: remote.call("is_set"),
+                           set=lambda: remote.call("set"), clear=lambda: remote.call("clear"))
     return remember(ref, event)
 
 
@@ -422,6 +413,7 @@ class Barrier(_mp.Barrier):
 
     _fiber_ref: Ref | None = None
     _remote: Remote | None = None
+    _break: Callable[[], None]  # threading.Barrier's
 
     def __init__(self, parties: int, action: Callable[[], Any] | None = None,
                  timeout: float | None = None, *, ctx: Any = None) -> None:
@@ -458,23 +450,6 @@ class Barrier(_mp.Barrier):
         except BaseException:
             self._break()
             raise
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self._remote is not None:
-            return self._remote.call("wait", timeout, action=self._action)
-        return super().wait(timeout)
-
-    def reset(self) -> None:
-        if self._remote is not None:
-            self._remote.call("reset")
-        else:
-            super().reset()
-
-    def abort(self) -> None:
-        if self._remote is not None:
-            self._remote.call("abort")
-        else:
-            super().abort()
 
     @property
     def n_waiting(self) -> int:
@@ -514,7 +489,13 @@ def _rebuild_barrier(ref: Ref, parties: int, action: Callable[[], Any] | None,
     barrier._setup(parties, action, timeout, cond, segment)
     barrier._segment_name = segment_name
     if segment is None:
-        barrier._remote = Remote(ref, "Barrier")
+        remote = barrier._remote = Remote(ref, "Barrier")
+
+        def wait(timeout: float | None = None) -> int:
+            return remote.call("wait", timeout, action=action)
+
+        vars(barrier).update(wait=wait, reset=lambda: remote.call("reset"),
+                             abort=lambda: remote.call("abort"))
     return remember(ref, barrier)
 
 
