@@ -1,6 +1,6 @@
 """Fiber's synchronization objects and shared ctypes against multiprocessing's, in one run.
 
-    python benchmarks/sync.py [--reps 7] [--docker IMAGE]
+    python benchmarks/sync.py [--reps 7] [--docker IMAGE] [--pin CPU]
 
 Each measurement runs for ``multiprocessing`` (spawn context) and for Fiber (local
 backend), in interleaved rounds; the table shows the median over ``--reps`` rounds:
@@ -198,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7, help="interleaved rounds")
     parser.add_argument("--docker", metavar="IMAGE", help="also time a job on the Docker backend")
+    parser.add_argument("--pin", type=int, metavar="CPU",
+                        help="pin this process and its local jobs to one CPU")
     args = parser.parse_args(argv)
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})  # children inherit it
 
     impls = [Impl("multiprocessing", multiprocessing.get_context("spawn"), WORKERS),
              Impl("fiber", fiber_core, WORKERS)]
@@ -215,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         for impl in impls:
             impl.stop()
 
-    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; microseconds, median over "
-          f"{args.reps} interleaved rounds.\n")
+    pinned = "" if args.pin is None else f", all pinned to CPU {args.pin}"
+    print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs{pinned}; microseconds, median "
+          f"over {args.reps} interleaved rounds (load average {os.getloadavg()[0]:.1f}).\n")
     print("| operation | multiprocessing (us) | fiber (us) | fiber / multiprocessing |")
     print("|---|---:|---:|---:|")
     for label, method in MEASURES:

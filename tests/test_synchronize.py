@@ -109,6 +109,13 @@ def test_the_message_kinds_have_codes_of_their_own() -> None:
     assert len(set(codes)) == len(codes) and all(len(c) == 1 for c in codes)
     # The kinds the run's other connections use (wire/messages.py) are not reused.
     assert not set(codes) & set(b"POoexHWTDQpgasdjLcrkSibEFVR"[i:i + 1] for i in range(27))
+    # The reference table in the module's docstring says what KINDS says.
+    from fiber_core.parallel import sharing
+
+    for k in KINDS:
+        layout = ", ".join(p for p in (k.fields, k.body) if p) or "—"
+        row = f"| `{k.code.decode()}` | {k.name} | {k.sender} → {k.receiver} | {layout} | {k.meaning} |"
+        assert row in (sharing.__doc__ or "")
 
 
 # -- each primitive across jobs ----------------------------------------------------------------

@@ -24,7 +24,25 @@ between threads. When a session ends (its thread or process ended, its host was
 lost past ``peer_timeout``) the creator releases the locks it held for it, with
 a warning: see :meth:`Served.end`.
 
-The message kinds of a session are defined once, in :data:`KINDS`.
+The message kinds of a session are defined once, in :data:`KINDS`, in the form of
+``fiber_core/wire/messages.py`` (where they belong with the run's other kinds). A
+*session* connects a thread of a *user* (a process with served copies) to one
+*creator*; the user sends a request and waits for its answer.
+
+| code | kind | from → to | after the code | meaning |
+|---|---|---|---|---|
+| `h` | SYNC_HELLO | user → creator | who: UTF-8 | first frame of a session: the process and thread it serves (for warnings) |
+| `A` | SYNC_ACQUIRE | user → creator | obj:Q block:? timeout:d | acquire the lock or semaphore obj (a Condition: its lock); SYNC_YES, SYNC_NO (not in time) or SYNC_ERROR |
+| `U` | SYNC_RELEASE | user → creator | obj:Q | release it: SYNC_DONE or SYNC_ERROR |
+| `C` | SYNC_CALL | user → creator | obj:Q, pickle of (operation, args) | any other operation of obj (wait, notify, set, an item...): SYNC_VALUE or SYNC_ERROR; a Barrier's wait may first get SYNC_ACTION |
+| `Y` | SYNC_YES | creator → user | — | acquired |
+| `N` | SYNC_NO | creator → user | — | not acquired (would block, or timed out) |
+| `K` | SYNC_DONE | either → the other | — | done: a release, or (user to creator) the action that SYNC_ACTION asked for |
+| `Z` | SYNC_VALUE | creator → user | pickle of the result | the result of a SYNC_CALL |
+| `X` | SYNC_ERROR | either → the other | pickle of the exception | the operation raised it (the user raises it too); or the action did |
+| `J` | SYNC_ACTION | creator → user | — | the user's Barrier.wait is the last party: run the barrier's action there and answer SYNC_DONE or SYNC_ERROR |
+
+A timeout of -1 means none.
 """
 
 from __future__ import annotations
@@ -51,11 +69,7 @@ from fiber_core.runtime.run import outgoing_addresses, runtime
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.serialize import dumps, loads
 
-# -- the message vocabulary of a session ------------------------------------------------
-#
-# One connection per (thread of a user, creator): the user's thread sends a request and
-# waits for its answer; the creator answers each request in order. These kinds belong
-# with the others of the run in fiber_core/wire/messages.py, in the same form.
+# -- the message vocabulary of a session (the table above) --------------------------------
 
 
 class Kind(NamedTuple):
@@ -460,7 +474,9 @@ class _Session:
             conn.send_bytes(answer)
 
     def __del__(self) -> None:
-        self.conn.close()
+        conn = getattr(self, "conn", None)  # None if dialing failed
+        if conn is not None:
+            conn.close()
 
 
 class Remote:
