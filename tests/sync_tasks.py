@@ -102,6 +102,12 @@ def hold_forever(objs: list, held: Any) -> None:
     threading.Event().wait()
 
 
+def block_on(sem: Any, started: Any) -> None:
+    """Say so, then wait for a unit of ``sem`` (the test kills this job meanwhile)."""
+    started.set()
+    sem.acquire()
+
+
 def try_release(lock: Any, q: Any) -> None:
     """Release a lock this process does not hold: report the error's type and message."""
     try:

@@ -323,10 +323,11 @@ def test_served_holds_of_a_killed_job_are_released_with_a_warning(
     assert bounded.get_value() == 2
     assert sem.get_value() == 0  # a Semaphore's acquisitions may be consumed signals: kept
     assert joined(p) == [-signal.SIGKILL]
-    warned = " ".join(r.getMessage() for r in caplog.records)
-    assert p.name in warned and "ended while it held a Lock" in warned
-    assert "RLock (released 2 time(s))" in warned and "BoundedSemaphore" in warned
-    assert "the lock of a Condition" in warned
+    # One warning, logged before anything was released.
+    warned = [r.getMessage() for r in caplog.records if "ended while it held" in r.getMessage()]
+    assert len(warned) == 1 and p.name in warned[0]
+    assert ("held a Lock, an RLock (2 levels), 1 unit(s) of a BoundedSemaphore, "
+            "the lock of a Condition; releasing") in warned[0]
 
 
 def test_a_waiting_job_that_is_killed_takes_nothing_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,12 +336,15 @@ def test_a_waiting_job_that_is_killed_takes_nothing_with_it(monkeypatch: pytest.
     event = fiber_core.Event()
     p = start(sync_tasks.wait_event, event, q)
     assert q.get(timeout=T)[0] == "waiting"
-    waiter = start(sync_tasks.hold_forever, [sem], fiber_core.Event())
+    started = fiber_core.Event()
+    waiter = start(sync_tasks.block_on, sem, started)
+    assert started.wait(T)
     p.kill()
     waiter.kill()
     assert joined(p, waiter) == [-signal.SIGKILL] * 2
-    sem.release()  # the killed job's abandoned acquire does not take it
+    sem.release()  # the killed job's abandoned acquire does not take it (or gives it back)
     assert sem.acquire(timeout=T)
+    assert sem.get_value() == 0
 
 
 def test_a_same_host_lock_held_by_a_killed_job_stays_held_as_in_multiprocessing() -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.parallel.sharing import (
+    Lost,
     Ref,
     Remote,
     Segment,
@@ -50,13 +51,13 @@ class SharedBufferError(FiberError, BufferError):
     """
 
 
-def _no_buffer(what: str) -> SharedBufferError:
+def _no_buffer(what: str, instead: str = "element and slice access (a[i], a[:], a[i] = x, "
+              ".value), which go through the creator") -> SharedBufferError:
     return SharedBufferError(
         f"this shared {what} is served by its creator: its memory is not mapped in this "
         "process (it is on another host, or that host's /dev/shm is not visible here), so "
-        "there is no buffer to view with get_obj(), memoryview or np.frombuffer. Use element "
-        "and slice access (a[i], a[:], a[i] = x, .value), which go through the creator, or "
-        "run the jobs where they share the creator's memory (the local backend, or hosts "
+        f"there is no buffer to view with get_obj(), memoryview or np.frombuffer. Use {instead}, "
+        "or run the jobs where they share the creator's memory (the local backend, or hosts "
         "that see its /dev/shm)")
 
 
@@ -364,7 +365,7 @@ class BufferWrapper:
 
     def create_memoryview(self) -> memoryview:
         if self._segment is None:
-            raise _no_buffer("memory block")
+            raise _no_buffer("memory block", "an Array or Value (their elements are served)")
         return memoryview(self._segment.buf)[:self._size]
 
     def __reduce__(self) -> tuple:
@@ -373,7 +374,7 @@ class BufferWrapper:
     def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
         raise FiberError("a shared memory block has no operation that its creator serves")
 
-    def _serve_lost(self, served: Served) -> None:
+    def _serve_lost(self, served: Served) -> Lost | None:
         return None
 
 

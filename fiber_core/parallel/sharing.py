@@ -538,6 +538,10 @@ class Remote:
 _SLICE = 0.2  # seconds between checks, in a blocking wait, that the user still waits
 
 
+Lost = tuple[str, Callable[[], None]]
+"""What a session still held of an object when it ended: what it is, and how to release it."""
+
+
 class PeerGone(Exception):
     """The user of a session went away while the creator worked for it."""
 
@@ -555,8 +559,8 @@ class Served:
 
     A served object implements, for the operations its class allows:
     ``_serve_acquire(served, block, timeout) -> bool``, ``_serve_release(served)``,
-    ``_serve_call(served, op, args) -> result``, and ``_serve_lost(served) -> str | None``,
-    which releases what the session still holds when it ends and says what it released.
+    ``_serve_call(served, op, args) -> result``, and ``_serve_lost(served) -> Lost | None``:
+    what the session still holds, and how to release it, when the session ends.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -630,15 +634,24 @@ class Served:
     def end(self) -> None:
         """Release what the user still held (its thread or process ended, or its host was
         lost): a lock nobody can release any more would stop the run forever."""
+        lost: list[Lost] = []
         for obj in self.objects.values():
             try:
-                released = obj._serve_lost(self)
+                held = obj._serve_lost(self)
             except Exception:
-                log.exception("fiber: releasing what %s held of %r failed", self.who, obj)
+                log.exception("fiber: cannot tell what %s held of %r", self.who, obj)
                 continue
-            if released:
-                log.warning("fiber: %s ended while it held %s; released it (the process that "
-                            "created it serves it and saw the connection end)", self.who, released)
+            if held is not None:
+                lost.append(held)
+        if lost:
+            log.warning("fiber: %s ended while it held %s; releasing (this process created "
+                        "and serves them, and saw the connection end)", self.who,
+                        ", ".join(what for what, _ in lost))
+        for what, release in lost:
+            try:
+                release()
+            except Exception:
+                log.exception("fiber: releasing %s that %s held failed", what, self.who)
         self.objects.clear()
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.parallel.sharing import (
+    Lost,
     PeerGone,
     Ref,
     Remote,
@@ -158,17 +159,23 @@ class SemLock(_mp.SemLock):
             return getattr(self._semlock, op)()
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> str | None:
-        """A Lock or RLock: release every level that the session's thread owns."""
+    def _serve_lost(self, served: Served) -> Lost | None:
+        """A Lock or RLock: every level that the session's thread owns."""
         sl = self._semlock
-        released = 0
-        while sl._is_mine():
-            try:
-                sl.release()
-            except (ValueError, AssertionError):  # released elsewhere meanwhile
-                break
-            released += 1
-        return f"a {type(self).__name__} (released {released} time(s))" if released else None
+        if not sl._is_mine():
+            return None
+        levels = sl._count()
+
+        def release() -> None:
+            for _ in range(levels):
+                try:
+                    sl.release()
+                except (ValueError, AssertionError):  # released elsewhere meanwhile
+                    return
+
+        name = type(self).__name__
+        article = "an" if name[0] in "AEIOR" else "a"  # an RLock
+        return f"{article} {name}" + (f" ({levels} levels)" if levels > 1 else ""), release
 
 
 def _rebuild_semlock(cls: type[SemLock], ref: Ref, kind: int, maxvalue: int, name: str) -> SemLock:
@@ -196,7 +203,7 @@ class Semaphore(SemLock, _mp.Semaphore):
         _check_value(value)
         SemLock.__init__(self, SEMAPHORE, value, SEM_VALUE_MAX)
 
-    def _serve_lost(self, served: Served) -> str | None:
+    def _serve_lost(self, served: Served) -> Lost | None:
         return None  # an acquisition may be a consumed signal, not a hold
 
 
@@ -207,16 +214,19 @@ class BoundedSemaphore(Semaphore, _mp.BoundedSemaphore):
         _check_value(value)
         SemLock.__init__(self, SEMAPHORE, value, value)
 
-    def _serve_lost(self, served: Served) -> str | None:
+    def _serve_lost(self, served: Served) -> Lost | None:
         held = served.held.pop(id(self), 0)
-        released = 0
-        for _ in range(held):
-            try:
-                self._semlock.release()
-            except ValueError:
-                break
-            released += 1
-        return f"{released} unit(s) of a BoundedSemaphore" if released else None
+        if not held:
+            return None
+
+        def release() -> None:
+            for _ in range(held):
+                try:
+                    self._semlock.release()
+                except ValueError:  # released elsewhere meanwhile
+                    return
+
+        return f"{held} unit(s) of a BoundedSemaphore", release
 
 
 class Lock(SemLock, _mp.Lock):
@@ -331,9 +341,9 @@ class Condition(_mp.Condition):
             return getattr(self._lock._semlock, op)()
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> str | None:
-        released = self._lock._serve_lost(served)
-        return f"the lock of a Condition: {released}" if released else None
+    def _serve_lost(self, served: Served) -> Lost | None:
+        lost = self._lock._serve_lost(served)
+        return None if lost is None else ("the lock of a Condition", lost[1])
 
 
 def _rebuild_condition(ref: Ref, parts: tuple) -> Condition:
@@ -382,7 +392,7 @@ class Event(_mp.Event):
             return getattr(self, op)(*args)
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> str | None:
+    def _serve_lost(self, served: Served) -> Lost | None:
         return None  # its lock is held only inside one served operation
 
 
@@ -470,7 +480,7 @@ class Barrier(_mp.Barrier):
             return getattr(self, op)
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> str | None:
+    def _serve_lost(self, served: Served) -> Lost | None:
         return None  # its lock is held only inside one served operation
 
 
