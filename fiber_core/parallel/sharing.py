@@ -56,6 +56,8 @@ import os
 import select
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -64,6 +66,7 @@ from typing import Any, NamedTuple
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
+from fiber_core.processes.process import current_process
 from fiber_core.runtime.hub import Hub, dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
 from fiber_core.wire.framing import Connection
@@ -182,7 +185,7 @@ def _host_identity() -> str:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
     except OSError:
-        import uuid
+        import uuid  # only where the kernel has no boot id (not Linux)
 
         return f"{socket.gethostname()}-{uuid.getnode():x}"
 
@@ -316,20 +319,26 @@ class _Tracker:
     def _send(self, line: str) -> None:
         with self._lock:
             if self._fd is None or self._pid != os.getpid():
-                import subprocess
-                import sys
+                self._fd, self._pid = self._start(), os.getpid()
+            if self._fd >= 0:
+                os.write(self._fd, line.encode())
 
-                r, w = os.pipe()
-                try:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-I", "-S", "-c", _TRACKER], stdin=r,
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        start_new_session=True)
-                finally:
-                    os.close(r)
-                proc.returncode = 0  # never waited for: it ends after this process
-                self._fd, self._pid, self.tracker_pid = w, os.getpid(), proc.pid
-            os.write(self._fd, line.encode())
+    def _start(self) -> int:
+        r, w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _TRACKER], stdin=r,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            os.close(w)
+            log.warning("fiber: cannot start %s to remove shared objects after a crash (%s): "
+                        "they are removed when dropped or at a normal exit only", sys.executable, e)
+            return -1
+        finally:
+            os.close(r)
+        proc.returncode = 0  # never waited for: it ends after this process
+        self.tracker_pid = proc.pid
+        return w
 
     def register(self, name: str, kind: str) -> None:
         self._send(f"+{kind}{name}\n")
@@ -449,8 +458,6 @@ class _Session:
         sock = dial(ref.addresses, runtime().authkey, TARGET)
         self.conn = Connection(sock)
         try:
-            from fiber_core.processes.process import current_process
-
             who = (f"{current_process().name} (pid {os.getpid()} on {socket.gethostname()}), "
                    f"thread {threading.current_thread().name}")
             self.conn.send_bytes(SYNC_HELLO + who.encode())

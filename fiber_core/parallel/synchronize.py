@@ -18,9 +18,11 @@ Lost holders, by path:
   what the job still held: a ``Lock`` or ``RLock`` it owns (every level of an
   RLock), a ``Condition``'s lock, the units of a ``BoundedSemaphore`` it
   acquired and did not release. A plain ``Semaphore`` is not given back: its
-  acquisitions may be consumed signals, not holds. A blocking wait of a job that
-  goes away is abandoned within 0.2 s, and a wakeup that a ``Condition`` gave to
-  a waiter that went away is passed on to another waiter.
+  acquisitions may be consumed signals, not holds. An ``acquire`` the job was
+  blocked in is abandoned within 0.2 s (a unit it got meanwhile goes back), and a
+  wakeup that a ``Condition`` gave to a waiter that went away passes to another
+  waiter. (A creator's thread that waited on an Event or Barrier for a job that
+  went away ends when the event is set or the barrier trips.)
 * attached (the same host, the OS semaphore itself): exactly as with
   multiprocessing. A process killed while it holds a lock leaves it taken; a
   ``with`` block or ``finally`` that runs releases it as usual. Waiters with a
