@@ -65,6 +65,11 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
     return decorate
 
 
+_SYNCHRONIZE = frozenset({"Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock",
+                          "Semaphore"})
+_SHAREDCTYPES = frozenset({"Array", "RawArray", "RawValue", "Value"})
+
+
 def __getattr__(name: str) -> Any:
     # The heavier parts are imported on first use, so `import fiber_core` (and so the
     # start of every job) stays fast.
@@ -84,6 +89,14 @@ def __getattr__(name: str) -> Any:
         from fiber_core.parallel import managers
 
         return getattr(managers, name)
+    if name in _SYNCHRONIZE:
+        from fiber_core.parallel import synchronize
+
+        return getattr(synchronize, name)
+    if name in _SHAREDCTYPES:
+        from fiber_core.parallel import sharedctypes
+
+        return getattr(sharedctypes, name)
     if name == "Ring":
         from fiber_core.parallel.ring import Ring
 
@@ -108,8 +121,10 @@ def freeze_support() -> None:
 
 
 __all__ = [
-    "AuthenticationError", "Backend", "BufferTooShort", "FiberContext", "Job", "JobSpec",
-    "JoinableQueue", "Option", "Pipe", "Process", "ProcessError", "Queue", "SimpleQueue",
+    "Array", "AuthenticationError", "Backend", "Barrier", "BoundedSemaphore", "BufferTooShort",
+    "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Option",
+    "Pipe", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
+    "SimpleQueue", "Value",
     "TimeoutError", "active_children", "cpu_count", "current_process", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
     "log_to_stderr", "meta", "parent_process", "set_start_method",

@@ -111,6 +111,66 @@ class FiberContext:
         m.start()
         return m
 
+    # Synchronization objects and shared ctypes: loaded on first use (ctypes, the
+    # semaphores), so that a job that does not use them starts without them.
+
+    def Lock(self) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Lock
+
+        return Lock(ctx=self)
+
+    def RLock(self) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import RLock
+
+        return RLock(ctx=self)
+
+    def Condition(self, lock: Any = None) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Condition
+
+        return Condition(lock, ctx=self)
+
+    def Semaphore(self, value: int = 1) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Semaphore
+
+        return Semaphore(value, ctx=self)
+
+    def BoundedSemaphore(self, value: int = 1) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import BoundedSemaphore
+
+        return BoundedSemaphore(value, ctx=self)
+
+    def Event(self) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Event
+
+        return Event(ctx=self)
+
+    def Barrier(self, parties: int, action: Callable | None = None,  # noqa: N802
+                timeout: float | None = None) -> Any:
+        from fiber_core.parallel.synchronize import Barrier
+
+        return Barrier(parties, action, timeout, ctx=self)
+
+    def RawValue(self, typecode_or_type: Any, *args: Any) -> Any:  # noqa: N802
+        from fiber_core.parallel.sharedctypes import RawValue
+
+        return RawValue(typecode_or_type, *args)
+
+    def RawArray(self, typecode_or_type: Any, size_or_initializer: Any) -> Any:  # noqa: N802
+        from fiber_core.parallel.sharedctypes import RawArray
+
+        return RawArray(typecode_or_type, size_or_initializer)
+
+    def Value(self, typecode_or_type: Any, *args: Any, lock: Any = True) -> Any:  # noqa: N802
+        from fiber_core.parallel.sharedctypes import Value
+
+        return Value(typecode_or_type, *args, lock=lock, ctx=self)
+
+    def Array(self, typecode_or_type: Any, size_or_initializer: Any, *,  # noqa: N802
+              lock: Any = True) -> Any:
+        from fiber_core.parallel.sharedctypes import Array
+
+        return Array(typecode_or_type, size_or_initializer, lock=lock, ctx=self)
+
     def freeze_support(self) -> None:
         pass
 
