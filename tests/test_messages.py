@@ -4,6 +4,7 @@ are the kinds."""
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import threading
 from collections.abc import Callable
@@ -69,7 +70,28 @@ def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
         m.QUEUE_FULL: (_frame(m.QUEUE_FULL), b"", m.body),
         m.QUEUE_TOO_MANY_DONE: (_frame(m.QUEUE_TOO_MANY_DONE), b"", m.body),
         m.QUEUE_RECALL: (_frame(m.QUEUE_RECALL), b"", m.body),
+        m.SYNC_HELLO: (_frame(m.SYNC_HELLO, b"job-1 thread-2"), b"job-1 thread-2", m.body),
+        m.SYNC_ACQUIRE: (m.encode_acquire(2**40, False, 1.5), (2**40, False, 1.5),
+                         m.decode_acquire),
+        m.SYNC_RELEASE: (m.encode_release(9), 9, m.decode_obj),
+        m.SYNC_CALL: (m.encode_call(3, "notify", (2,)), (3, "notify", (2,)), m.decode_call),
+        m.SYNC_YES: (_frame(m.SYNC_YES), b"", m.body),
+        m.SYNC_NO: (_frame(m.SYNC_NO), b"", m.body),
+        m.SYNC_DONE: (_frame(m.SYNC_DONE), b"", m.body),
+        m.SYNC_VALUE: (_frame(m.SYNC_VALUE, pickle.dumps(42)), 42,
+                       lambda f: pickle.loads(m.body(f))),
+        m.SYNC_ERROR: (m.encode_error(KeyError("k")), (KeyError, ("k",)),
+                       lambda f: _raised(m.raise_error, f)),
+        m.SYNC_ACTION: (_frame(m.SYNC_ACTION), b"", m.body),
     }
+
+
+def _raised(func: Any, frame: bytes) -> Any:
+    try:
+        func(frame)
+    except BaseException as e:
+        return type(e), e.args
+    raise AssertionError("no exception raised")
 
 
 def _plain(value: Any) -> Any:
@@ -102,7 +124,7 @@ def test_a_put_item_is_a_copy_when_small_and_a_view_when_big() -> None:
 
 def test_codes_are_single_unique_bytes_and_every_kind_is_listed() -> None:
     defined = {name: value for name, value in vars(m).items()
-               if name.startswith(("PROCESS_", "POOL_", "QUEUE_"))}
+               if name.startswith(("PROCESS_", "POOL_", "QUEUE_", "SYNC_"))}
     assert defined == {kind.name: kind.code for kind in m.KINDS}
     assert all(type(code) is bytes and len(code) == 1 for code in defined.values())
     assert len(set(defined.values())) == len(m.KINDS)

@@ -25,7 +25,7 @@ from conftest import T
 
 import fiber_core
 import fiber_core.synchronize
-from fiber_core.parallel.sharing import KINDS, SERVED_ENV, TOKEN, run_prefix
+from fiber_core.parallel.sharing import SERVED_ENV, TOKEN, run_prefix
 
 WT = Path(__file__).resolve().parents[1]
 
@@ -104,18 +104,13 @@ def test_bad_inputs_raise_the_stdlibs_errors() -> None:
         fiber_core.Barrier(0)
 
 
-def test_the_message_kinds_have_codes_of_their_own() -> None:
-    codes = [k.code for k in KINDS]
-    assert len(set(codes)) == len(codes) and all(len(c) == 1 for c in codes)
-    # The kinds the run's other connections use (wire/messages.py) are not reused.
-    assert not set(codes) & set(b"POoexHWTDQpgasdjLcrkSibEFVR"[i:i + 1] for i in range(27))
-    # The reference table in the module's docstring says what KINDS says.
-    from fiber_core.parallel import sharing
+def test_sessions_speak_the_runs_one_message_vocabulary() -> None:
+    from fiber_core.wire import messages
 
-    for k in KINDS:
-        layout = ", ".join(p for p in (k.fields, k.body) if p) or "—"
-        row = f"| `{k.code.decode()}` | {k.name} | {k.sender} → {k.receiver} | {layout} | {k.meaning} |"
-        assert row in (sharing.__doc__ or "")
+    names = {k.name for k in messages.KINDS}
+    assert {"SYNC_HELLO", "SYNC_ACQUIRE", "SYNC_CALL", "SYNC_ACTION"} <= names
+    oid, block, timeout = messages.decode_acquire(messages.encode_acquire(7, True, None))
+    assert (oid, block, timeout) == (7, True, None)
 
 
 # -- each primitive across jobs ----------------------------------------------------------------

@@ -24,25 +24,10 @@ between threads. When a session ends (its thread or process ended, its host was
 lost past ``peer_timeout``) the creator releases the locks it held for it, with
 a warning: see :meth:`Served.end`.
 
-The message kinds of a session are defined once, in :data:`KINDS`, in the form of
-``fiber_core/wire/messages.py`` (where they belong with the run's other kinds). A
-*session* connects a thread of a *user* (a process with served copies) to one
-*creator*; the user sends a request and waits for its answer.
-
-| code | kind | from → to | after the code | meaning |
-|---|---|---|---|---|
-| `h` | SYNC_HELLO | user → creator | who: UTF-8 | first frame of a session: the process and thread it serves (for warnings) |
-| `A` | SYNC_ACQUIRE | user → creator | obj:Q block:? timeout:d | acquire the lock or semaphore obj (a Condition: its lock); SYNC_YES, SYNC_NO (not in time) or SYNC_ERROR |
-| `U` | SYNC_RELEASE | user → creator | obj:Q | release it: SYNC_DONE or SYNC_ERROR |
-| `C` | SYNC_CALL | user → creator | obj:Q, pickle of (operation, args) | any other operation of obj (wait, notify, set, an item...): SYNC_VALUE or SYNC_ERROR; a Barrier's wait may first get SYNC_ACTION |
-| `Y` | SYNC_YES | creator → user | — | acquired |
-| `N` | SYNC_NO | creator → user | — | not acquired (would block, or timed out) |
-| `K` | SYNC_DONE | either → the other | — | done: a release, or (user to creator) the action that SYNC_ACTION asked for |
-| `Z` | SYNC_VALUE | creator → user | pickle of the result | the result of a SYNC_CALL |
-| `X` | SYNC_ERROR | either → the other | pickle of the exception | the operation raised it (the user raises it too); or the action did |
-| `J` | SYNC_ACTION | creator → user | — | the user's Barrier.wait is the last party: run the barrier's action there and answer SYNC_DONE or SYNC_ERROR |
-
-A timeout of -1 means none.
+The message kinds of a session (``SYNC_*``) are defined with the run's other kinds in
+``fiber_core/wire/messages.py``. A *session* connects a thread of a *user* (a process
+with served copies) to one *creator*; the user sends a request and waits for its
+answer. A timeout of -1 means none.
 """
 
 from __future__ import annotations
@@ -50,12 +35,10 @@ from __future__ import annotations
 import _multiprocessing
 import _posixshmem
 import itertools
-import math
 import mmap
 import os
 import select
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -70,110 +53,29 @@ from fiber_core.processes.process import current_process
 from fiber_core.runtime.hub import Hub, dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
 from fiber_core.wire.framing import Connection
+from fiber_core.wire.messages import (
+    SYNC_ACQUIRE,
+    SYNC_ACTION,
+    SYNC_CALL,
+    SYNC_DONE,
+    SYNC_HELLO,
+    SYNC_NO,
+    SYNC_RELEASE,
+    SYNC_VALUE,
+    SYNC_YES,
+    decode_acquire,
+    decode_call,
+    decode_obj,
+    encode_acquire,
+    encode_call,
+    encode_error,
+    encode_release,
+    raise_error,
+)
 from fiber_core.wire.serialize import dumps, loads
-
-# -- the message vocabulary of a session (the table above) --------------------------------
-
-
-class Kind(NamedTuple):
-    """A message kind: the one byte that starts its frames, and what it is."""
-
-    code: bytes
-    name: str
-    sender: str
-    receiver: str
-    fields: str
-    body: str
-    meaning: str
-
-
-_table: list[Kind] = []
-
-
-def _kind(code: bytes, name: str, sender: str, receiver: str, fields: str, body: str,
-          meaning: str) -> bytes:
-    if len(code) != 1 or any(k.code == code for k in _table):
-        raise ValueError(f"bad or duplicate code {code!r} for {name}")
-    _table.append(Kind(code, name, sender, receiver, fields, body, meaning))
-    return code
-
-
-SYNC_HELLO = _kind(b"h", "SYNC_HELLO", "user", "creator", "", "who: UTF-8",
-                   "first frame of a session: the process and thread it serves (for warnings)")
-SYNC_ACQUIRE = _kind(b"A", "SYNC_ACQUIRE", "user", "creator", "obj:Q block:? timeout:d", "",
-                     "acquire the lock or semaphore obj (a Condition: its lock); "
-                     "SYNC_YES, SYNC_NO (not in time) or SYNC_ERROR")
-SYNC_RELEASE = _kind(b"U", "SYNC_RELEASE", "user", "creator", "obj:Q", "",
-                     "release it: SYNC_DONE or SYNC_ERROR")
-SYNC_CALL = _kind(b"C", "SYNC_CALL", "user", "creator", "obj:Q", "pickle of (operation, args)",
-                  "any other operation of obj (wait, notify, set, an item...): SYNC_VALUE or "
-                  "SYNC_ERROR; a Barrier's wait may first get SYNC_ACTION")
-SYNC_YES = _kind(b"Y", "SYNC_YES", "creator", "user", "", "", "acquired")
-SYNC_NO = _kind(b"N", "SYNC_NO", "creator", "user", "", "", "not acquired (would block, or timed out)")
-SYNC_DONE = _kind(b"K", "SYNC_DONE", "either", "the other", "", "",
-                  "done: a release, or (user to creator) the action that SYNC_ACTION asked for")
-SYNC_VALUE = _kind(b"Z", "SYNC_VALUE", "creator", "user", "", "pickle of the result",
-                   "the result of a SYNC_CALL")
-SYNC_ERROR = _kind(b"X", "SYNC_ERROR", "either", "the other", "", "pickle of the exception",
-                   "the operation raised it (the user raises it too); or the action did")
-SYNC_ACTION = _kind(b"J", "SYNC_ACTION", "creator", "user", "", "",
-                    "the user's Barrier.wait is the last party: run the barrier's action there "
-                    "and answer SYNC_DONE or SYNC_ERROR")
-
-KINDS: tuple[Kind, ...] = tuple(_table)
-"""The kinds of a session, in the order of the reference table."""
-
-_ACQUIRE = struct.Struct("!cQ?d")
-_OBJ = struct.Struct("!cQ")
-_NO_TIMEOUT = -1.0
 
 TARGET = "sync"
 """The hub target of sessions."""
-
-
-def encode_acquire(oid: int, block: bool, timeout: float | None) -> bytes:
-    if timeout is None:
-        timeout = _NO_TIMEOUT
-    elif math.isnan(timeout) or timeout < 0:
-        timeout = 0.0  # as the stdlib's SemLock.acquire takes it
-    return _ACQUIRE.pack(SYNC_ACQUIRE, oid, block, timeout)
-
-
-def decode_acquire(frame: bytes) -> tuple[int, bool, float | None]:
-    _, oid, block, timeout = _ACQUIRE.unpack(frame)
-    return oid, block, None if timeout == _NO_TIMEOUT else timeout
-
-
-def encode_release(oid: int) -> bytes:
-    return _OBJ.pack(SYNC_RELEASE, oid)
-
-
-def encode_call(oid: int, op: str, args: tuple) -> bytes:
-    return _OBJ.pack(SYNC_CALL, oid) + dumps((op, args))
-
-
-def decode_obj(frame: bytes) -> int:
-    return _OBJ.unpack_from(frame)[1]
-
-
-def decode_call(frame: bytes) -> tuple[int, str, tuple]:
-    op, args = loads(memoryview(frame)[_OBJ.size:])
-    return decode_obj(frame), op, args
-
-
-def encode_error(exc: BaseException) -> bytes:
-    try:
-        return SYNC_ERROR + dumps(exc)
-    except Exception:
-        return SYNC_ERROR + dumps(FiberError(f"{type(exc).__name__}: {exc}"))
-
-
-def raise_error(frame: bytes) -> None:
-    """Raise the exception of a SYNC_ERROR frame (or say what else arrived)."""
-    if frame[:1] == SYNC_ERROR:
-        raise loads(memoryview(frame)[1:])
-    raise FiberError(f"unexpected answer {bytes(frame[:1])!r} from the creator of a shared object: "
-                     "every process of a run must use the same version of Fiber")
 
 
 # -- where an object lives ----------------------------------------------------------------

@@ -60,10 +60,21 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `F` | QUEUE_FULL | owner → handle | — | the bounded put found no room in time |
 | `V` | QUEUE_TOO_MANY_DONE | owner → handle | — | task_done() was called more times than items were put |
 | `R` | QUEUE_RECALL | owner → handle | — | unasked: another getter waits, give back unused items (QUEUE_RETURN) |
+| `h` | SYNC_HELLO | user → creator | who: UTF-8 | first frame of a session: the process and thread it serves (for warnings) |
+| `A` | SYNC_ACQUIRE | user → creator | obj:Q block:? timeout:d | acquire the lock or semaphore obj (a Condition: its lock); SYNC_YES, SYNC_NO (not in time) or SYNC_ERROR |
+| `U` | SYNC_RELEASE | user → creator | obj:Q | release it: SYNC_DONE or SYNC_ERROR |
+| `C` | SYNC_CALL | user → creator | obj:Q, pickle of (operation, args) | any other operation of obj (wait, notify, set, an item...): SYNC_VALUE or SYNC_ERROR; a Barrier's wait may first get SYNC_ACTION |
+| `Y` | SYNC_YES | creator → user | — | acquired |
+| `N` | SYNC_NO | creator → user | — | not acquired (would block, or timed out) |
+| `K` | SYNC_DONE | either → the other | — | done: a release, or (user to creator) the action that SYNC_ACTION asked for |
+| `Z` | SYNC_VALUE | creator → user | pickle of the result | the result of a SYNC_CALL |
+| `X` | SYNC_ERROR | either → the other | pickle of the exception | the operation raised it (the user raises it too); or the action did |
+| `J` | SYNC_ACTION | creator → user | — | the user's Barrier.wait is the last party: run the barrier's action there and answer SYNC_DONE or SYNC_ERROR |
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import pickle
 import struct
@@ -188,6 +199,79 @@ QUEUE_TOO_MANY_DONE = _kind(b"V", "QUEUE_TOO_MANY_DONE", "owner", "handle", "", 
                             "task_done() was called more times than items were put")
 QUEUE_RECALL = _kind(b"R", "QUEUE_RECALL", "owner", "handle", "", "",
                      "unasked: another getter waits, give back unused items (QUEUE_RETURN)")
+
+
+# -- sync: a process using a Lock, Value... served by its creator (parallel/sharing.py) --
+
+SYNC_HELLO = _kind(b"h", "SYNC_HELLO", "user", "creator", "", "who: UTF-8",
+                   "first frame of a session: the process and thread it serves (for warnings)")
+SYNC_ACQUIRE = _kind(b"A", "SYNC_ACQUIRE", "user", "creator", "obj:Q block:? timeout:d", "",
+                     "acquire the lock or semaphore obj (a Condition: its lock); "
+                     "SYNC_YES, SYNC_NO (not in time) or SYNC_ERROR")
+SYNC_RELEASE = _kind(b"U", "SYNC_RELEASE", "user", "creator", "obj:Q", "",
+                     "release it: SYNC_DONE or SYNC_ERROR")
+SYNC_CALL = _kind(b"C", "SYNC_CALL", "user", "creator", "obj:Q", "pickle of (operation, args)",
+                  "any other operation of obj (wait, notify, set, an item...): SYNC_VALUE or "
+                  "SYNC_ERROR; a Barrier's wait may first get SYNC_ACTION")
+SYNC_YES = _kind(b"Y", "SYNC_YES", "creator", "user", "", "", "acquired")
+SYNC_NO = _kind(b"N", "SYNC_NO", "creator", "user", "", "", "not acquired (would block, or timed out)")
+SYNC_DONE = _kind(b"K", "SYNC_DONE", "either", "the other", "", "",
+                  "done: a release, or (user to creator) the action that SYNC_ACTION asked for")
+SYNC_VALUE = _kind(b"Z", "SYNC_VALUE", "creator", "user", "", "pickle of the result",
+                   "the result of a SYNC_CALL")
+SYNC_ERROR = _kind(b"X", "SYNC_ERROR", "either", "the other", "", "pickle of the exception",
+                   "the operation raised it (the user raises it too); or the action did")
+SYNC_ACTION = _kind(b"J", "SYNC_ACTION", "creator", "user", "", "",
+                    "the user's Barrier.wait is the last party: run the barrier's action there "
+                    "and answer SYNC_DONE or SYNC_ERROR")
+
+_ACQUIRE = struct.Struct("!cQ?d")
+_OBJ = struct.Struct("!cQ")
+_NO_TIMEOUT = -1.0
+
+def encode_acquire(oid: int, block: bool, timeout: float | None) -> bytes:
+    if timeout is None:
+        timeout = _NO_TIMEOUT
+    elif math.isnan(timeout) or timeout < 0:
+        timeout = 0.0  # as the stdlib's SemLock.acquire takes it
+    return _ACQUIRE.pack(SYNC_ACQUIRE, oid, block, timeout)
+
+
+def decode_acquire(frame: bytes) -> tuple[int, bool, float | None]:
+    _, oid, block, timeout = _ACQUIRE.unpack(frame)
+    return oid, block, None if timeout == _NO_TIMEOUT else timeout
+
+
+def encode_release(oid: int) -> bytes:
+    return _OBJ.pack(SYNC_RELEASE, oid)
+
+
+def encode_call(oid: int, op: str, args: tuple) -> bytes:
+    return _OBJ.pack(SYNC_CALL, oid) + dumps((op, args))
+
+
+def decode_obj(frame: bytes) -> int:
+    return _OBJ.unpack_from(frame)[1]
+
+
+def decode_call(frame: bytes) -> tuple[int, str, tuple]:
+    op, args = loads(memoryview(frame)[_OBJ.size:])
+    return decode_obj(frame), op, args
+
+
+def encode_error(exc: BaseException) -> bytes:
+    try:
+        return SYNC_ERROR + dumps(exc)
+    except Exception:
+        return SYNC_ERROR + dumps(FiberError(f"{type(exc).__name__}: {exc}"))
+
+
+def raise_error(frame: bytes) -> None:
+    """Raise the exception of a SYNC_ERROR frame (or say what else arrived)."""
+    if frame[:1] == SYNC_ERROR:
+        raise loads(memoryview(frame)[1:])
+    raise FiberError(f"unexpected answer {bytes(frame[:1])!r} from the creator of a shared object: "
+                     "every process of a run must use the same version of Fiber")
 
 
 KINDS: tuple[Kind, ...] = tuple(_table)
