@@ -26,6 +26,13 @@ def test_methods() -> None:
     assert fiber_core.get_context().get_start_method() == fiber_core.get_start_method()
     assert fiber_core.get_context("spawn").get_start_method() == "spawn"
     fiber_core.set_start_method("spawn", force=True)
+    try:
+        assert fiber_core.get_start_method() == "spawn"  # remembered, as the stdlib does
+        with pytest.raises(RuntimeError, match="already been set"):
+            fiber_core.set_start_method("forkserver")
+    finally:
+        fiber_core.set_start_method(None, force=True)
+    assert fiber_core.get_start_method() == "fiber"
 
 
 def _put_name(q: fiber_core.Queue) -> None:

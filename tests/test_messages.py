@@ -44,6 +44,7 @@ def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
         m.PROCESS_STDOUT: (_frame(m.PROCESS_STDOUT, b"out\n"), b"out\n", m.body),
         m.PROCESS_STDERR: (_frame(m.PROCESS_STDERR, b"err"), b"err", m.body),
         m.PROCESS_EXIT: (m.encode_process_exit(-9), -9, m.decode_process_exit),
+        m.PROCESS_INTERRUPT: (_frame(m.PROCESS_INTERRUPT), b"", m.body),
         m.POOL_HELLO: (m.encode_pool_hello(2**40), 2**40, m.decode_pool_hello),
         m.POOL_READY: (_frame(m.POOL_READY), b"", m.body),
         m.POOL_TASKS: (_frame(m.POOL_TASKS, m.encode_pool_tasks(*_PICKLED_TASKS)),
@@ -83,6 +84,11 @@ def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
         m.SYNC_ERROR: (m.encode_error(KeyError("k")), (KeyError, ("k",)),
                        lambda f: _raised(m.raise_error, f)),
         m.SYNC_ACTION: (_frame(m.SYNC_ACTION), b"", m.body),
+        **{code: (_frame(code, body), body, m.body) for code, body in (
+            (m.PIPE_ACTIVE, b""), (m.PIPE_WANT, (7).to_bytes(8, "big")),
+            (m.PIPE_TICKET, b"c.1"), (m.PIPE_ABANDON, b"c.2"), (m.PIPE_RETURN, b"message"),
+            (m.PIPE_CLOSING, (3).to_bytes(8, "big")), (m.PIPE_CLOSE, (4).to_bytes(8, "big")),
+            (m.PIPE_MODE, b"d"), (m.PIPE_EOF, b""), (m.PIPE_CLOSED, b""), (m.PIPE_BYE, b""))},
     }
 
 
@@ -124,7 +130,7 @@ def test_a_put_item_is_a_copy_when_small_and_a_view_when_big() -> None:
 
 def test_codes_are_single_unique_bytes_and_every_kind_is_listed() -> None:
     defined = {name: value for name, value in vars(m).items()
-               if name.startswith(("PROCESS_", "POOL_", "QUEUE_", "SYNC_"))}
+               if name.startswith(("PROCESS_", "POOL_", "QUEUE_", "SYNC_", "PIPE_"))}
     assert defined == {kind.name: kind.code for kind in m.KINDS}
     assert all(type(code) is bytes and len(code) == 1 for code in defined.values())
     assert len(set(defined.values())) == len(m.KINDS)

@@ -38,6 +38,7 @@ class FiberContext:
 
     def __init__(self, method: str = "fiber") -> None:
         self._method = method
+        self._chosen = False  # set_start_method() was called
 
     @property
     def Process(self) -> type:  # noqa: N802 - multiprocessing's name
@@ -57,7 +58,12 @@ class FiberContext:
         return self._method
 
     def set_start_method(self, method: str | None, force: bool = False) -> None:
+        """Remember ``method`` (what ``get_start_method()`` returns); any accepted one runs jobs."""
         _check_method(method)
+        if self._chosen and not force:
+            raise RuntimeError("context has already been set")
+        self._method = method or "fiber"
+        self._chosen = method is not None
 
     def get_all_start_methods(self) -> list[str]:
         return list(_METHODS)

@@ -6,6 +6,25 @@ worker bootstrap, and returns. A monitor thread waits for the job to connect
 back, sends it the object, prints what the job writes (prefixed with its name),
 and records the exit code: the one the worker reports, or the backend's when the
 job died without reporting (``-9`` after ``kill()``).
+
+Ctrl-C. A terminal's SIGINT reaches only this process (jobs run in their own
+session, or on other machines). So that they get it as the stdlib's children
+would, the first ``start()`` from the main thread chains a SIGINT handler in
+front of the program's: it sends ``interrupt`` to every running child, which
+raises SIGINT in itself (and forwards it to its own children), then calls the
+handler that was there (by default: ``KeyboardInterrupt`` here). A handler the
+program installs later replaces it, and then the program decides.
+
+Messages on a job's connection after its two start frames (the prelude and the
+process object), one frame each:
+
+========= ========= ============= ===================== ===========================================
+kind      code      direction     layout                meaning
+========= ========= ============= ===================== ===========================================
+output    ``o``/``e`` job -> parent code + bytes          what the job wrote to fd 1 / fd 2
+exit      ``x``     job -> parent ``x`` + ASCII integer the job's exit code
+interrupt ``i``     parent -> job ``i``                 the parent got SIGINT: raise it in the job
+========= ========= ============= ===================== ===========================================
 """
 
 from __future__ import annotations
@@ -21,13 +40,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.errors import FiberError, JobStartError
-from fiber_core.base.log import log, tail
+from fiber_core.base.log import LOGGER_NAME, log, tail
 from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
     PROCESS_EXIT,
+    PROCESS_INTERRUPT,
     PROCESS_OBJECT,
     PROCESS_PRELUDE,
     PROCESS_STDERR,
@@ -88,6 +108,11 @@ class BaseProcess:
     @property
     def authkey(self) -> bytes:
         return runtime().authkey
+
+    @property
+    def exitcode(self) -> int | None:
+        """``None``: the caller's own process, or its parent, is running."""
+        return None
 
 
 class _MainProcess(BaseProcess):
@@ -194,8 +219,9 @@ class Process(BaseProcess):
 
     def run(self) -> None:
         """Method representing the process's activity: calls the target. Override it."""
-        if self._target:
-            self._target(*self._args, **self._kwargs)
+        target = getattr(self, "_target", None)  # dropped by start() in the parent
+        if target:
+            target(*self._args, **self._kwargs)
 
     # -- lifecycle (in the parent) -----------------------------------------------------
 
@@ -216,9 +242,12 @@ class Process(BaseProcess):
         run = _JobRun(self)
         run.start()
         self._run = run
+        # As multiprocessing does: the job has its own copy; keep no reference here.
+        del self._target, self._args, self._kwargs
         rt = runtime()
         rt.children.add(self)
         rt.at_shutdown(_exit_children)
+        _forward_sigint()
 
     def terminate(self) -> None:
         """Stop the job with SIGTERM (or the backend's equivalent). Idempotent."""
@@ -261,6 +290,8 @@ class Process(BaseProcess):
 
     @property
     def exitcode(self) -> int | None:
+        if self is _current:
+            return None
         self._check_closed()
         return None if self._run is None else self._run.exitcode
 
@@ -377,6 +408,9 @@ class _JobRun:
         self._close_fds = weakref.finalize(self, _close_fds, self.sentinel_r, self._sentinel_w)
         self._stopping = False
         self._on_finish: list[Callable[[], None]] = []
+        self._send_lock = threading.Lock()
+        self._started = False  # the start frames are sent: other frames may follow
+        self._interrupt = False  # SIGINT came before they were
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
         from fiber_core.contract.backend import (
@@ -422,6 +456,8 @@ class _JobRun:
             "config": config.snapshot(),
             "forward_output": config.get("forward_output"),
             "parent": (_current.name, os.getpid()),
+            "argv": sys.argv,  # as spawn does: a main module may read it at import
+            "log": _log_settings(),
         })
         addresses = rt.addresses_for(backend)
         _pickling.run = self
@@ -491,8 +527,12 @@ class _JobRun:
                 threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,
                                  name=f"fiber-unstick-{self.process.name}").start()
             try:
-                conn.send_frame(PROCESS_PRELUDE, payload[0])
-                conn.send_frame(PROCESS_OBJECT, payload[1])
+                with self._send_lock:
+                    conn.send_frame(PROCESS_PRELUDE, payload[0])
+                    conn.send_frame(PROCESS_OBJECT, payload[1])
+                    self._started = True
+                    if self._interrupt:
+                        conn.send_frame(PROCESS_INTERRUPT)
                 del payload
                 while True:
                     msg = conn.recv_bytes()
@@ -546,6 +586,19 @@ class _JobRun:
             except Exception as e:
                 return f"(the job's logs could not be read: {e})"
         return tail(self.logs, lines)
+
+    def interrupt(self) -> None:
+        """Have the job raise SIGINT in itself (now, or as soon as it has started)."""
+        with self._send_lock:
+            if self.finished.is_set():
+                return
+            if not self._started or self.sock is None:
+                self._interrupt = True
+                return
+            try:
+                Connection(self.sock).send_frame(PROCESS_INTERRUPT)
+            except OSError:
+                pass
 
     def on_finish(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in the monitor thread) once the process has ended."""
@@ -602,6 +655,53 @@ def _exit_children() -> None:
     for p in children:
         if p._run is not None and not p._closed:
             p.join()
+
+
+def _log_settings() -> tuple[int, bool] | None:
+    """Fiber's logger level and stderr handler, for a job (as spawn passes the stdlib's).
+
+    ``None`` when there is nothing to pass: a job then does not import logging.
+    """
+    logging = sys.modules.get("logging")
+    if logging is None or LOGGER_NAME not in logging.Logger.manager.loggerDict:
+        return None
+    logger = logging.getLogger(LOGGER_NAME)
+    to_stderr = any(getattr(h, "_fiber_stderr", False) for h in logger.handlers)
+    level = logger.getEffectiveLevel()
+    if level == logging.WARNING and not to_stderr:
+        return None  # what a job has anyway
+    return level, to_stderr
+
+
+_sigint_chained = False
+
+
+def _forward_sigint() -> None:
+    """Chain, once, a SIGINT handler that passes the signal on to the running children.
+
+    Only from the main thread (where Python runs signal handlers), and not when the
+    program ignores SIGINT (its children would too).
+    """
+    global _sigint_chained
+    if _sigint_chained or threading.current_thread() is not threading.main_thread():
+        return
+    _sigint_chained = True
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, None):
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        children = [p._run for p in list(runtime().children) if p._run is not None]
+        if children:  # sends may block: not in the handler's own thread
+            threading.Thread(target=lambda: [run.interrupt() for run in children], daemon=True,
+                             name="fiber-sigint").start()
+        if callable(previous):
+            previous(signum, frame)
+        else:  # SIG_DFL: end as the signal would have
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGINT, on_sigint)
 
 
 def cpu_count() -> int:

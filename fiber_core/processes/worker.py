@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fiber_core.contract.env import ENV_HUB, ENV_TOKEN
 from fiber_core.processes import process as process_mod
@@ -24,18 +24,27 @@ from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
+    PROCESS_INTERRUPT,
     PROCESS_STDERR,
     PROCESS_STDOUT,
     decode_process_object,
     decode_process_prelude,
     encode_process_exit,
+    kind_of,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 
 def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001
     try:
         while True:
-            conn.recv_bytes()
+            if kind_of(conn.recv_bytes()) == PROCESS_INTERRUPT:  # as if from the terminal
+                # To the main thread, which runs the handler: a blocking call there ends.
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
     except (EOFError, OSError):
         pass
     parent.gone.set()
@@ -109,6 +118,82 @@ def _import_main(ref: tuple[str, str] | None) -> None:
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
 
 
+def _set_logging(level: int, to_stderr: bool) -> None:
+    """The parent's level and stderr handler for Fiber's logger, as spawn gives the stdlib's."""
+    from fiber_core.base.log import get_logger, log_to_stderr
+
+    get_logger().setLevel(level)
+    if to_stderr:
+        log_to_stderr()
+
+
+class _SharedMemoryHook:
+    """Keeps a job's resource tracker from unlinking shared memory the job only attached to.
+
+    Under spawn a child reports to its parent's resource tracker, so a block it
+    attaches to by name outlives it. A job has its own tracker, which unlinks at
+    the job's end every block still registered: so blocks the job attaches to
+    are not registered (those it creates still are). Installed as an import hook
+    so that a job that does not use :mod:`multiprocessing.shared_memory` does not
+    import it.
+    """
+
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if name != "multiprocessing.shared_memory":
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        class _Loader:
+            def create_module(self, spec):  # noqa: ANN001, ANN202
+                return loader.create_module(spec)
+
+            def exec_module(self, module):  # noqa: ANN001, ANN202
+                exec_module(module)
+                _untrack_attached(module)
+
+        spec.loader = _Loader()  # type: ignore[assignment]
+        return spec
+
+
+def _untrack_attached(shared_memory) -> None:  # noqa: ANN001
+    tracker = shared_memory.resource_tracker
+    register, unregister = tracker.register, tracker.unregister
+    attaching = threading.local()
+    untracked: set[str] = set()
+
+    def tracked_register(name: str, rtype: str) -> None:
+        if rtype == "shared_memory" and getattr(attaching, "on", False):
+            untracked.add(name)
+            return
+        register(name, rtype)
+
+    def tracked_unregister(name: str, rtype: str) -> None:
+        if rtype == "shared_memory" and name in untracked:
+            untracked.discard(name)
+            return
+        unregister(name, rtype)
+
+    init = shared_memory.SharedMemory.__init__
+
+    def __init__(self, name=None, create=False, size=0):  # noqa: ANN001, ANN202, N807
+        attaching.on = not create
+        try:
+            init(self, name, create, size)
+        finally:
+            attaching.on = False
+
+    tracker.register, tracker.unregister = tracked_register, tracked_unregister
+    shared_memory.SharedMemory.__init__ = __init__
+
+
 def main() -> int:
 
     rt = runtime()
@@ -126,6 +211,11 @@ def main() -> int:
         for entry in data["sys_path"]:
             if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
                 sys.path.append(entry)
+        if "argv" in data:
+            sys.argv = list(data["argv"])  # before the main module runs, as spawn does
+        if data.get("log"):
+            _set_logging(*data["log"])
+        sys.meta_path.insert(0, _SharedMemoryHook())
         _import_main(data.get("main"))
         config.restore(data["config"])
         proc = decode_process_object(conn.recv_bytes())
@@ -159,7 +249,7 @@ def main() -> int:
         streams: tuple[Any, ...] = (sys.stdout, sys.stderr)  # reconfigure() if TextIOWrapper
         for stream in streams:
             try:
-                stream.reconfigure(line_buffering=True)
+                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
             except (AttributeError, ValueError):
                 pass
 
@@ -171,6 +261,9 @@ def main() -> int:
     queues = sys.modules.get("fiber_core.parallel.queues")  # only if this job used a queue
     if queues is not None:
         queues.settle()  # os._exit skips atexit: acknowledge the items this process took
+    pipes = sys.modules.get("fiber_core.processes.pipe")  # only if this job holds a Pipe end
+    if pipes is not None:
+        pipes.settle()  # give back what was sent to this job's copies and not read
     finishing.set()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -108,7 +108,7 @@ class Connection:
     def send_bytes(self, buf: Any, offset: int = 0, size: int | None = None) -> None:
         self._check_writable()
         if type(buf) is bytes and offset == 0 and size is None:  # the usual case
-            self.send_frame(b"", buf)
+            self._send(buf)
             return
         view = memoryview(buf).cast("B")
         n = len(view)
@@ -118,7 +118,12 @@ class Connection:
             size = n - offset
         if size < 0 or offset + size > n:
             raise ValueError("size is out of bounds")
-        self.send_frame(b"", view[offset:offset + size])
+        self._send(view[offset:offset + size])
+
+    def _send(self, data: bytes | bytearray | memoryview) -> None:
+        """Send one message of the program's own (``send``, ``send_bytes``); a Pipe end
+        that routes its messages elsewhere overrides it."""
+        self.send_frame(b"", data)
 
     def send_frame(self, head: bytes, body: bytes | bytearray | memoryview = b"") -> None:
         """Send one frame of ``head + body``, a message's head and body (a big ``body``
@@ -166,7 +171,7 @@ class Connection:
 
     def send(self, obj: Any) -> None:
         self._check_writable()
-        self.send_frame(b"", dumps(obj))
+        self._send(dumps(obj))
 
     def recv(self) -> Any:
         self._check_readable()

@@ -38,6 +38,7 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `o` | PROCESS_STDOUT | job → parent | output bytes | what the job wrote to fd 1 |
 | `e` | PROCESS_STDERR | job → parent | output bytes | what the job wrote to fd 2 |
 | `x` | PROCESS_EXIT | job → parent | exit code, ASCII decimal | the exit code of the process object's run |
+| `!` | PROCESS_INTERRUPT | parent → job | — | the parent got SIGINT (Ctrl-C): the job gets it too, as from the terminal |
 | `H` | POOL_HELLO | worker → pool | worker:Q | a new worker's first frame: which worker it is |
 | `W` | POOL_READY | worker → pool | — | its initializer ran: it wants work |
 | `T` | POOL_TASKS | pool → worker | pickle of (batch, job, func or None, kind, units) | a batch to run; func is sent once per job and worker |
@@ -60,6 +61,17 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `F` | QUEUE_FULL | owner → handle | — | the bounded put found no room in time |
 | `V` | QUEUE_TOO_MANY_DONE | owner → handle | — | task_done() was called more times than items were put |
 | `R` | QUEUE_RECALL | owner → handle | — | unasked: another getter waits, give back unused items (QUEUE_RETURN) |
+| `u` | PIPE_ACTIVE | copy → creator | — | the copy was used for the first time |
+| `w` | PIPE_WANT | copy → creator | taken:Q | send me one message (I took `taken` so far) |
+| `t` | PIPE_TICKET | copy → creator | ticket: ASCII | a copy of this copy was pickled (after what I wrote) |
+| `v` | PIPE_ABANDON | copy → creator | ticket: ASCII | that pickled copy will never arrive |
+| `n` | PIPE_RETURN | copy → creator | the message | a message sent to me directly that I did not read |
+| `l` | PIPE_CLOSING | copy → creator | taken:Q | I am closing: stop sending me messages |
+| `z` | PIPE_CLOSE | copy → creator | received:Q | I am closed (I received `received` direct messages) |
+| `m` | PIPE_MODE | creator → copy | `d` or `s` | `d`: messages come unasked; `s`: ask with PIPE_WANT |
+| `f` | PIPE_EOF | creator → copy | — | no holder of the other end is left: end of file |
+| `q` | PIPE_CLOSED | creator → copy | — | nothing more will be sent to you |
+| `y` | PIPE_BYE | creator → copy | — | your PIPE_CLOSE is done (returned messages are queued) |
 | `h` | SYNC_HELLO | user → creator | who: UTF-8 | first frame of a session: the process and thread it serves (for warnings) |
 | `A` | SYNC_ACQUIRE | user → creator | obj:Q block:? timeout:d | acquire the lock or semaphore obj (a Condition: its lock); SYNC_YES, SYNC_NO (not in time) or SYNC_ERROR |
 | `U` | SYNC_RELEASE | user → creator | obj:Q | release it: SYNC_DONE or SYNC_ERROR |
@@ -149,6 +161,8 @@ PROCESS_STDERR = _kind(b"e", "PROCESS_STDERR", "job", "parent", "", "output byte
                        "what the job wrote to fd 2")
 PROCESS_EXIT = _kind(b"x", "PROCESS_EXIT", "job", "parent", "", "exit code, ASCII decimal",
                      "the exit code of the process object's run")
+PROCESS_INTERRUPT = _kind(b"!", "PROCESS_INTERRUPT", "parent", "job", "", "",
+                          "the parent got SIGINT (Ctrl-C): the job gets it too, as from the terminal")
 
 # -- pool: the pool's master thread and a worker ---------------------------------------
 
@@ -200,6 +214,31 @@ QUEUE_TOO_MANY_DONE = _kind(b"V", "QUEUE_TOO_MANY_DONE", "owner", "handle", "", 
 QUEUE_RECALL = _kind(b"R", "QUEUE_RECALL", "owner", "handle", "", "",
                      "unasked: another getter waits, give back unused items (QUEUE_RETURN)")
 
+
+# -- pipe: a copy of a Pipe end and the pipe's creator (control frames: processes/pipe.py) --
+
+PIPE_ACTIVE = _kind(b"u", "PIPE_ACTIVE", "copy", "creator", "", "",
+                  "the copy was used for the first time")
+PIPE_WANT = _kind(b"w", "PIPE_WANT", "copy", "creator", "taken:Q", "",
+                "send me one message (I took `taken` so far)")
+PIPE_TICKET = _kind(b"t", "PIPE_TICKET", "copy", "creator", "", "ticket: ASCII",
+                  "a copy of this copy was pickled (after what I wrote)")
+PIPE_ABANDON = _kind(b"v", "PIPE_ABANDON", "copy", "creator", "", "ticket: ASCII",
+                   "that pickled copy will never arrive")
+PIPE_RETURN = _kind(b"n", "PIPE_RETURN", "copy", "creator", "", "the message",
+                  "a message sent to me directly that I did not read")
+PIPE_CLOSING = _kind(b"l", "PIPE_CLOSING", "copy", "creator", "taken:Q", "",
+                   "I am closing: stop sending me messages")
+PIPE_CLOSE = _kind(b"z", "PIPE_CLOSE", "copy", "creator", "received:Q", "",
+                 "I am closed (I received `received` direct messages)")
+PIPE_MODE = _kind(b"m", "PIPE_MODE", "creator", "copy", "", "`d` or `s`",
+                "`d`: messages come unasked; `s`: ask with PIPE_WANT")
+PIPE_EOF = _kind(b"f", "PIPE_EOF", "creator", "copy", "", "",
+               "no holder of the other end is left: end of file")
+PIPE_CLOSED = _kind(b"q", "PIPE_CLOSED", "creator", "copy", "", "",
+                  "nothing more will be sent to you")
+PIPE_BYE = _kind(b"y", "PIPE_BYE", "creator", "copy", "", "",
+               "your PIPE_CLOSE is done (returned messages are queued)")
 
 # -- sync: a process using a Lock, Value... served by its creator (parallel/sharing.py) --
 
