@@ -121,59 +121,59 @@ class FiberContext:
     # semaphores), so that a job that does not use them starts without them.
 
     def Lock(self) -> Any:  # noqa: N802
-        from fiber_core.parallel.synchronize import Lock
+        from fiber_core.parallel.synchronize import Lock  # on first use, as Pool
 
         return Lock(ctx=self)
 
     def RLock(self) -> Any:  # noqa: N802
-        from fiber_core.parallel.synchronize import RLock
+        from fiber_core.parallel.synchronize import RLock  # on first use, as Pool
 
         return RLock(ctx=self)
 
     def Condition(self, lock: Any = None) -> Any:  # noqa: N802
-        from fiber_core.parallel.synchronize import Condition
+        from fiber_core.parallel.synchronize import Condition  # on first use, as Pool
 
         return Condition(lock, ctx=self)
 
     def Semaphore(self, value: int = 1) -> Any:  # noqa: N802
-        from fiber_core.parallel.synchronize import Semaphore
+        from fiber_core.parallel.synchronize import Semaphore  # on first use, as Pool
 
         return Semaphore(value, ctx=self)
 
     def BoundedSemaphore(self, value: int = 1) -> Any:  # noqa: N802
-        from fiber_core.parallel.synchronize import BoundedSemaphore
+        from fiber_core.parallel.synchronize import BoundedSemaphore  # on first use, as Pool
 
         return BoundedSemaphore(value, ctx=self)
 
     def Event(self) -> Any:  # noqa: N802
-        from fiber_core.parallel.synchronize import Event
+        from fiber_core.parallel.synchronize import Event  # on first use, as Pool
 
         return Event(ctx=self)
 
     def Barrier(self, parties: int, action: Callable | None = None,  # noqa: N802
                 timeout: float | None = None) -> Any:
-        from fiber_core.parallel.synchronize import Barrier
+        from fiber_core.parallel.synchronize import Barrier  # on first use, as Pool
 
         return Barrier(parties, action, timeout, ctx=self)
 
     def RawValue(self, typecode_or_type: Any, *args: Any) -> Any:  # noqa: N802
-        from fiber_core.parallel.sharedctypes import RawValue
+        from fiber_core.parallel.sharedctypes import RawValue  # on first use, as Pool
 
         return RawValue(typecode_or_type, *args)
 
     def RawArray(self, typecode_or_type: Any, size_or_initializer: Any) -> Any:  # noqa: N802
-        from fiber_core.parallel.sharedctypes import RawArray
+        from fiber_core.parallel.sharedctypes import RawArray  # on first use, as Pool
 
         return RawArray(typecode_or_type, size_or_initializer)
 
     def Value(self, typecode_or_type: Any, *args: Any, lock: Any = True) -> Any:  # noqa: N802
-        from fiber_core.parallel.sharedctypes import Value
+        from fiber_core.parallel.sharedctypes import Value  # on first use, as Pool
 
         return Value(typecode_or_type, *args, lock=lock, ctx=self)
 
     def Array(self, typecode_or_type: Any, size_or_initializer: Any, *,  # noqa: N802
               lock: Any = True) -> Any:
-        from fiber_core.parallel.sharedctypes import Array
+        from fiber_core.parallel.sharedctypes import Array  # on first use, as Pool
 
         return Array(typecode_or_type, size_or_initializer, lock=lock, ctx=self)
 

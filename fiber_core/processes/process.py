@@ -350,7 +350,7 @@ class Process(BaseProcess):
             sys.stderr.write(str(e.code) + "\n")
             return 1
         except BaseException:
-            import traceback
+            import traceback  # only to report an error
 
             sys.stderr.write(f"Process {self.name}:\n")
             traceback.print_exc()
@@ -413,7 +413,7 @@ class _JobRun:
         self._interrupt = False  # SIGINT came before they were
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
-        from fiber_core.contract.backend import (
+        from fiber_core.contract.backend import (  # a job that starts no process never loads it
             JobSpec,  # a job that starts no process never loads it
         )
 

@@ -96,9 +96,9 @@ def _import_main(ref: tuple[str, str] | None) -> None:
     """
     if ref is None:
         return
-    import importlib
-    import runpy
-    import types
+    import importlib  # only to import a main module
+    import runpy  # only to import a main module
+    import types  # only to import a main module
 
     kind, where = ref
     try:
@@ -120,7 +120,10 @@ def _import_main(ref: tuple[str, str] | None) -> None:
 
 def _set_logging(level: int, to_stderr: bool) -> None:
     """The parent's level and stderr handler for Fiber's logger, as spawn gives the stdlib's."""
-    from fiber_core.base.log import get_logger, log_to_stderr
+    from fiber_core.base.log import (  # only when the parent logs: a job starts without logging
+        get_logger,
+        log_to_stderr,
+    )
 
     get_logger().setLevel(level)
     if to_stderr:
@@ -142,7 +145,7 @@ class _SharedMemoryHook:
                   target: ModuleType | None = None) -> ModuleSpec | None:
         if name != "multiprocessing.shared_memory":
             return None
-        import importlib.util
+        import importlib.util  # only to import a main module
 
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

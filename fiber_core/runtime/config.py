@@ -228,7 +228,7 @@ def plugins() -> Registry:
         # Loaded on first use, on purpose: the contract, pluggy and the local backend cost a
         # job ~40 ms of its start, and a job that starts no process of its own needs none of them.
         from fiber_core.backends import local
-        from fiber_core.contract.registry import Registry
+        from fiber_core.contract.registry import Registry  # see the comment above
 
         registry = Registry()
         registry.add_builtin(local, local.LocalBackend)

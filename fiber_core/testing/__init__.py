@@ -25,9 +25,9 @@ def service_missing(reason: str) -> None:
     CI starts every service first, so a missing one there is a broken run, not a
     reason for tests to pass without testing anything.
     """
-    import os
+    import os  # imported by jobs: keep it light
 
-    import pytest
+    import pytest  # only in test processes: job images often lack pytest
 
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set: the services must be up)")
@@ -37,7 +37,9 @@ def service_missing(reason: str) -> None:
 def __getattr__(name: str) -> Any:
     # Imported on demand: jobs import fiber_core.testing.targets without pytest.
     if name == "BackendConformance":
-        from fiber_core.testing.conformance import BackendConformance
+        from fiber_core.testing.conformance import (
+            BackendConformance,  # pytest: only in test processes
+        )
 
         return BackendConformance
     raise AttributeError(name)

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from fiber_core.base.errors import BufferTooShort
 from fiber_core.wire.serialize import _SMALL, dumps, loads
 
 _HEADER = struct.Struct("!I")
@@ -157,8 +158,6 @@ class Connection:
         return self._recv(maxlength)
 
     def recv_bytes_into(self, buf: Any, offset: int = 0) -> int:
-        from multiprocessing import BufferTooShort
-
         self._check_readable()
         data = self._recv()
         view = memoryview(buf).cast("B")
