@@ -15,11 +15,12 @@ import sys
 import numpy as np
 import pytest
 import sync_tasks
-from conftest import T
 
 import fiber_core
 import fiber_core.sharedctypes as sct
 from fiber_core.parallel.sharing import SERVED_ENV
+
+T = 30.0  # seconds any wait in these tests may take
 
 
 class Point(ctypes.Structure):
@@ -201,6 +202,7 @@ SERVED_PROBE = """
 import ctypes
 import fiber_core
 import fiber_core.sharedctypes
+
 
 class Point(ctypes.Structure):
     _fields_ = [("x", ctypes.c_double), ("y", ctypes.c_int)]

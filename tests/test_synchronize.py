@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 import sync_tasks
-from conftest import T
 
 import fiber_core
 import fiber_core.synchronize
 from fiber_core.parallel.sharing import SERVED_ENV, TOKEN, run_prefix
+
+T = 30.0  # seconds any wait in these tests may take
 
 WT = Path(__file__).resolve().parents[1]
 
@@ -366,6 +367,7 @@ import fiber_core
 import sync_tasks
 from fiber_core.parallel import sharing
 from fiber_core.runtime.run import runtime
+
 
 def make(q):
     # A job that creates its own objects, drops some, and exits (os._exit: no atexit).
