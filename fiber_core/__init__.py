@@ -1,7 +1,10 @@
 """Fiber: the ``multiprocessing`` API, with every process a job on a pluggable backend.
 
 ``import fiber_core as multiprocessing`` is the whole port; ``FIBER_BACKEND=docker``
-(or ``kubernetes``, ``ssh``, ``aws-batch``) moves the jobs off this machine.
+(or ``kubernetes``, ``ssh``, ``aws-batch``) moves the jobs off this machine. Importing
+``fiber_core`` also makes ``"fiber"`` a start method name for libraries that take one
+(``multiprocessing.get_context("fiber")``), and ``fiber_core.futures`` has the
+:mod:`concurrent.futures` executor.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any, TypeVar
 from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
 from fiber_core.base.log import get_logger, log_to_stderr
 from fiber_core.base.options import Option
-from fiber_core.parallel.context import FiberContext, get_context
+from fiber_core.parallel.context import FiberContext, get_context, register_start_method
 from fiber_core.parallel.queues import JoinableQueue, Queue, SimpleQueue
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import (
@@ -28,6 +31,9 @@ __version__ = "0.1.0"
 
 F = TypeVar("F", bound=Callable[..., Any])
 _context = get_context()
+# "fiber" becomes a start method name of the stdlib's multiprocessing.get_context, for
+# libraries that take a name (gymnasium's AsyncVectorEnv(context="fiber")).
+register_start_method()
 
 
 def init(**kwargs: Any) -> None:
@@ -59,6 +65,11 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
     return decorate
 
 
+_SYNCHRONIZE = frozenset({"Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock",
+                          "Semaphore"})
+_SHAREDCTYPES = frozenset({"Array", "RawArray", "RawValue", "Value"})
+
+
 def __getattr__(name: str) -> Any:
     # The heavier parts are imported on first use, so `import fiber_core` (and so the
     # start of every job) stays fast.
@@ -78,6 +89,14 @@ def __getattr__(name: str) -> Any:
         from fiber_core.parallel import managers
 
         return getattr(managers, name)
+    if name in _SYNCHRONIZE:
+        from fiber_core.parallel import synchronize
+
+        return getattr(synchronize, name)
+    if name in _SHAREDCTYPES:
+        from fiber_core.parallel import sharedctypes
+
+        return getattr(sharedctypes, name)
     if name == "Ring":
         from fiber_core.parallel.ring import Ring
 
@@ -102,8 +121,10 @@ def freeze_support() -> None:
 
 
 __all__ = [
-    "AuthenticationError", "Backend", "BufferTooShort", "FiberContext", "Job", "JobSpec",
-    "JoinableQueue", "Option", "Pipe", "Process", "ProcessError", "Queue", "SimpleQueue",
+    "Array", "AuthenticationError", "Backend", "Barrier", "BoundedSemaphore", "BufferTooShort",
+    "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Option",
+    "Pipe", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
+    "SimpleQueue", "Value",
     "TimeoutError", "active_children", "cpu_count", "current_process", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
     "log_to_stderr", "meta", "parent_process", "set_start_method",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run the core's version-sensitive tests (managers, the local backend's conformance)
+# Run the core's version-sensitive tests (managers, the local backend's conformance, the
+# concurrent.futures executor and the start method name)
 # on every other Python from 3.10 to 3.13 that pyenv provides.
 # Usage: bash scripts/test-pythons.sh
 set -euo pipefail
@@ -18,6 +19,9 @@ for v in 3.10 3.12 3.13; do
   echo "test-pythons: $("$venv/bin/python" --version)"
   "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_managers.py \
     tests/test_conformance_local.py -k "not torch"
+  # the executor and the start method name lean on the stdlib's private parts
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_executor.py tests/test_clients.py \
+    -k "not gym and not sb3"
   ran=$((ran + 1))
 done
 echo "test-pythons: ran on $ran other Python version(s)"

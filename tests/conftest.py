@@ -18,8 +18,7 @@ import pytest
 import fiber_core
 from fiber_core.backends.local import LocalBackend
 from fiber_core.base.options import Option
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config
+from fiber_core.runtime.config import config, plugins
 
 T = 30.0
 """Upper bound of any single wait in the tests."""
@@ -93,9 +92,9 @@ class _ToyPlugin:
 @pytest.fixture(scope="session")
 def toy_backend() -> type[ToyBackend]:
     """``ToyBackend``, registered in this process through a pluggy plugin object."""
-    if not registry.pm.has_plugin("toy"):
-        registry.register_plugin(_ToyPlugin(), name="toy")
-    registry.backends()  # load, so that its options are known to the configuration
+    if not plugins().pm.has_plugin("toy"):
+        plugins().register_plugin(_ToyPlugin(), name="toy")
+    plugins().backends()  # load, so that its options are known to the configuration
     return ToyBackend
 
 

@@ -226,8 +226,8 @@ def test_ring_member_failure_stops_the_others() -> None:
 
 def test_meta_reaches_jobspec() -> None:
     from fiber_core.backends import local
-    from fiber_core.contract import registry
     from fiber_core.contract.hookspecs import hookimpl
+    from fiber_core.runtime.config import plugins
 
     seen: list[JobSpec] = []
 
@@ -243,7 +243,7 @@ def test_meta_reaches_jobspec() -> None:
         def fiber_register_backends(self, register) -> None:  # noqa: ANN001
             register(Recording)
 
-    registry.registry.register_plugin(Plugin(), name="recording-test")
+    plugins().register_plugin(Plugin(), name="recording-test")
 
     @mp.meta(cpu=2, memory=512, gpu=1, gpu_type="a10g")
     def task() -> None:

@@ -491,17 +491,20 @@ def test_a_borrower_whose_connection_ends_serves_nothing_the_owner_took_back() -
 
 
 def test_an_item_sent_to_a_getter_that_ends_before_it_arrived_goes_back() -> None:
-    # Spoken by hand, as a getter killed between the owner's send and its own "a" would.
+    # Spoken by hand, as a getter killed between the owner's send and its own QUEUE_GOT would.
     from fiber_core.connection import Connection
     from fiber_core.runtime.hub import dial
     from fiber_core.runtime.run import runtime
+    from fiber_core.wire import messages
     from fiber_core.wire.serialize import loads
 
     q = fiber_core.Queue()
     q.put("precious")
     conn = Connection(dial(q._hub, runtime().authkey, f"queue:{q._id}"))
-    conn.send_bytes(b"g" + fiber_core.Queue._args(True, None))
-    assert loads(memoryview(conn.recv_bytes())[1:]) == "precious"
+    conn.send_frame(messages.encode_queue_get(True, None))
+    reply = conn.recv_bytes()
+    assert messages.kind_of(reply) == messages.QUEUE_ITEM
+    assert loads(messages.body(reply)) == "precious"
     conn.close()  # without saying it arrived
     assert q.get(timeout=T) == "precious"
 

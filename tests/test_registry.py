@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import os
+import textwrap
+import types
+from pathlib import Path
 
 import pytest
 
 import fiber_core
 from fiber_core.backends import local
 from fiber_core.backends.local import LocalBackend
-from fiber_core.base.errors import UnknownBackendError
+from fiber_core.base.errors import PluginError, UnknownBackendError
 from fiber_core.contract.backend import Backend
 from fiber_core.contract.registry import (
     ENV_DISABLE_AUTOLOAD,
     KNOWN_PACKAGES,
     BackendRegistrar,
     Registry,
-    registry,
 )
-from fiber_core.runtime.config import selected_backend_name
+from fiber_core.runtime.config import plugins, selected_backend_name
 
 T = 30.0
 
@@ -46,7 +48,7 @@ def test_unknown_backend_says_what_to_install(name: str, package: str,
 
 def test_unknown_third_party_name() -> None:
     with pytest.raises(UnknownBackendError, match="its own package") as e:
-        registry.get_class("nomad")
+        plugins().get_class("nomad")
     assert "pip install" not in str(e.value)
 
 
@@ -107,14 +109,14 @@ def test_plugin_backend_runs_a_process(toy_backend: type) -> None:
 def test_entry_point_backend_end_to_end(run_script, toy_dist) -> None:  # noqa: ANN001
     out = run_script("""
         import os, fiber_core
-        from fiber_core.contract.registry import registry
+        from fiber_core.runtime.config import plugins
         from fiber_core.runtime.config import selected_backend_name
 
         def report(q):
             q.put(os.environ.get("FIBER_TOY_JOB"))
 
         if __name__ == "__main__":
-            print(selected_backend_name(), [b.package for b in registry.backends() if b.name == "toy"])
+            print(selected_backend_name(), [b.package for b in plugins().backends() if b.name == "toy"])
             q = fiber_core.Queue()
             p = fiber_core.Process(target=report, args=(q,))
             p.start()
@@ -164,3 +166,151 @@ def test_init_backend_after_first_job_applies_to_later_jobs(toy_backend) -> None
     assert second.exitcode == 0
     assert type(second._run.backend) is toy_backend
     assert type(first._run.backend).name == "local"
+
+
+# -- what a plugin gets wrong, what a user turns off, what a plugin detects ----------------------
+
+
+def _installed(tmp_path: Path, dist: str, module: str, source: str, entry_point: str) -> dict[str, str]:
+    """A distribution ``dist`` installed under ``tmp_path``: the module ``module`` (``source``)
+    and a ``fiber`` entry point ``entry_point``. Returns the environment a fresh interpreter
+    finds it under."""
+    site = tmp_path / "site"
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[fiber]\n{entry_point} = {module}\n")
+    (info / "top_level.txt").write_text(f"{module}\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
+TYPO_PLUGIN = """
+    from fiber_core.contract import hookimpl
+
+
+    @hookimpl
+    def fiber_register_backend(register):  # the hook is fiber_register_backends
+        raise AssertionError("never called")
+"""
+
+
+def test_misspelled_hook_is_an_error_naming_plugin_and_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = _bare_registry(monkeypatch)
+    plugin = types.ModuleType("fiber_typo")
+    exec(textwrap.dedent(TYPO_PLUGIN), plugin.__dict__)
+    with pytest.raises(PluginError) as e:
+        reg.register_plugin(plugin, name="typo")
+    assert "fiber plugin 'typo' implements a hook that Fiber does not define" in str(e.value)
+    assert "fiber_register_backend" in str(e.value)
+    assert "fiber_core.contract.hookspecs" in str(e.value)  # where the right names are
+    assert not reg.pm.has_plugin("typo")  # refused whole
+    assert reg.get_class("local").name == "local"  # the others are unaffected
+
+
+def test_misspelled_hook_of_an_installed_plugin(run_script, tmp_path: Path) -> None:  # noqa: ANN001
+    env = _installed(tmp_path, "fiber-typo", "fiber_typo", TYPO_PLUGIN, "typo")
+    out = run_script("""
+        import fiber_core
+
+        if __name__ == "__main__":
+            p = fiber_core.Process(target=print, backend="nomad")
+            p.start()
+    """, env=env, timeout=T)
+    assert out.returncode != 0
+    assert "PluginError: fiber plugin 'typo' implements a hook that Fiber does not define" in out.stderr
+    assert "fiber_register_backend" in out.stderr
+
+
+TOY_PLUGIN = """
+    from fiber_core.backends.local import LocalBackend
+    from fiber_core.contract import hookimpl
+
+
+    class ToyBackend(LocalBackend):
+        name = "toy"
+        aliases = ("plaything",)
+
+
+    @hookimpl
+    def fiber_register_backends(register):
+        register(ToyBackend)
+
+
+    @hookimpl
+    def fiber_detect_backend():
+        return "plaything"  # an alias is accepted
+"""
+
+
+@pytest.mark.parametrize("value, loaded", [("1", False), ("true", False), ("0", True), ("", True)])
+def test_disable_plugin_autoload(run_script, tmp_path: Path, value: str, loaded: bool) -> None:  # noqa: ANN001
+    env = _installed(tmp_path, "fiber-toy", "fiber_toy", TOY_PLUGIN, "toy")
+    out = run_script("""
+        from fiber_core.backends import local
+        from fiber_core.backends.local import LocalBackend
+        from fiber_core.contract import hookimpl
+        from fiber_core.contract.registry import Registry
+
+
+        class ByHand(LocalBackend):
+            name = "byhand"
+
+
+        class Plugin:
+            @hookimpl
+            def fiber_register_backends(self, register):
+                register(ByHand)
+
+
+        reg = Registry()
+        reg.add_builtin(local, LocalBackend)
+        reg.register_plugin(Plugin(), name="byhand")
+        names = [b.name for b in reg.backends()]
+        print(" ".join(n for n in names if n in ("byhand", "local", "toy")))
+        print("plugins other than ours:", any(n not in ("byhand", "local", "toy") for n in names))
+    """, env={**env, ENV_DISABLE_AUTOLOAD: value}, timeout=T)
+    assert out.returncode == 0, out.stderr
+    if loaded:
+        assert out.stdout.splitlines()[0] == "byhand local toy"
+    else:
+        assert out.stdout.splitlines() == ["byhand local", "plugins other than ours: False"]
+
+
+def test_detected_backend_is_used_only_when_none_is_configured(run_script, tmp_path: Path) -> None:  # noqa: ANN001
+    env = _installed(tmp_path, "fiber-toy", "fiber_toy", TOY_PLUGIN, "toy")
+    out = run_script("""
+        import os
+        import fiber_core
+        from fiber_core.runtime.config import config, selected_backend_name
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            print("nothing configured:", selected_backend_name())
+            p = fiber_core.Process(target=abs, args=(-1,))
+            p.start()
+            p.join(30)
+            print("the process ran on:", runtime().get_backend(None).name, p.exitcode)
+            print("argument:", selected_backend_name("local"))
+            with open(".fiberconfig", "w") as f:
+                f.write("[fiber]\\nbackend = local\\n")
+            config.reset()
+            print(".fiberconfig:", selected_backend_name())
+            os.remove(".fiberconfig")
+            os.environ["FIBER_BACKEND"] = "local"
+            config.reset()
+            print("FIBER_BACKEND:", selected_backend_name())
+            del os.environ["FIBER_BACKEND"]
+            config.reset()
+            fiber_core.init(backend="local")
+            print("init():", selected_backend_name())
+    """, env=env, timeout=2 * T)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "nothing configured: toy",
+        "the process ran on: toy 0",
+        "argument: local",
+        ".fiberconfig: local",
+        "FIBER_BACKEND: local",
+        "init(): local",
+    ]

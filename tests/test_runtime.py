@@ -198,10 +198,10 @@ def _echo_through(q_in, q_out) -> None:  # noqa: ANN001
 
 
 def test_each_backend_gets_its_own_listen_address() -> None:
-    from fiber_core.contract.registry import registry
+    from fiber_core.runtime.config import plugins
 
-    if not registry.pm.has_plugin("second-loopback"):
-        registry.register_plugin(_SecondLoopbackPlugin(), name="second-loopback")
+    if not plugins().pm.has_plugin("second-loopback"):
+        plugins().register_plugin(_SecondLoopbackPlugin(), name="second-loopback")
     q_in, q_out = fiber_core.Queue(), fiber_core.Queue()
     q_in.put(41)
     p = fiber_core.Process(target=_echo_through, args=(q_in, q_out), backend="second-loopback")

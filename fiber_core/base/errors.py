@@ -56,6 +56,13 @@ class JobStartError(BackendError):
         self.logs = logs
 
 
+class TaskLostError(FiberError):
+    """Every worker that ran a pool task died while running it, so it is not retried again.
+
+    The task probably kills its worker (it exits, crashes, or runs out of memory).
+    """
+
+
 class PicklingError(FiberError, TypeError):
     """An object sent to another process cannot be pickled.
 

@@ -17,7 +17,7 @@ DEFAULT_FORMAT = "[%(levelname)s/%(processName)s] %(message)s"
 
 def get_logger() -> logging.Logger:
     """Fiber's logger (``"fiber"``); like ``multiprocessing.get_logger()`` it has no handler until you add one."""
-    import logging
+    import logging  # on first use: a job starts without it (see _Log)
 
     return logging.getLogger(LOGGER_NAME)
 
@@ -39,7 +39,7 @@ def tail(text: str, lines: int = 20) -> str:
 
 def log_to_stderr(level: int | None = None) -> logging.Logger:
     """Send Fiber's log to stderr with the process name, like the stdlib's function."""
-    import logging
+    import logging  # see get_logger
 
     logger = get_logger()
     if not any(getattr(h, "_fiber_stderr", False) for h in logger.handlers):

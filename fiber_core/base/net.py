@@ -1,4 +1,4 @@
-"""TODO."""
+"""Socket helpers every layer may use: TCP keepalives that end a connection to a lost peer."""
 
 from __future__ import annotations
 

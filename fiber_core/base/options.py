@@ -1,4 +1,4 @@
-"""TODO."""
+"""Option types: one configuration key (name, type, default, help) and the parsers of its values."""
 
 from __future__ import annotations
 

@@ -10,61 +10,85 @@ why it ended, and stops it.
 
 Writing a backend
 -----------------
-Subclass :class:`Backend`, set :attr:`Backend.name`, implement
-:meth:`~Backend.create_job` and :meth:`~Backend.terminate_job`, and say when a
-job ends: either finish its :class:`~fiber_core.contract.jobs.JobState` from a
-watcher (an event stream, a batched status query), or override
-:meth:`~Backend.poll_job` to ask the platform. Keep the job's output in
-``job.state.log`` (or override :meth:`~Backend.get_job_logs`), override
-:meth:`~Backend.kill_job` when the platform has a harder stop than terminate,
-and :meth:`~Backend.worker_command` to name the interpreter inside jobs. Then
-register the class from a plugin module (see :mod:`fiber_core.contract.hookspecs`).
-This whole backend runs each job as a process started through a shell, and
-passes the conformance suite (``tests/test_authoring.py`` runs it as written)::
+Subclass :class:`Backend`, set :attr:`Backend.name`, and give it what the
+conformance suite (:mod:`fiber_core.testing`) checks:
 
-    import os, shlex, signal, subprocess, sys, threading
-    from fiber_core.contract import Backend, Job, Option, hookimpl
+* :meth:`~Backend.create_job` starts ``spec.command`` with ``spec.env`` and
+  returns a :class:`Job` at once;
+* every job ends: finish ``job.state`` when the platform says so (a thread that
+  waits, a :meth:`~Backend.watch` on an event stream or a batched query), or
+  override :meth:`~Backend.poll_job` to ask the platform;
+* the job's output goes to ``job.state.log`` (or override
+  :meth:`~Backend.get_job_logs`): it is how a job that could not start explains itself;
+* :meth:`~Backend.terminate_job` stops a job with ``SIGTERM`` (``-15``) and
+  :meth:`~Backend.kill_job` with ``SIGKILL`` (``-9``); the default ``kill_job``
+  only terminates, which the suite's ``test_kill`` refuses;
+* :meth:`~Backend.worker_command` names the interpreter inside jobs: the
+  default, ``python3``, suits images and remote hosts; jobs on this machine use
+  ``[sys.executable]``.
+
+Then register the class from a plugin module (:mod:`fiber_core.contract.hookspecs`)
+and run the suite on it. This whole backend runs each job as a process started
+through a shell, and passes the suite as written (``tests/test_authoring.py``
+runs it; ``examples/backend_template/`` is it as a distribution, and
+``docs/writing-a-backend.md`` walks through it)::
+
+    from __future__ import annotations
+
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import threading
+    from collections.abc import Callable
+
+    from fiber_core.contract import Backend, BackendError, Job, JobSpec, Option, hookimpl
+
 
     class ShellBackend(Backend):
         name = "shell"
         options = (Option("shell", str, "/bin/sh", "the shell that starts jobs"),)
 
-        def create_job(self, spec):
+        def create_job(self, spec: JobSpec) -> Job:
             command = " ".join(map(shlex.quote, spec.command))
-            popen = subprocess.Popen(
-                [self.settings["shell"], "-c", "exec " + command],
-                env={**os.environ, **spec.env}, cwd=spec.cwd, start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            try:
+                popen = subprocess.Popen(
+                    [self.settings["shell"], "-c", "exec " + command],
+                    env={**os.environ, **spec.env}, cwd=spec.cwd, start_new_session=True,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            except OSError as e:
+                raise BackendError(f"cannot run the shell {self.settings['shell']!r}: {e}; "
+                                   "set FIBER_SHELL_SHELL to one that exists") from e
             job = Job(id=str(popen.pid), spec=spec, handle=popen)
             threading.Thread(target=self._follow, args=(job,), daemon=True).start()
             return job
 
-        def _follow(self, job):
+        def _follow(self, job: Job) -> None:
             for chunk in iter(lambda: job.handle.stdout.read1(65536), b""):
                 job.state.log.append(chunk)
-            job.state.finish(job.handle.wait())  # first end wins; reason from stop_requested
+            job.state.finish(job.handle.wait())  # the first end wins; Fiber's stops are STOPPED
 
-        def terminate_job(self, job):
+        def terminate_job(self, job: Job) -> None:
             self._signal(job, signal.SIGTERM)
 
-        def kill_job(self, job):
+        def kill_job(self, job: Job) -> None:
             self._signal(job, signal.SIGKILL)
 
-        def _signal(self, job, sig):
+        def _signal(self, job: Job, sig: int) -> None:
             if not job.state.done():
                 try:
-                    os.killpg(job.handle.pid, sig)
+                    os.killpg(job.handle.pid, sig)  # the job leads its own process group
                 except ProcessLookupError:
                     pass
 
-        def worker_command(self):
-            return [sys.executable]
+        def worker_command(self) -> list[str]:
+            return [sys.executable]  # jobs run on this machine
+
 
     @hookimpl
-    def fiber_register_backends(register):
+    def fiber_register_backends(register: Callable[[type[Backend]], None]) -> None:
         register(ShellBackend)
-
-Prove it with the conformance suite shipped in :mod:`fiber_core.testing`.
 
 The rules every method follows
 ------------------------------

@@ -10,6 +10,19 @@ functions marked with :data:`hookimpl` are called. A hook is a broadcast to ever
 plugin: use hooks to *announce* things. A backend is a stateful object that the
 user picks, so calls on jobs never go through hooks: they are plain method calls
 on the :class:`fiber_core.contract.backend.Backend` instance.
+
+The hooks: :func:`fiber_register_backends` (what a backend plugin implements),
+:func:`fiber_add_commands` and :func:`fiber_detect_backend`. A function marked
+with :data:`hookimpl` under any other name (``fiber_register_backend``) is a
+:class:`~fiber_core.base.errors.PluginError` when plugins load, naming the plugin
+and the hook; an unmarked function is not a hook and is never called.
+
+``FIBER_DISABLE_PLUGIN_AUTOLOAD=1`` skips the entry points: only the built-in
+backends and plugins registered by hand are known. Tests and programs that embed
+a backend register one by hand, module or object alike::
+
+    from fiber_core.runtime.config import plugins
+    plugins().register_plugin(my_plugin_module, name="shell")
 """
 
 from __future__ import annotations

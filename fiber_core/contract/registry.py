@@ -89,6 +89,7 @@ class Registry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._registrar: BackendRegistrar | None = None
+        self._plugins_loaded = False
         self._builtins: dict[str, tuple[ModuleType, type[Backend]]] = {}
         self._listeners: list[Callable[[type[Backend]], None]] = []
         self.pm = pluggy.PluginManager("fiber")
@@ -107,11 +108,15 @@ class Registry:
         """Call ``listener(cls)`` for every backend class once plugins are loaded."""
         self._listeners.append(listener)
 
-    def _load(self) -> BackendRegistrar:
+    def _load_plugins(self) -> None:
+        """Register the built-in and installed plugin modules with pluggy (once).
+
+        Cheap on purpose: plugin modules import their backend classes only when asked to
+        register them (:meth:`_load`), so asking a plugin which backend to use does not.
+        """
         with self._lock:
-            if self._registrar is not None:
-                return self._registrar
-            registrar = BackendRegistrar()
+            if self._plugins_loaded:
+                return
             for name, (module, _cls) in self._builtins.items():
                 if not self.pm.has_plugin(name):  # a reload after register_plugin()
                     self.pm.register(module, name=name)
@@ -126,6 +131,14 @@ class Registry:
                     continue
                 self.pm.register(plugin, name=ep.name)
             self._check_hooks()
+            self._plugins_loaded = True
+
+    def _load(self) -> BackendRegistrar:
+        self._load_plugins()
+        with self._lock:
+            if self._registrar is not None:
+                return self._registrar
+            registrar = BackendRegistrar()
             for impl in self.pm.hook.fiber_register_backends.get_hookimpls():
                 # Not _dist_name(impl.plugin) here: it scans every installed distribution
                 # (~0.3 s), and a backend that declares its ``package`` does not need it.
@@ -156,13 +169,21 @@ class Registry:
 
     def detect(self) -> str | None:
         """The backend a plugin says this process should use where it runs, if any."""
-        self._load()
+        self._load_plugins()
         return self.pm.hook.fiber_detect_backend()
 
     def register_plugin(self, plugin: object, name: str | None = None) -> None:
-        """Register a plugin object by hand (tests, embedded backends), then reload."""
+        """Register a plugin object by hand (tests, embedded backends), then reload.
+
+        A plugin with a misspelled hook is refused at once (:class:`PluginError`).
+        """
         with self._lock:
             self.pm.register(plugin, name=name)
+            try:
+                self._check_hooks()
+            except PluginError:
+                self.pm.unregister(plugin)  # refused whole: nothing of it stays registered
+                raise
             self._registrar = None
 
     def backends(self) -> list[BackendInfo]:
@@ -209,6 +230,3 @@ def _dist_name(plugin: object) -> str | None:
 @functools.lru_cache(maxsize=1)
 def _packages_distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
-
-
-registry = Registry()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing.context
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +46,15 @@ class FiberContext:
         return Process
 
     def get_start_method(self, allow_none: bool = False) -> str:
+        # The first thing concurrent.futures.ProcessPoolExecutor asks of its mp_context
+        # (3.10.13 and every 3.11-3.13): refuse there, before it builds pipes and locks.
+        if sys._getframe(1).f_globals.get("__name__") == "concurrent.futures.process":
+            raise ValueError(
+                "concurrent.futures.ProcessPoolExecutor cannot run its workers on Fiber's context: "
+                "it gives them operating-system pipes and semaphores, which a job (possibly on "
+                "another machine) cannot reach. Use fiber_core.futures.ProcessPoolExecutor, the "
+                "same API over a Fiber Pool: `from fiber_core.futures import ProcessPoolExecutor`."
+            )
         return self._method
 
     def set_start_method(self, method: str | None, force: bool = False) -> None:
@@ -93,16 +104,78 @@ class FiberContext:
 
     def Pool(self, processes: int | None = None, initializer: Callable | None = None,  # noqa: N802
              initargs: tuple = (), maxtasksperchild: int | None = None, **kwargs: Any) -> Any:
-        from fiber_core.parallel.pool import Pool
+        from fiber_core.parallel.pool import (
+            Pool,  # on first use: a job that makes no Pool never loads it
+        )
 
         return Pool(processes, initializer, initargs, maxtasksperchild, **kwargs)
 
     def Manager(self) -> Any:  # noqa: N802
-        from fiber_core.parallel.managers import SyncManager
+        from fiber_core.parallel.managers import SyncManager  # on first use, as Pool
 
         m = SyncManager()
         m.start()
         return m
+
+    # Synchronization objects and shared ctypes: loaded on first use (ctypes, the
+    # semaphores), so that a job that does not use them starts without them.
+
+    def Lock(self) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Lock  # on first use, as Pool
+
+        return Lock(ctx=self)
+
+    def RLock(self) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import RLock  # on first use, as Pool
+
+        return RLock(ctx=self)
+
+    def Condition(self, lock: Any = None) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Condition  # on first use, as Pool
+
+        return Condition(lock, ctx=self)
+
+    def Semaphore(self, value: int = 1) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Semaphore  # on first use, as Pool
+
+        return Semaphore(value, ctx=self)
+
+    def BoundedSemaphore(self, value: int = 1) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import BoundedSemaphore  # on first use, as Pool
+
+        return BoundedSemaphore(value, ctx=self)
+
+    def Event(self) -> Any:  # noqa: N802
+        from fiber_core.parallel.synchronize import Event  # on first use, as Pool
+
+        return Event(ctx=self)
+
+    def Barrier(self, parties: int, action: Callable | None = None,  # noqa: N802
+                timeout: float | None = None) -> Any:
+        from fiber_core.parallel.synchronize import Barrier  # on first use, as Pool
+
+        return Barrier(parties, action, timeout, ctx=self)
+
+    def RawValue(self, typecode_or_type: Any, *args: Any) -> Any:  # noqa: N802
+        from fiber_core.parallel.sharedctypes import RawValue  # on first use, as Pool
+
+        return RawValue(typecode_or_type, *args)
+
+    def RawArray(self, typecode_or_type: Any, size_or_initializer: Any) -> Any:  # noqa: N802
+        from fiber_core.parallel.sharedctypes import RawArray  # on first use, as Pool
+
+        return RawArray(typecode_or_type, size_or_initializer)
+
+    def Value(self, typecode_or_type: Any, *args: Any, lock: Any = True) -> Any:  # noqa: N802
+        from fiber_core.parallel.sharedctypes import Value  # on first use, as Pool
+
+        return Value(typecode_or_type, *args, lock=lock, ctx=self)
+
+    def Array(self, typecode_or_type: Any, size_or_initializer: Any, *,  # noqa: N802
+              lock: Any = True) -> Any:
+        from fiber_core.parallel.sharedctypes import Array  # on first use, as Pool
+
+        return Array(typecode_or_type, size_or_initializer, lock=lock, ctx=self)
 
     def freeze_support(self) -> None:
         pass
@@ -125,6 +198,26 @@ class FiberContext:
     def set_forkserver_preload(self, module_names: list[str]) -> None:
         pass
 
+    def _check_available(self) -> None:
+        # The stdlib's get_context(name) calls this on the context it found: for
+        # get_context("fiber") it passes; for set_start_method("fiber") (which goes through
+        # get_context) it refuses, since multiprocessing.Process and Queue would then use a
+        # context they cannot work with.
+        frame = sys._getframe(1)
+        for _ in range(4):
+            if frame.f_back is None:
+                break
+            frame = frame.f_back
+            if (frame.f_code.co_name == "set_start_method"
+                    and frame.f_globals.get("__name__") == "multiprocessing.context"):
+                raise ValueError(
+                    "multiprocessing.set_start_method('fiber') is not supported: the stdlib's "
+                    "Process, Queue and Pool cannot start Fiber jobs. For a whole program use "
+                    "`import fiber_core as multiprocessing`; for a library that takes a start "
+                    "method name, pass it 'fiber' (AsyncVectorEnv(context='fiber'), "
+                    "SubprocVecEnv(start_method='fiber')) after `import fiber_core`."
+                )
+
 
 def _check_method(method: str | None) -> None:
     if method is None or method in _METHODS:
@@ -145,3 +238,29 @@ def get_context(method: str | None = None) -> FiberContext:
     """Return a context; every accepted start method gives Fiber's job-backed processes."""
     _check_method(method)
     return _default if method in (None, "fiber") else FiberContext(method)
+
+
+def register_start_method() -> bool:
+    """Make the stdlib's ``multiprocessing.get_context("fiber")`` return Fiber's context.
+
+    Libraries that take a start method *name* (gymnasium's ``AsyncVectorEnv(context=)``,
+    Stable-Baselines3's ``SubprocVecEnv(start_method=)``) look it up with the stdlib's
+    ``get_context``, which reads the table ``multiprocessing.context._concrete_contexts``
+    (the same dict, looked up the same way, in CPython 3.10 to 3.13). Fiber adds itself
+    there as ``"fiber"`` when ``fiber_core`` is imported, so such a library runs its
+    processes as Fiber jobs, unpatched. Nothing else changes: the stdlib's default start
+    method and ``multiprocessing.get_all_start_methods()`` stay as they were, and
+    ``multiprocessing.set_start_method("fiber")`` is refused (see ``_check_available``).
+
+    Returns False, registering nothing, where this Python keeps no such table or another
+    package has taken the name: ``get_context("fiber")`` then raises the stdlib's
+    ``ValueError: cannot find context for 'fiber'``.
+    """
+    table = getattr(multiprocessing.context, "_concrete_contexts", None)
+    if not isinstance(table, dict):
+        return False
+    current = table.get("fiber")
+    if current is not None and not isinstance(current, FiberContext):
+        return False
+    table["fiber"] = _default
+    return True

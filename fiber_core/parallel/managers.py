@@ -28,6 +28,7 @@ import multiprocessing.managers as _std
 import multiprocessing.process as _std_process
 import multiprocessing.util as _std_util
 import os
+import signal
 import sys
 import threading
 import time
@@ -106,8 +107,6 @@ def _serve(cls: type[BaseManager], registry: dict[str, _RegistryEntry], authkey:
     standard library uses. Elsewhere: TCP on all interfaces, reported as the
     address this host has on the route to the parent.
     """
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     share_run_key()
     if initializer is not None:
@@ -182,7 +181,13 @@ class BaseManager(_std.BaseManager):
         self._process.name = f"{type(self).__name__}-{':'.join(map(str, self._process._identity))}"
         self._process.start()
         try:
-            if not _poll_until_dead(reader, self._process):
+            address = None
+            if _poll_until_dead(reader, self._process):
+                try:
+                    address = reader.recv()
+                except EOFError:  # the job ended before it connected: its end was given up
+                    pass
+            if address is None:
                 self._process.join(5)
                 run = self._process._run
                 tail = run.log_tail(15) if run else ""
@@ -190,7 +195,7 @@ class BaseManager(_std.BaseManager):
                     f"manager server {self._process.name} exited with code "
                     f"{self._process.exitcode} before it was ready"
                     + (f"; the end of its log:\n{tail}" if tail else ""))
-            self._address = reader.recv()
+            self._address = address
         finally:
             reader.close()
         self._state.value = State.STARTED

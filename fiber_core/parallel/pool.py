@@ -13,7 +13,8 @@ front of the queue and a replacement job is started; a result is accepted once
 per task, so every result reaches the caller exactly once, and ``map`` keeps
 its order. A task that raises is not retried: its exception is re-raised in the
 caller with the remote traceback as ``__cause__``. A task that kills every
-worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts, and
+worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts
+(:class:`~fiber_core.base.errors.TaskLostError`), and
 workers that die before they are ready (bad image, failing initializer) fail
 the pool after :data:`MAX_START_FAILURES` in a row (:data:`MAX_START_KILLS` in
 a row when a signal ended them, which may be a lost host rather than a broken
@@ -60,7 +61,6 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import pickle
 import queue as _queue
 import selectors
 import socket
@@ -70,12 +70,27 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fiber_core.base.errors import FiberError, JobStartError, TimeoutError
+from fiber_core.base.errors import FiberError, JobStartError, TaskLostError, TimeoutError
 from fiber_core.base.log import log
 from fiber_core.processes.process import Process, cpu_count
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
+from fiber_core.wire.messages import (
+    POOL_QUIT,
+    POOL_READY,
+    POOL_RESULTS,
+    POOL_TASKS,
+    MessageError,
+    decode_pool_hello,
+    decode_pool_results,
+    decode_pool_tasks,
+    encode_pool_hello,
+    encode_pool_results,
+    encode_pool_tasks,
+    kind_of,
+    unexpected,
+)
 from fiber_core.wire.serialize import dumps, loads
 
 TARGET_BATCH_SECONDS = 0.02
@@ -161,7 +176,7 @@ def _run_unit(func: Callable, kind: int, items: list) -> tuple[bool, Any]:
 
 def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
     try:
-        return dumps((batch_id, elapsed, results))
+        return encode_pool_results(batch_id, elapsed, results)
     except Exception:
         fixed = []
         for ok, value in results:
@@ -172,17 +187,17 @@ def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
                 shown = value[0] if not ok else value
                 err = MaybeEncodingError(repr(e), repr(shown)[:500])
                 fixed.append((False, (err, "")))
-        return dumps((batch_id, elapsed, fixed))
+        return encode_pool_results(batch_id, elapsed, fixed)
 
 
 def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
                  initargs: tuple, maxtasks: int | None) -> None:
     sock = dial(hub, runtime().authkey, f"pool:{pool_id}")
     conn = Connection(sock)
-    conn.send_bytes(b"H%d" % worker_id)
+    conn.send_frame(encode_pool_hello(worker_id))
     if initializer is not None:
         initializer(*initargs)
-    conn.send_bytes(b"R")
+    conn.send_frame(POOL_READY)
     # Read in this thread: no hand-off to wake up per message. The master only sends
     # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
     funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
@@ -192,9 +207,12 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
             msg = conn.recv_bytes()
         except (EOFError, OSError):
             break
-        if msg[:1] == b"Q":
+        op = kind_of(msg)
+        if op == POOL_QUIT:
             break
-        batch_id, func_id, func_bytes, kind, units = loads(memoryview(msg)[1:])
+        if op != POOL_TASKS:
+            raise unexpected(msg, "a pool worker's connection")
+        batch_id, func_id, func_bytes, kind, units = decode_pool_tasks(msg)
         if func_bytes is not None:
             funcs[func_id] = loads(func_bytes)
             if len(funcs) > _FUNC_CACHE:
@@ -203,7 +221,8 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
         start = time.perf_counter()
         results = [_run_unit(func, kind, loads(unit)) for unit in units]
         done += len(units)
-        conn._send(_encode_results(batch_id, time.perf_counter() - start, results), b"D")
+        elapsed = time.perf_counter() - start
+        conn.send_frame(POOL_RESULTS, _encode_results(batch_id, elapsed, results))
     conn.close()
 
 
@@ -489,9 +508,8 @@ class Pool:
     def _on_connect(self, target: str, sock: socket.socket) -> None:
         # Runs in a hub thread: read the hello, hand the socket to the master.
         try:
-            hello = Connection(sock).recv_bytes()
-            wid = int(hello[1:])
-        except (EOFError, OSError, ValueError):
+            wid = decode_pool_hello(Connection(sock).recv_bytes())
+        except (EOFError, OSError, MessageError):
             sock.close()
             return
         self._incoming.put((wid, sock))
@@ -499,7 +517,7 @@ class Pool:
 
     def _wake(self) -> None:
         try:
-            self._wake_w.send(b"x")
+            self._wake_w.send(b"\0")  # any byte: it only wakes the master
         except (BlockingIOError, OSError):
             pass
 
@@ -557,7 +575,7 @@ class Pool:
         self._watch(sock, ("conn", w))
         if w.retiring:
             try:
-                w.conn.send_bytes(b"Q")
+                w.conn.send_frame(POOL_QUIT)
             except OSError:
                 pass
 
@@ -568,10 +586,10 @@ class Pool:
         except (EOFError, OSError):
             self._lose(w)
             return
-        op = msg[:1]
-        if op == b"D":
+        op = kind_of(msg)
+        if op == POOL_RESULTS:
             try:
-                batch_id, elapsed, results = loads(memoryview(msg)[1:])
+                batch_id, elapsed, results = decode_pool_results(msg)
             except Exception as e:
                 # Pickled in the worker but cannot be rebuilt here. A worker answers its
                 # batches in order, so this answers its oldest pending one.
@@ -597,17 +615,22 @@ class Pool:
                     value = _rebuild_exc(exc, tb) if tb else exc
                 unit.job._set_unit(unit.index, ok, value)
             self._retire_if_done(w)
-        elif op == b"R":
+        elif op == POOL_READY:
             w.ready = True
             self._start_failures = self._start_kills = 0
             with self._lock:
                 if self._state == "RUN" or self._queue:
                     self._top_up()
+        else:
+            # Not a message of this pool: the worker is cut off (it exits) and its tasks
+            # go to the others.
+            log.error("fiber: %s", unexpected(msg, f"the connection of {w.process.name}"))
+            self._lose(w)
 
     def _retire_if_done(self, w: _Worker) -> None:
         if w.retiring and not w.pending and w.conn is not None:
             try:
-                w.conn.send_bytes(b"Q")
+                w.conn.send_frame(POOL_QUIT)
             except OSError:
                 pass
 
@@ -617,10 +640,11 @@ class Pool:
             return
         w.lost = True
         if w.conn is not None:
-            try:
-                self._sel.unregister(w.conn._sock)
-            except (KeyError, ValueError):
-                pass
+            if w.conn._sock is not None:
+                try:
+                    self._sel.unregister(w.conn._sock)
+                except (KeyError, ValueError):
+                    pass
             w.conn.close()
         with self._lock:
             batches = list(w.pending.values())
@@ -631,7 +655,7 @@ class Pool:
                 unit.attempts += 1
             for unit in reversed([u for units in batches for u in units]):
                 if unit.attempts >= MAX_TASK_ATTEMPTS:
-                    unit.job._set_unit(unit.index, False, FiberError(
+                    unit.job._set_unit(unit.index, False, TaskLostError(
                         f"task lost: {unit.attempts} workers died while running it "
                         f"(last: {w.process.name}); it is not retried again"))
                 else:
@@ -755,7 +779,7 @@ class Pool:
         return size > PREFETCH_MAX_BYTES
 
     def _send_batch(self, w: _Worker, n: int, max_bytes: int | None = None) -> None:
-        units = []
+        units: list[_Unit] = []
         first = self._queue[0]
         nbytes = 0
         while self._queue and len(units) < n:
@@ -774,13 +798,13 @@ class Pool:
             w.funcs[first.func_id] = None
             if len(w.funcs) > _FUNC_CACHE:
                 w.funcs.popitem(last=False)
-        payload = pickle.dumps((batch_id, first.func_id, first.func_bytes if send_func else None,
-                                first.kind, [u.data for u in units]), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = encode_pool_tasks(batch_id, first.func_id, first.func_bytes if send_func else None,
+                                    first.kind, [u.data for u in units])
         w.pending[batch_id] = units
         w.assigned += len(units)
         assert w.conn is not None
         try:
-            w.conn._send(payload, b"T")
+            w.conn.send_frame(POOL_TASKS, payload)
         except OSError:
             pass  # its exit or EOF re-queues the batch
 
@@ -790,7 +814,7 @@ class Pool:
                 w.retiring = True
                 if w.conn is not None:
                     try:
-                        w.conn.send_bytes(b"Q")
+                        w.conn.send_frame(POOL_QUIT)
                     except OSError:
                         pass
                 # A worker that has not connected yet is told to quit when it does.
@@ -905,6 +929,7 @@ class Pool:
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self)
         with self._lock:
+            self._check_running()  # again: the pool may have failed while func was pickled
             self._jobs[it._job_id] = it
 
         def feed() -> None:
@@ -962,7 +987,7 @@ class Pool:
                 w.retiring = True
                 if w.conn is not None and not w.pending:
                     try:
-                        w.conn.send_bytes(b"Q")
+                        w.conn.send_frame(POOL_QUIT)
                     except OSError:
                         pass
                 elif w.conn is None:

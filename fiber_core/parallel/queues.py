@@ -47,7 +47,6 @@ import os
 import queue as _stdqueue
 import select
 import socket
-import struct
 import threading
 import time
 import weakref
@@ -57,7 +56,44 @@ from typing import Any
 from fiber_core.base.errors import FiberError
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
-from fiber_core.wire.framing import _HEADER, Connection, FrameReader
+from fiber_core.wire.framing import Connection, FrameReader, framed
+from fiber_core.wire.messages import (
+    QUEUE_ACK,
+    QUEUE_BATCH,
+    QUEUE_EMPTY,
+    QUEUE_FULL,
+    QUEUE_GET,
+    QUEUE_GOT,
+    QUEUE_ITEM,
+    QUEUE_JOIN,
+    QUEUE_LOAN,
+    QUEUE_OK,
+    QUEUE_PUT,
+    QUEUE_RECALL,
+    QUEUE_RETURN,
+    QUEUE_SIZE,
+    QUEUE_SIZES,
+    QUEUE_TASK_DONE,
+    QUEUE_TOO_MANY_DONE,
+    body,
+    decode_queue_ack,
+    decode_queue_batch,
+    decode_queue_get,
+    decode_queue_loan,
+    decode_queue_put,
+    decode_queue_put_item,
+    decode_queue_return,
+    decode_queue_sizes,
+    encode_queue_ack,
+    encode_queue_batch,
+    encode_queue_get,
+    encode_queue_loan,
+    encode_queue_put,
+    encode_queue_return,
+    encode_queue_sizes,
+    kind_of,
+    unexpected,
+)
 from fiber_core.wire.serialize import dumps, loads
 
 Empty = _stdqueue.Empty
@@ -66,22 +102,10 @@ Empty = _stdqueue.Empty
 Full = _stdqueue.Full
 
 
-_F = struct.Struct("!d")
-
-
-_Q = struct.Struct("!q")
+_Item = bytes | bytearray | memoryview  # a pickled item, as it came in
 
 
 _CLIENT_CHECK = 0.2  # seconds between checks that a client blocked in get() still lives
-
-
-_I = struct.Struct("!I")
-
-
-_BLOCK = b"\x01" + _F.pack(-1.0)
-
-
-_NOBLOCK = b"\x00" + _F.pack(-1.0)
 
 
 _MAX_WINDOW = 512  # items lent at once, at most
@@ -111,7 +135,7 @@ class _Loan:
     def __init__(self, conn: Connection, send_lock: threading.Lock) -> None:
         self.conn = conn
         self.send_lock = send_lock
-        self.lent: deque[bytes] = deque()
+        self.lent: deque[_Item] = deque()
         self.active = time.monotonic()  # when it last borrowed or acknowledged
         self.recalling = False
 
@@ -121,7 +145,7 @@ class _Store:
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
-        self.items: deque[bytes] = deque()
+        self.items: deque[_Item] = deque()
         self.lock = threading.Lock()
         self.not_empty = threading.Condition(self.lock)
         self.not_full = threading.Condition(self.lock)
@@ -133,7 +157,7 @@ class _Store:
         self.want_recall = False
         self.recaller: threading.Thread | None = None
 
-    def put(self, data: bytes, block: bool = True, timeout: float | None = None) -> None:
+    def put(self, data: _Item, block: bool = True, timeout: float | None = None) -> None:
         with self.lock:
             if self.maxsize > 0:
                 if not block:
@@ -156,7 +180,7 @@ class _Store:
             if self.not_empty._waiters:  # type: ignore[attr-defined]  # a getter waits
                 self.not_empty.notify()
 
-    def get(self, block: bool = True, timeout: float | None = None, lend: bool = False) -> bytes:
+    def get(self, block: bool = True, timeout: float | None = None, lend: bool = False) -> _Item:
         """Take the next item; one to ``lend`` keeps taking room until it is acknowledged."""
         with self.not_empty:
             if not block:
@@ -188,7 +212,7 @@ class _Store:
 
     # -- lending (the lock is held by the caller of every method below) ----------------
 
-    def lend(self, loan: _Loan, first: bytes, window: int) -> list[bytes]:
+    def lend(self, loan: _Loan, first: _Item, window: int) -> list[_Item]:
         """``first`` (already taken) and up to ``window - 1`` more items, lent to ``loan``."""
         batch = [first]  # counted in ``lent`` by ``get(lend=True)``
         size = len(first)
@@ -268,14 +292,14 @@ class _Store:
                 for loan in unsent:
                     loan.recalling = False  # tried again on the next round
 
-    def put_many(self, items: list[bytes]) -> None:
+    def put_many(self, items: list[_Item]) -> None:
         """Append ``items`` to an unbounded queue (which never blocks)."""
         with self.lock:
             self.items.extend(items)
             self.unfinished += len(items)
             self.not_empty.notify(len(items))
 
-    def unget(self, data: bytes, lent: bool = False) -> None:
+    def unget(self, data: _Item, lent: bool = False) -> None:
         """Put back, first in line, an item that its getter did not live to receive."""
         with self.lock:
             if lent:
@@ -307,12 +331,15 @@ class _Store:
                 self.all_done.wait()
 
 
+_RECALL_FRAME = framed(QUEUE_RECALL)
+
+
 def _send_recall(loan: _Loan) -> bool:
-    """Send ``R`` without waiting on a borrower that does not read (stopped, cut off)."""
+    """Send QUEUE_RECALL without waiting on a borrower that does not read (stopped, cut off)."""
     if not loan.send_lock.acquire(blocking=False):
         return False  # a batch is on its way: next round
     try:
-        frame = _HEADER.pack(1) + b"R"
+        frame = _RECALL_FRAME
         sock = loan.conn._socket()
         sent = sock.send(frame, socket.MSG_DONTWAIT)
         if sent < len(frame):
@@ -336,7 +363,7 @@ def _peer_gone(sock: socket.socket) -> bool:
 
 
 def _get_for(store: _Store, sock: socket.socket, block: bool, timeout: float | None,
-             lend: bool = False) -> bytes:
+             lend: bool = False) -> _Item:
     """``store.get()`` for a client; given up if the client dies while it waits.
 
     A process terminated while blocked in ``get()`` must not take the next item with it.
@@ -363,21 +390,11 @@ def _get_for(store: _Store, sock: socket.socket, block: bool, timeout: float | N
         return item
 
 
-def _item(msg: bytes | bytearray) -> bytes | memoryview:
-    """The item in a put request; a big one is not copied."""
-    return msg[10:] if len(msg) <= 65536 else memoryview(msg)[10:]
-
-
 def _serve(store: _Store, sock: socket.socket) -> None:
     """Serve one client connection of a queue, in the hub thread that accepted it.
 
-    Requests: ``p`` put (reply only for bounded queues), ``g`` get (with a window:
-    a loan), ``a`` the item of a plain get arrived, ``s`` size, ``d`` task_done,
-    ``j`` join, ``L`` register this connection's loan, ``c`` acknowledge lent
-    items, ``r`` return lent items. An item sent for a plain get goes back in front
-    if the connection ends before its ``a``.
-    Replies: ``k`` ok, ``i`` item, ``b`` batch of lent items, ``E`` empty, ``F``
-    full, ``V`` ValueError; and, unasked, ``R`` recall (answered by ``r``).
+    It speaks the QUEUE_ kinds of :mod:`fiber_core.wire.messages`. An item sent for
+    a plain get goes back in front if the connection ends before its QUEUE_GOT.
     """
     conn = Connection(sock)
     reader = FrameReader(sock)  # a client's puts are not answered: read them in batches
@@ -385,91 +402,95 @@ def _serve(store: _Store, sock: socket.socket) -> None:
     loan: _Loan | None = None
     token = 0
     pending = None  # a request read ahead
-    sent: bytes | None = None  # an item sent by a plain get, until the client says it has it
+    sent: _Item | None = None  # an item sent by a plain get, until the client says it has it
     try:
         while True:
             msg, pending = reader.recv_bytes() if pending is None else pending, None
-            op = msg[:1]
-            if op == b"a":
+            op = kind_of(msg)
+            if op == QUEUE_GOT:
                 sent = None
                 continue
-            if op == b"p" and store.maxsize <= 0:
+            if op == QUEUE_PUT and store.maxsize <= 0:
                 # Unbounded: a put neither blocks nor gets a reply, so store at once
                 # all the puts that came in together.
-                items = [_item(msg)]
+                items = [decode_queue_put_item(msg)]
                 while reader.buffered():
                     msg = reader.recv_bytes()
-                    if msg[:1] != b"p":
+                    if kind_of(msg) != QUEUE_PUT:
                         pending = msg
                         break
-                    items.append(msg[10:])
+                    items.append(decode_queue_put_item(msg))
                 store.put_many(items)
                 continue
-            if op == b"c":  # acknowledgements come in runs: take a run at once
-                n = _I.unpack_from(msg, 1)[0]
+            if op == QUEUE_ACK:  # acknowledgements come in runs: take a run at once
+                if loan is None:
+                    raise unexpected(msg, "a queue connection that borrows nothing")
+                n = decode_queue_ack(msg)
                 while reader.buffered():
                     msg = reader.recv_bytes()
-                    if msg[:1] != b"c":
+                    if kind_of(msg) != QUEUE_ACK:
                         pending = msg
                         break
-                    n += _I.unpack_from(msg, 1)[0]
+                    n += decode_queue_ack(msg)
                 with store.lock:
-                    store.ack(loan, n)  # type: ignore[arg-type]
+                    store.ack(loan, n)
                 continue
-            elif op == b"p":
-                block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
+            elif op == QUEUE_PUT:
+                block, timeout, data = decode_queue_put(msg)
                 try:
-                    store.put(_item(msg), block, None if timeout < 0 else timeout)
-                    reply = b"k"
+                    store.put(data, block, timeout)
+                    reply = QUEUE_OK
                 except Full:
-                    reply = b"F"
+                    reply = QUEUE_FULL
                 if store.maxsize > 0:
-                    conn.send_bytes(reply)
-            elif op == b"g":
-                block, timeout = msg[1] == 1, _F.unpack_from(msg, 2)[0]
-                window = _I.unpack_from(msg, 10)[0] if len(msg) >= 14 else 1
+                    conn.send_frame(reply)
+            elif op == QUEUE_GET:
+                block, timeout, window = decode_queue_get(msg)
                 try:
-                    item = _get_for(store, sock, block, None if timeout < 0 else timeout,
-                                    loan is not None)
+                    item = _get_for(store, sock, block, timeout, loan is not None)
                 except Empty:
                     with send_lock:
-                        conn.send_bytes(b"E")
+                        conn.send_frame(QUEUE_EMPTY)
                     continue
-                if loan is None:  # a plain get: the client says ``a`` once it has the item
+                if loan is None:  # a plain get: the client says QUEUE_GOT once it has the item
                     sent = item
-                    conn._send(item, b"i")
+                    conn.send_frame(QUEUE_ITEM, item)
                     continue
                 with store.lock:
-                    batch = store.lend(loan, item, window)
+                    batch = store.lend(loan, item, window or 1)
                 with send_lock:
                     if len(batch) == 1:
-                        conn._send(item, b"i")
+                        conn.send_frame(QUEUE_ITEM, item)
                     else:
-                        sizes = b"".join(_I.pack(len(data)) for data in batch)
-                        conn.send_bytes(b"".join([b"b", _I.pack(len(batch)), sizes, *batch]))
-            elif op == b"r":
+                        conn.send_frame(encode_queue_batch(batch))
+            elif op == QUEUE_RETURN:
+                if loan is None:
+                    raise unexpected(msg, "a queue connection that borrows nothing")
+                n = decode_queue_return(msg)
                 with store.lock:
-                    store.give_back(loan, _I.unpack_from(msg, 1)[0])  # type: ignore[arg-type]
-            elif op == b"L":
-                token = _Q.unpack_from(msg, 1)[0]
+                    store.give_back(loan, n)
+            elif op == QUEUE_LOAN:
+                token = decode_queue_loan(msg)
                 loan = _Loan(conn, send_lock)
                 with store.lock:
                     store.loans[token] = loan
                     store.start_recaller()
-            elif op == b"s":
+            elif op == QUEUE_SIZE:
                 with store.lock:
-                    sizes = _Q.pack(len(store.items)) + _Q.pack(len(store.items) + store.lent)
+                    sizes = encode_queue_sizes(len(store.items), len(store.items) + store.lent)
                 with send_lock:
-                    conn.send_bytes(b"k" + sizes)
-            elif op == b"d":
+                    conn.send_frame(sizes)
+            elif op == QUEUE_TASK_DONE:
                 try:
                     store.task_done()
-                    conn.send_bytes(b"k")
+                    conn.send_frame(QUEUE_OK)
                 except ValueError:
-                    conn.send_bytes(b"V")
-            elif op == b"j":
+                    conn.send_frame(QUEUE_TOO_MANY_DONE)
+            elif op == QUEUE_JOIN:
                 store.join()
-                conn.send_bytes(b"k")
+                conn.send_frame(QUEUE_OK)
+            else:
+                raise unexpected(msg, "the connection of a queue's owner")
     except (EOFError, OSError):
         pass
     finally:
@@ -509,7 +530,7 @@ class _Borrower:
         self.ack_due = threading.Condition(self.lock)
         self.error: BaseException | None = None
         self.closed = False
-        self.conn.send_bytes(b"L" + _Q.pack(self.token))
+        self.conn.send_frame(encode_queue_loan(self.token))
         _borrowers.add(self)
         threading.Thread(target=self._read, args=(sock,), name="fiber-queue-borrower",
                          daemon=True).start()
@@ -518,16 +539,15 @@ class _Borrower:
     def _send(self, msg: bytes) -> None:
         """Send ``msg`` after the acknowledgements due (``cond``'s lock is held)."""
         if self.unacked:
-            ack = b"c" + _I.pack(self.unacked)
+            ack = encode_queue_ack(self.unacked)
             if msg:  # both frames in one write
-                self.conn._socket().sendall(b"".join(
-                    (_HEADER.pack(len(ack)), ack, _HEADER.pack(len(msg)), msg)))
+                self.conn._socket().sendall(framed(ack) + framed(msg))
             else:
-                self.conn.send_bytes(ack)
+                self.conn.send_frame(ack)
             self.acked += self.unacked
             self.unacked = 0
         elif msg:
-            self.conn.send_bytes(msg)
+            self.conn.send_frame(msg)
 
     def _ack_loop(self) -> None:
         with self.ack_due:
@@ -589,7 +609,7 @@ class _Borrower:
                 return None
             self.size_asked += 1
             mine = self.size_asked
-            self._send(b"s")
+            self._send(QUEUE_SIZE)
             while self.size_answered < mine:
                 if self.error is not None or self.closed:
                     return None
@@ -624,9 +644,10 @@ class _Borrower:
                 if not mine and self.asked == self.answered:
                     if left is not None and left <= 0:
                         raise Empty
-                    args = Queue._args(block, None if left is None else max(left, 0.0))
+                    request = encode_queue_get(block, None if left is None else max(left, 0.0),
+                                               window)
                     try:
-                        self._send(b"g" + args + _I.pack(window))
+                        self._send(request)
                     except OSError as e:
                         self.error = e
                         continue
@@ -645,32 +666,28 @@ class _Borrower:
         try:
             while True:
                 msg = reader.recv_bytes()
-                op = msg[:1]
+                op = kind_of(msg)
                 with self.cond:
                     if self.closed:
                         return  # what still comes goes back to the owner with the connection
-                    if op == b"i":
-                        self.items.append(memoryview(msg)[1:])
+                    if op == QUEUE_ITEM:
+                        self.items.append(body(msg))
                         self.answered += 1
-                    elif op == b"b":
-                        view = memoryview(msg)
-                        (n,) = _I.unpack_from(msg, 1)
-                        pos = 5 + 4 * n
-                        for i in range(n):
-                            (size,) = _I.unpack_from(msg, 5 + 4 * i)
-                            self.items.append(view[pos:pos + size])
-                            pos += size
+                    elif op == QUEUE_BATCH:
+                        self.items.extend(decode_queue_batch(msg))
                         self.answered += 1
-                    elif op == b"E":
+                    elif op == QUEUE_EMPTY:
                         self.answered += 1
                         self.empty_answers.add(self.answered)
-                    elif op == b"k":  # sizes
-                        self.size_reply = (_Q.unpack_from(msg, 1)[0], _Q.unpack_from(msg, 9)[0])
+                    elif op == QUEUE_SIZES:
+                        self.size_reply = decode_queue_sizes(msg)
                         self.size_answered += 1
-                    elif op == b"R":  # another getter waits: give back what is unused
+                    elif op == QUEUE_RECALL:  # another getter waits: give back what is unused
                         n = len(self.items)
                         self.items.clear()
-                        self._send(b"r" + _I.pack(n))
+                        self._send(encode_queue_return(n))
+                    else:
+                        raise unexpected(msg, "a borrowing queue handle's connection")
                     self.cond.notify_all()
         except (EOFError, OSError, ValueError) as e:
             with self.cond:
@@ -709,9 +726,10 @@ class Queue:
             maxsize = 0
         self._maxsize = maxsize
         self._id = os.urandom(16).hex()
-        self._store: _Store | None = _Store(maxsize)
+        store = _Store(maxsize)
+        self._store: _Store | None = store
         hub = runtime().hub
-        hub.register(f"queue:{self._id}", lambda target, sock, s=self._store: _serve(s, sock))
+        hub.register(f"queue:{self._id}", lambda target, sock: _serve(store, sock))
         self._hub = hub.addresses
         self._after_init()
 
@@ -750,19 +768,11 @@ class Queue:
     def _call(self, request: bytes) -> bytes:
         conn = self._conn()
         try:
-            conn.send_bytes(request)
+            conn.send_frame(request)
             return conn.recv_bytes()
         except (EOFError, OSError) as e:
             self._local.conn = None
             raise FiberError("the process that created this queue has exited") from e
-
-    @staticmethod
-    def _args(block: bool, timeout: float | None) -> bytes:
-        if timeout is None:
-            return _BLOCK if block else _NOBLOCK
-        if timeout < 0:
-            raise ValueError("'timeout' must be a non-negative number")
-        return bytes([1 if block else 0]) + _F.pack(timeout)
 
     # -- the multiprocessing.Queue API ----------------------------------------------
 
@@ -773,13 +783,16 @@ class Queue:
         if self._store is not None:
             self._store.put(data, block, timeout)
             return
-        args = self._args(block, timeout)
+        head = encode_queue_put(block, timeout)
         if self._maxsize > 0:
-            if self._call(b"p" + args + data) == b"F":
+            reply = kind_of(self._call(head + data))
+            if reply == QUEUE_FULL:
                 raise Full
+            if reply != QUEUE_OK:
+                raise unexpected(reply, "a queue handle, in answer to a put")
             return
         try:
-            self._conn()._send(data, b"p" + args)
+            self._conn().send_frame(head, data)
         except OSError as e:
             self._local.conn = None
             raise FiberError("the process that created this queue has exited") from e
@@ -814,14 +827,17 @@ class Queue:
                 data = self._borrow().get(block, timeout, max(1, min(window, _MAX_WINDOW)))
             else:
                 conn = self._conn()
-                reply = self._call(b"g" + self._args(block, timeout))
-                if reply[:1] == b"E":
+                reply = self._call(encode_queue_get(block, timeout))
+                op = kind_of(reply)
+                if op == QUEUE_EMPTY:
                     raise Empty
+                if op != QUEUE_ITEM:
+                    raise unexpected(reply, "a queue handle, in answer to a get")
                 try:
-                    conn.send_bytes(b"a")  # got it: the owner forgets the item
+                    conn.send_frame(QUEUE_GOT)  # got it: the owner forgets the item
                 except OSError:
                     pass
-                data = memoryview(reply)[1:]
+                data = body(reply)
             self._taken += 1
             return data
         finally:
@@ -861,9 +877,12 @@ class Queue:
         borrower = self._borrower
         sizes = borrower.sizes() if borrower is not None else None
         if sizes is None:
-            reply = self._call(b"s")
+            reply = self._call(QUEUE_SIZE)
+            if kind_of(reply) != QUEUE_SIZES:
+                raise unexpected(reply, "a queue handle, in answer to a size request")
+            waiting, used = decode_queue_sizes(reply)
             held = borrower.held() if borrower is not None and borrower.error is None else 0
-            sizes = (_Q.unpack_from(reply, 1)[0] + held, _Q.unpack_from(reply, 9)[0])
+            sizes = (waiting + held, used)
         return sizes
 
     def empty(self) -> bool:
@@ -905,14 +924,20 @@ class JoinableQueue(Queue):
     def task_done(self) -> None:
         if self._store is not None:
             self._store.task_done()
-        elif self._call(b"d") == b"V":
-            raise ValueError("task_done() called too many times")
+        else:
+            reply = kind_of(self._call(QUEUE_TASK_DONE))
+            if reply == QUEUE_TOO_MANY_DONE:
+                raise ValueError("task_done() called too many times")
+            if reply != QUEUE_OK:
+                raise unexpected(reply, "a queue handle, in answer to task_done()")
 
     def join(self) -> None:
         if self._store is not None:
             self._store.join()
         else:
-            self._call(b"j")
+            reply = self._call(QUEUE_JOIN)
+            if kind_of(reply) != QUEUE_OK:
+                raise unexpected(reply, "a queue handle, in answer to join()")
 
 
 class SimpleQueue(Queue):

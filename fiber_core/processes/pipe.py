@@ -43,23 +43,8 @@ readable when a message (or the end of the pipe) is there, for
 Messages between a copy and the creator. Data frames are the frames of
 ``wire/framing.py`` (4-byte length, or ``0xFFFFFFFF`` and an 8-byte length for
 2 GiB and more). A control frame has the top bit of its 4-byte length set; its
-body is one kind byte and the fields below (``u64``: 8 bytes, big-endian).
-
-====== ==== =============== ================== =================================================
-kind   code direction       layout             meaning
-====== ==== =============== ================== =================================================
-ACTIVE A    copy -> creator ``A``              the copy was used for the first time
-WANT   W    copy -> creator ``W`` u64 taken    send me one message (I took ``taken`` so far)
-TICKET T    copy -> creator ``T`` ticket       a copy of this copy was pickled (after what I wrote)
-ABANDN X    copy -> creator ``X`` ticket       that pickled copy will never arrive
-RETURN R    copy -> creator ``R`` message      a message sent to me directly that I did not read
-CLOSNG S    copy -> creator ``S`` u64 taken    I am closing: stop sending me messages
-CLOSE  C    copy -> creator ``C`` u64 received I am closed (I received ``received`` direct messages)
-MODE   M    creator -> copy ``M`` ``d``/``s``  ``d``: messages come unasked; ``s``: ask with WANT
-EOF    E    creator -> copy ``E``              no holder of the other end is left: end of file
-CLOSED K    creator -> copy ``K``              nothing more will be sent to you
-BYE    Y    creator -> copy ``Y``              your CLOSE is done (returned messages are queued)
-====== ==== =============== ================== =================================================
+body is one kind byte and its fields (``Q``: 8 bytes, big-endian). The kinds
+(``PIPE_*``) are defined, with the run's others, in ``fiber_core/wire/messages.py``.
 
 A copy connects to the creator's hub with the target
 ``pipe:<pipe id>:<end>:<ticket>:<copy id>``; a ticket is ``<issuer copy id>.<n>``
@@ -87,6 +72,19 @@ from fiber_core.processes.process import pickling_for
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
 from fiber_core.wire.framing import _WAITALL, Connection, _recv_exact
+from fiber_core.wire.messages import (
+    PIPE_ABANDON,
+    PIPE_ACTIVE,
+    PIPE_BYE,
+    PIPE_CLOSE,
+    PIPE_CLOSED,
+    PIPE_CLOSING,
+    PIPE_EOF,
+    PIPE_MODE,
+    PIPE_RETURN,
+    PIPE_TICKET,
+    PIPE_WANT,
+)
 from fiber_core.wire.serialize import _SMALL
 
 _H = struct.Struct("!I")
@@ -101,7 +99,7 @@ _SWITCHED = object()  # a local read stopped because the pipe changed mode
 # -- frames ------------------------------------------------------------------------------
 
 
-def _send_data(sock: socket.socket, data: bytes | memoryview) -> None:
+def _send_data(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
     n = len(data)
     header = _H.pack(n) if n < _CTRL else _H.pack(_BIG) + _BIG_H.pack(n)
     if n <= _SMALL:
@@ -359,7 +357,7 @@ class _Pipe:
         if r in self.waiting[r.end]:
             self.waiting[r.end].remove(r)
         with r.wlock:
-            ok = r.send_ctrl(b"M", b"d")
+            ok = r.send_ctrl(PIPE_MODE, b"d")
             fifo = self.fifo[r.end]
             try:
                 while ok and fifo:
@@ -385,7 +383,7 @@ class _Pipe:
         if not r.gone:
             if not r.closing:
                 with r.wlock:
-                    r.send_ctrl(b"M", b"s")
+                    r.send_ctrl(PIPE_MODE, b"s")
             if r.owner == "local":
                 r.owner = "relay"
                 self.reader = [None, None]
@@ -405,12 +403,12 @@ class _Pipe:
             while self.waiting[i]:
                 w = self.waiting[i].popleft()
                 with w.wlock:
-                    w.send_ctrl(b"E")
+                    w.send_ctrl(PIPE_EOF)
             r = self.direct
             if r is not None and r.end == i and not r.eof_sent:
                 r.eof_sent = True
                 with r.wlock:
-                    r.send_ctrl(b"E")
+                    r.send_ctrl(PIPE_EOF)
 
     def ring(self, i: int) -> None:
         bell = self.bells[i]
@@ -558,7 +556,7 @@ class _Pipe:
                     self.local_active[i] = True
                     self.update()
 
-    def local_send(self, i: int, data: bytes | memoryview) -> None:
+    def local_send(self, i: int, data: bytes | bytearray | memoryview) -> None:
         self.activate(i)
         j = 1 - i
         r = self.direct
@@ -764,13 +762,13 @@ class _Pipe:
         """A control frame from copy ``r`` (the reader of its socket calls this)."""
         kind = body[:1]
         with self.lock:
-            if kind == b"A":
+            if kind == PIPE_ACTIVE:
                 r.active = True
                 self.update()
                 if self.direct is not r:
                     with r.wlock:
-                        r.send_ctrl(b"M", b"s")
-            elif kind == b"W":
+                        r.send_ctrl(PIPE_MODE, b"s")
+            elif kind == PIPE_WANT:
                 self.settle(r, _U64.unpack_from(body, 1)[0])
                 if self.direct is r or r.closing:
                     return
@@ -780,32 +778,32 @@ class _Pipe:
                     self.serve_waiting(i)
                 elif self.eof(i):
                     with r.wlock:
-                        r.send_ctrl(b"E")
+                        r.send_ctrl(PIPE_EOF)
                 else:
                     self.waiting[i].append(r)
-            elif kind == b"T":
+            elif kind == PIPE_TICKET:
                 ticket = body[1:].decode()
                 if ticket in self.early:
                     self.register(ticket)
                 else:
                     self.tickets[ticket] = r.end
-            elif kind == b"X":
+            elif kind == PIPE_ABANDON:
                 if self.tickets.pop(body[1:].decode(), None) is not None:
                     self.update()
-            elif kind == b"R":
+            elif kind == PIPE_RETURN:
                 r.returns.append(body[1:])
-            elif kind == b"S":
+            elif kind == PIPE_CLOSING:
                 self.settle(r, _U64.unpack_from(body, 1)[0])
                 r.closing = True
                 if r in self.waiting[r.end]:
                     self.waiting[r.end].remove(r)
                 self.update()
                 with r.wlock:
-                    r.send_ctrl(b"K")
-            elif kind == b"C":
+                    r.send_ctrl(PIPE_CLOSED)
+            elif kind == PIPE_CLOSE:
                 self.remove(r, _U64.unpack_from(body, 1)[0])
                 with r.wlock:
-                    r.send_ctrl(b"Y")
+                    r.send_ctrl(PIPE_BYE)
 
 
 _pipes: weakref.WeakValueDictionary[str, _Pipe] = weakref.WeakValueDictionary()
@@ -845,7 +843,7 @@ class PipeEnd(Connection):
         self._serial = 0
         self._fast = False  # told "direct", open, not at the end: recv reads the socket as is
         self._unread: list[bytes] = []  # direct messages read while closing
-        self._acks = {b"K": False, b"Y": False}
+        self._acks = {PIPE_CLOSED: False, PIPE_BYE: False}
 
     # -- pickling ------------------------------------------------------------------------
 
@@ -862,7 +860,7 @@ class PipeEnd(Connection):
         else:
             self._serial += 1
             ticket = f"{self._copy_id}.{self._serial}"
-            self._send_ctrl(b"T", ticket.encode())
+            self._send_ctrl(PIPE_TICKET, ticket.encode())
             if run is not None:
                 run.on_finish(lambda: self._abandon(ticket))
             hub = self._hub
@@ -871,7 +869,7 @@ class PipeEnd(Connection):
 
     def _abandon(self, ticket: str) -> None:
         try:
-            self._send_ctrl(b"X", ticket.encode())
+            self._send_ctrl(PIPE_ABANDON, ticket.encode())
         except OSError:
             pass
 
@@ -904,12 +902,10 @@ class PipeEnd(Connection):
                 with self._wlock:
                     if self._mode == b"s" and not self._want and not self._eof:
                         self._want = True  # so that the descriptor wakes when a message is here
-                        sock.sendall(_ctrl(b"W", _U64.pack(self._taken)))
+                        sock.sendall(_ctrl(PIPE_WANT, _U64.pack(self._taken)))
         return sock.fileno()
 
-    def _send(self, data: memoryview | bytes, head: bytes = b"") -> None:
-        if head:
-            data = head + bytes(data)
+    def _send(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise OSError("handle is closed")
         st = self._state
@@ -1006,7 +1002,7 @@ class PipeEnd(Connection):
                 if self._mode == b"s" and not self._want:
                     with self._wlock:
                         self._want = True
-                        sock.sendall(_ctrl(b"W", _U64.pack(self._taken)))
+                        sock.sendall(_ctrl(PIPE_WANT, _U64.pack(self._taken)))
                 if deadline is not None and not _wait_readable([sock.fileno()], deadline):
                     return False if not consume else None
                 try:
@@ -1035,11 +1031,11 @@ class PipeEnd(Connection):
 
     def _on_ctrl(self, body: bytes) -> None:
         kind = body[:1]
-        if kind == b"M":
+        if kind == PIPE_MODE:
             self._mode = body[1:2]
             if self._mode == b"d":
                 self._want = False  # the creator dropped the request: messages now come unasked
-        elif kind == b"E":
+        elif kind == PIPE_EOF:
             self._eof = True
         elif kind in self._acks:
             self._acks[kind] = True
@@ -1050,7 +1046,7 @@ class PipeEnd(Connection):
             with self._wlock:
                 if not self._active:
                     self._active = True
-                    self._socket().sendall(_ctrl(b"A"))
+                    self._socket().sendall(_ctrl(PIPE_ACTIVE))
 
     def _send_ctrl(self, kind: bytes, body: bytes = b"") -> None:
         with self._wlock:
@@ -1098,8 +1094,8 @@ class PipeEnd(Connection):
             while not self._mode:  # the creator answers ACTIVE at once
                 self._read_one(sock)
         if not self._creator_reads_me():
-            sock.sendall(_ctrl(b"S", _U64.pack(self._taken)))
-            while not self._acks[b"K"] and not self._creator_reads_me():
+            sock.sendall(_ctrl(PIPE_CLOSING, _U64.pack(self._taken)))
+            while not self._acks[PIPE_CLOSED] and not self._creator_reads_me():
                 self._read_one(sock)
         if self._creator_reads_me():
             # Nobody may read our frames soon: do not wait. Stop what is sent to us
@@ -1116,12 +1112,12 @@ class PipeEnd(Connection):
             self._finish_close(sock)
             return
         self._finish_close(sock)
-        while not self._acks[b"Y"]:
+        while not self._acks[PIPE_BYE]:
             self._read_one(sock)
 
     def _finish_close(self, sock: socket.socket) -> None:
-        frames = [_ctrl(b"R", m) for m in self._unread]
-        frames.append(_ctrl(b"C", _U64.pack(self._received)))
+        frames = [_ctrl(PIPE_RETURN, m) for m in self._unread]
+        frames.append(_ctrl(PIPE_CLOSE, _U64.pack(self._received)))
         self._unread = []
         sock.sendall(b"".join(frames))
 

@@ -45,7 +45,20 @@ from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
-from fiber_core.wire.serialize import dumps
+from fiber_core.wire.messages import (
+    PROCESS_EXIT,
+    PROCESS_INTERRUPT,
+    PROCESS_OBJECT,
+    PROCESS_PRELUDE,
+    PROCESS_STDERR,
+    PROCESS_STDOUT,
+    body,
+    decode_process_exit,
+    encode_process_object,
+    encode_process_prelude,
+    kind_of,
+    unexpected,
+)
 
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend, Job, JobSpec
@@ -337,7 +350,7 @@ class Process(BaseProcess):
             sys.stderr.write(str(e.code) + "\n")
             return 1
         except BaseException:
-            import traceback
+            import traceback  # only to report an error
 
             sys.stderr.write(f"Process {self.name}:\n")
             traceback.print_exc()
@@ -352,9 +365,9 @@ class _OutputPrinter:
 
     def __init__(self, name: str) -> None:
         self.prefix = f"[{name}] "
-        self.partial = {b"o": b"", b"e": b""}
+        self.partial: dict[bytes, bytes] = {PROCESS_STDOUT: b"", PROCESS_STDERR: b""}
 
-    def write(self, kind: bytes, data: bytes) -> None:
+    def write(self, kind: bytes, data: bytes | memoryview) -> None:
         data = self.partial[kind] + data
         lines = data.split(b"\n")
         self.partial[kind] = lines.pop()
@@ -368,7 +381,7 @@ class _OutputPrinter:
                 self.partial[kind] = b""
 
     def _emit(self, kind: bytes, lines: list[bytes]) -> None:
-        stream = sys.stdout if kind == b"o" else sys.stderr
+        stream = sys.stdout if kind == PROCESS_STDOUT else sys.stderr
         text = "".join(self.prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
         try:
             stream.write(text)
@@ -400,7 +413,7 @@ class _JobRun:
         self._interrupt = False  # SIGINT came before they were
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
-        from fiber_core.contract.backend import (
+        from fiber_core.contract.backend import (  # a job that starts no process never loads it
             JobSpec,  # a job that starts no process never loads it
         )
 
@@ -437,7 +450,7 @@ class _JobRun:
         token = os.urandom(16).hex()
         # Two frames: a prelude of plain data the job applies first (sys.path, the
         # main module), then the process object, which may need both to unpickle.
-        prelude = dumps({
+        prelude = encode_process_prelude({
             "sys_path": sys.path,
             "main": _main_reference(),
             "config": config.snapshot(),
@@ -450,7 +463,7 @@ class _JobRun:
         _pickling.run = self
         try:
             with sending_to(addresses):
-                payload = (prelude, dumps(p))
+                payload = (prelude, encode_process_object(p))
         finally:
             _pickling.run = None
         hub = rt.hub
@@ -515,19 +528,21 @@ class _JobRun:
                                  name=f"fiber-unstick-{self.process.name}").start()
             try:
                 with self._send_lock:
-                    conn.send_bytes(payload[0])
-                    conn.send_bytes(payload[1])
+                    conn.send_frame(PROCESS_PRELUDE, payload[0])
+                    conn.send_frame(PROCESS_OBJECT, payload[1])
                     self._started = True
                     if self._interrupt:
-                        conn.send_bytes(b"i")
+                        conn.send_frame(PROCESS_INTERRUPT)
                 del payload
                 while True:
                     msg = conn.recv_bytes()
-                    kind = msg[:1]
-                    if kind == b"x":
-                        self.reported = int(msg[1:])
+                    kind = kind_of(msg)
+                    if kind == PROCESS_EXIT:
+                        self.reported = decode_process_exit(msg)
+                    elif kind == PROCESS_STDOUT or kind == PROCESS_STDERR:
+                        printer.write(kind, body(msg))
                     else:
-                        printer.write(kind, msg[1:])
+                        raise unexpected(msg, f"the connection of {self.process.name}")
             except (EOFError, OSError):
                 pass
             finally:
@@ -536,7 +551,7 @@ class _JobRun:
                 conn.close()
             code = backend.wait_for_job(job, _REPORT_GRACE if self.reported is not None else 60.0)
             if code is None and self.reported is None:
-                backend.kill_job(job)
+                backend.stop_job(job, force=True)  # it went silent: Fiber ends it
                 code = backend.wait_for_job(job, 30.0)
             if code is not None:
                 backend.untrack_job(job)
@@ -581,7 +596,7 @@ class _JobRun:
                 self._interrupt = True
                 return
             try:
-                Connection(self.sock).send_bytes(b"i")
+                Connection(self.sock).send_frame(PROCESS_INTERRUPT)
             except OSError:
                 pass
 
@@ -599,7 +614,7 @@ class _JobRun:
                 log.exception("fiber: a finish callback of %s failed", self.process.name)
         self.finished.set()
         try:
-            os.write(self._sentinel_w, b"x")
+            os.write(self._sentinel_w, b"\0")  # any byte: it only makes the sentinel readable
         except OSError:
             pass
 

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fiber_core.contract.env import ENV_HUB, ENV_TOKEN
 from fiber_core.processes import process as process_mod
@@ -23,7 +23,15 @@ from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
-from fiber_core.wire.serialize import loads
+from fiber_core.wire.messages import (
+    PROCESS_INTERRUPT,
+    PROCESS_STDERR,
+    PROCESS_STDOUT,
+    decode_process_object,
+    decode_process_prelude,
+    encode_process_exit,
+    kind_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -34,7 +42,7 @@ if TYPE_CHECKING:
 def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001
     try:
         while True:
-            if conn.recv_bytes()[:1] == b"i":  # the parent got SIGINT: as if from the terminal
+            if kind_of(conn.recv_bytes()) == PROCESS_INTERRUPT:  # as if from the terminal
                 # To the main thread, which runs the handler: a blocking call there ends.
                 signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
     except (EOFError, OSError):
@@ -70,7 +78,7 @@ def _forward(fd: int, kind: bytes, conn, lock: threading.Lock) -> tuple:  # noqa
                 pass
             try:
                 with lock:
-                    conn.send_bytes(kind + chunk)
+                    conn.send_frame(kind, chunk)
             except OSError:
                 pass
         os.close(r)
@@ -88,9 +96,9 @@ def _import_main(ref: tuple[str, str] | None) -> None:
     """
     if ref is None:
         return
-    import importlib
-    import runpy
-    import types
+    import importlib  # only to import a main module
+    import runpy  # only to import a main module
+    import types  # only to import a main module
 
     kind, where = ref
     try:
@@ -112,7 +120,10 @@ def _import_main(ref: tuple[str, str] | None) -> None:
 
 def _set_logging(level: int, to_stderr: bool) -> None:
     """The parent's level and stderr handler for Fiber's logger, as spawn gives the stdlib's."""
-    from fiber_core.base.log import get_logger, log_to_stderr
+    from fiber_core.base.log import (  # only when the parent logs: a job starts without logging
+        get_logger,
+        log_to_stderr,
+    )
 
     get_logger().setLevel(level)
     if to_stderr:
@@ -134,7 +145,7 @@ class _SharedMemoryHook:
                   target: ModuleType | None = None) -> ModuleSpec | None:
         if name != "multiprocessing.shared_memory":
             return None
-        import importlib.util
+        import importlib.util  # only to import a main module
 
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -199,7 +210,7 @@ def main() -> int:
         return 3
     conn = Connection(sock)
     try:
-        data = loads(conn.recv_bytes())
+        data = decode_process_prelude(conn.recv_bytes())
         for entry in data["sys_path"]:
             if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
                 sys.path.append(entry)
@@ -210,7 +221,7 @@ def main() -> int:
         sys.meta_path.insert(0, _SharedMemoryHook())
         _import_main(data.get("main"))
         config.restore(data["config"])
-        proc = loads(conn.recv_bytes())
+        proc = decode_process_object(conn.recv_bytes())
     except Exception:
         # Output is not forwarded yet: send the reason itself, or only the job's log has it.
         import traceback
@@ -218,8 +229,8 @@ def main() -> int:
         text = "fiber worker: cannot load the process to run:\n" + traceback.format_exc()
         sys.stderr.write(text)
         try:
-            conn.send_bytes(b"e" + text.encode("utf-8", "replace"))
-            conn.send_bytes(b"x1")
+            conn.send_frame(PROCESS_STDERR, text.encode("utf-8", "replace"))
+            conn.send_frame(encode_process_exit(1))
         except OSError:
             pass
         return 1
@@ -236,8 +247,10 @@ def main() -> int:
     if data["forward_output"]:
         sys.stdout.flush()
         sys.stderr.flush()
-        forwards = [(fd, *_forward(fd, kind, conn, lock)) for fd, kind in ((1, b"o"), (2, b"e"))]
-        for stream in (sys.stdout, sys.stderr):
+        forwards = [(fd, *_forward(fd, kind, conn, lock))
+                    for fd, kind in ((1, PROCESS_STDOUT), (2, PROCESS_STDERR))]
+        streams: tuple[Any, ...] = (sys.stdout, sys.stderr)  # reconfigure() if TextIOWrapper
+        for stream in streams:
             try:
                 stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
             except (AttributeError, ValueError):
@@ -263,7 +276,7 @@ def main() -> int:
         thread.join(2.0)
     try:
         with lock:
-            conn.send_bytes(b"x%d" % code)
+            conn.send_frame(encode_process_exit(code))
     except OSError:
         pass
     return code

@@ -221,14 +221,16 @@ config = Config()
 
 
 def plugins() -> Registry:
-    """The registry of backends, with the built-in one and this configuration's options wired in."""
+    """The process's registry of backends: the built-in one, the installed plugins, and each
+    backend's options known to this configuration. The one way to look backends up."""
     global _registry
     if _registry is None:
         # Loaded on first use, on purpose: the contract, pluggy and the local backend cost a
         # job ~40 ms of its start, and a job that starts no process of its own needs none of them.
         from fiber_core.backends import local
-        from fiber_core.contract.registry import registry
+        from fiber_core.contract.registry import Registry  # see the comment above
 
+        registry = Registry()
         registry.add_builtin(local, local.LocalBackend)
         registry.on_register(lambda cls: config.register_backend_options(cls.settings_section(), cls.options))
         _registry = registry

@@ -8,6 +8,7 @@ environment, so every process of the run can authenticate to every other.
 from __future__ import annotations
 
 import atexit
+import multiprocessing.process
 import os
 import threading
 from collections.abc import Callable
@@ -38,16 +39,15 @@ class Runtime:
         self.authkey = bytes.fromhex(key) if key else os.urandom(32)
         self.is_worker = ENV_TOKEN in os.environ
         # Proxies of the stdlib's managers authenticate with this process's authkey.
-        import multiprocessing.process
-
         multiprocessing.process.current_process().authkey = self.authkey
         self._lock = threading.RLock()
         self._hub: Hub | None = None
-        self._backends: dict[str, Backend] = {}
+        self._backends: dict[str, tuple[tuple[int, tuple[str, ...]], Backend]] = {}
+        self._all_backends: list[Backend] = []
         self._rundir: str | None = None
         self.children: set = set()
         self.counter = 0
-        self._selected: tuple[int, Backend] | None = None
+        self._selected: tuple[tuple[int, tuple[str, ...]], Backend] | None = None
         self._shutdown_steps: list[Callable[[], None]] = []
         atexit.register(self.shutdown)
 
@@ -60,7 +60,7 @@ class Runtime:
     def rundir(self) -> str:
         with self._lock:
             if self._rundir is None:
-                import tempfile
+                import tempfile  # on first use: a job that serves nothing starts without it
 
                 self._rundir = tempfile.mkdtemp(prefix=f"fiber-{self.run_id}-")
                 os.chmod(self._rundir, 0o700)
@@ -72,25 +72,30 @@ class Runtime:
         return self.get_backend(None)
 
     def get_backend(self, name: str | None) -> Backend:
-        """The backend for ``name`` (``None``: the configured one); one instance per backend.
+        """The backend for ``name`` (``None``: the configured one).
 
-        The configured one is resolved once, and again only after ``init()`` changed the
-        configuration.
+        Resolved once and reused while the configuration stays the same: a new
+        instance (with the settings then in force) after ``init()`` or a change to a
+        ``FIBER_*`` environment variable. Every instance made is cleaned up at exit.
         """
+        version = (config.generation, _fiber_environment())
         if name is None:
             selected = self._selected
-            if selected is not None and selected[0] == config.generation:
+            if selected is not None and selected[0] == version:
                 return selected[1]
             canonical = selected_backend_name()
         else:
             canonical = plugins().canonical(name)
         with self._lock:
-            backend = self._backends.get(canonical)
-            if backend is None:
+            made = self._backends.get(canonical)
+            if made is not None and made[0] == version:
+                backend = made[1]
+            else:
                 backend = create_backend(canonical, self.run_id, self.rundir)
-                self._backends[canonical] = backend
+                self._backends[canonical] = (version, backend)
+                self._all_backends.append(backend)
             if name is None:
-                self._selected = (config.generation, backend)
+                self._selected = (version, backend)
             return backend
 
     @property
@@ -117,7 +122,7 @@ class Runtime:
             for step in self._shutdown_steps:
                 step()
         finally:
-            for backend in list(self._backends.values()):
+            for backend in list(self._all_backends):
                 try:
                     backend.cleanup()
                 except Exception:
@@ -125,7 +130,7 @@ class Runtime:
             if self._hub is not None:
                 self._hub.close()
             if self._rundir is not None:
-                import shutil
+                import shutil  # at exit, and only if there is a run directory
 
                 shutil.rmtree(self._rundir, ignore_errors=True)
 
@@ -169,3 +174,9 @@ def runtime() -> Runtime:
             if _runtime is None:
                 _runtime = Runtime()
     return _runtime
+
+
+def _fiber_environment() -> tuple[str, ...]:
+    """The ``FIBER_*`` variables of this process, ``KEY=VALUE``: part of what a backend's
+    settings were resolved from."""
+    return tuple(sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("FIBER_")))

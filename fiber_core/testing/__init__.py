@@ -6,7 +6,10 @@ A backend plugin proves itself with::
 
     class TestDocker(BackendConformance):
         backend_name = "docker"
-        python = "python3"   # the interpreter inside the jobs
+        python = "python3"      # the interpreter inside the jobs
+        start_timeout = 120.0   # the bound of each wait
+
+``docs/writing-a-backend.md`` walks through writing a backend and proving it.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ def service_missing(reason: str) -> None:
     CI starts every service first, so a missing one there is a broken run, not a
     reason for tests to pass without testing anything.
     """
-    import os
+    import os  # imported by jobs: keep it light
 
-    import pytest
+    import pytest  # only in test processes: job images often lack pytest
 
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set: the services must be up)")
@@ -34,7 +37,9 @@ def service_missing(reason: str) -> None:
 def __getattr__(name: str) -> Any:
     # Imported on demand: jobs import fiber_core.testing.targets without pytest.
     if name == "BackendConformance":
-        from fiber_core.testing.conformance import BackendConformance
+        from fiber_core.testing.conformance import (
+            BackendConformance,  # pytest: only in test processes
+        )
 
         return BackendConformance
     raise AttributeError(name)

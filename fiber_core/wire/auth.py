@@ -1,4 +1,12 @@
-"""TODO."""
+"""The handshake that opens every connection between the processes of a run.
+
+The client sends ``FIBR``, the wire version and a nonce; each side proves with
+HMAC-SHA256 over both nonces that it holds the run's key; the client names its
+target (``pool:<id>``, ``queue:<id>``...) and the server answers ``OK`` or ``NO``.
+Nothing is unpickled before this succeeds. The version byte changes whenever a
+message of :mod:`fiber_core.wire.messages` does, so two versions of Fiber refuse
+each other here instead of misreading each other's messages.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ import struct
 from fiber_core.base.errors import AuthenticationError
 from fiber_core.wire.framing import _recv_exact
 
-_MAGIC = b"FIBR\x01"
+_MAGIC = b"FIBR\x02"  # the wire version is the last byte
 
 
 _NONCE = 16
@@ -30,7 +38,13 @@ def client_handshake(sock: socket.socket, key: bytes, target: str) -> None:
     """Authenticate to a :class:`Hub` as holder of ``key`` and ask for ``target``."""
     nonce = os.urandom(_NONCE)
     sock.sendall(_MAGIC + nonce)
-    reply = _recv_exact(sock, _NONCE + _MAC)
+    try:
+        reply = _recv_exact(sock, _NONCE + _MAC)
+    except EOFError:
+        raise EOFError(
+            f"the process at the other end closed the connection at the handshake: it is "
+            f"ending, or it runs another version of Fiber (this one speaks wire version "
+            f"{_MAGIC[-1]}; every process of a run must use the same one)") from None
     server_nonce, server_mac = reply[:_NONCE], reply[_NONCE:]
     if not hmac.compare_digest(server_mac, _mac(key, b"fiber-s", nonce, server_nonce)):
         raise AuthenticationError("the peer does not hold this run's key")
@@ -44,6 +58,9 @@ def server_handshake(sock: socket.socket, key: bytes) -> str:
     """Authenticate a client; return the target it asked for. Raises on any mismatch."""
     hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
     if not hello.startswith(_MAGIC):
+        if hello.startswith(_MAGIC[:-1]):
+            raise AuthenticationError(f"a fiber client of wire version {hello[len(_MAGIC) - 1]}; "
+                                      f"this process speaks version {_MAGIC[-1]}")
         raise AuthenticationError("not a fiber client")
     nonce = hello[len(_MAGIC):]
     server_nonce = os.urandom(_NONCE)

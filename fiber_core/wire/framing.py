@@ -1,4 +1,9 @@
-"""TODO."""
+"""Length-prefixed frames on a socket: :class:`Connection`, :class:`FrameReader`, :func:`wait`.
+
+A frame is a 4-byte big-endian length and that many bytes; a frame of 4 GiB or
+more has the length ``0xFFFFFFFF`` followed by an 8-byte length. What a frame
+holds is :mod:`fiber_core.wire.messages`' business (or, for a Pipe, the user's).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from fiber_core.base.errors import BufferTooShort
 from fiber_core.wire.serialize import _SMALL, dumps, loads
 
 _HEADER = struct.Struct("!I")
@@ -20,6 +26,11 @@ _BIG_HEADER = struct.Struct("!Q")
 
 
 _WAITALL = getattr(socket, "MSG_WAITALL", 0)
+
+
+def framed(payload: bytes) -> bytes:
+    """``payload`` as one frame, header included (to write several in one call)."""
+    return _HEADER.pack(len(payload)) + payload
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -110,19 +121,25 @@ class Connection:
             raise ValueError("size is out of bounds")
         self._send(view[offset:offset + size])
 
-    def _send(self, data: memoryview | bytes, head: bytes = b"") -> None:
-        """Send one frame of ``head + data``; a big ``data`` is not copied."""
+    def _send(self, data: bytes | bytearray | memoryview) -> None:
+        """Send one message of the program's own (``send``, ``send_bytes``); a Pipe end
+        that routes its messages elsewhere overrides it."""
+        self.send_frame(b"", data)
+
+    def send_frame(self, head: bytes, body: bytes | bytearray | memoryview = b"") -> None:
+        """Send one frame of ``head + body``, a message's head and body (a big ``body``
+        is not copied). For Fiber's own connections: a Pipe's user has ``send_bytes``."""
         sock = self._socket()
-        n = len(head) + len(data)
+        n = len(head) + len(body)
         if n >= _BIG:
             header = _HEADER.pack(_BIG) + _BIG_HEADER.pack(n)
         else:
             header = _HEADER.pack(n)
         if n <= _SMALL:
-            sock.sendall(header + head + data)
+            sock.sendall(header + head + body)
         else:
             sock.sendall(header + head)
-            sock.sendall(data)
+            sock.sendall(body)
 
     def _recv(self, maxlength: int | None = None) -> bytes:
         sock = self._socket()
@@ -141,8 +158,6 @@ class Connection:
         return self._recv(maxlength)
 
     def recv_bytes_into(self, buf: Any, offset: int = 0) -> int:
-        from multiprocessing import BufferTooShort
-
         self._check_readable()
         data = self._recv()
         view = memoryview(buf).cast("B")

@@ -73,7 +73,7 @@ class _Pickler(pickle.Pickler):
             name = obj.__qualname__
             if "." in name or "<" in name:
                 raise _ByValue
-            import cloudpickle
+            import cloudpickle  # only for main-module objects: most jobs never load it
 
             blob = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
             return _main_object, (name, _fingerprint(obj), blob)

@@ -30,8 +30,7 @@ import pytest
 from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
 from fiber_core.base.errors import BackendError
 from fiber_core.contract import Backend, EndReason, Job, JobSpec
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import create_backend
+from fiber_core.runtime.config import create_backend, plugins
 from fiber_core.testing import BackendConformance
 
 import fiber_docker.backend
@@ -69,7 +68,7 @@ def make_backend(**settings: object) -> DockerBackend:
     """A backend with the configured settings (FIBER_DOCKER_*), and ``settings`` on top."""
     from fiber_core.runtime.config import config
 
-    registry.get_class("docker")  # loads the plugins: their options become known
+    plugins().get_class("docker")  # loads the plugins: their options become known
     return DockerBackend({**config.backend_settings("docker"), **settings}, "t" + secrets.token_hex(4))
 
 

@@ -6,7 +6,16 @@ or ``fiber run python app.py`` from a laptop.
 
 from __future__ import annotations
 
-from fiber_k8s.backend import KubernetesBackend
+from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["KubernetesBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    # On first use: detecting a pod (fiber_k8s.plugin) must not load the backend and its SDK.
+    if name == "KubernetesBackend":
+        from fiber_k8s.backend import KubernetesBackend
+
+        return KubernetesBackend
+    raise AttributeError(f"module 'fiber_k8s' has no attribute {name!r}")

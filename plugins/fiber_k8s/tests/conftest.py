@@ -19,8 +19,10 @@ import pytest
 from fiber_core.testing import service_missing
 
 pytest.importorskip("kubernetes")
-from fiber_core.contract.registry import registry  # noqa: E402
-from fiber_core.runtime.config import config  # noqa: E402
+from fiber_core.runtime.config import (
+    config,  # noqa: E402
+    plugins,  # noqa: E402
+)
 from fiber_core.runtime.run import runtime  # noqa: E402
 from k8s_emulator.server import source_revision  # noqa: E402
 from k8s_helpers import IMAGE, POD_PYTHON, SERVICES, Emu, answers, build_pod_site, start_emulator  # noqa: E402
@@ -107,7 +109,7 @@ def k8s_env(emu: Emu, ns: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     config.reset()
-    registry.backends()  # loads the plugins, so that the kubernetes settings are known
+    plugins().backends()  # loads the plugins, so that the kubernetes settings are known
     yield env
     # Processes of this test ran on the process-wide backend: remove their pods now, while
     # the emulator surely runs, rather than at exit.

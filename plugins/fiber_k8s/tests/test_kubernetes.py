@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,8 +28,7 @@ import pod_functions
 import pytest
 import yaml
 from fiber_core.contract import BackendError, EndReason, JobSpec
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, listen_host, selected_backend_name
+from fiber_core.runtime.config import config, plugins, selected_backend_name
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance
 from k8s_helpers import WAIT, Emu, start_emulator
@@ -52,22 +50,6 @@ class TestKubernetes(BackendConformance):
     @pytest.fixture(autouse=True)
     def _env(self, k8s_env: dict[str, str], image: str) -> None:
         pass
-
-    def test_job_reaches_listen_address(self, backend: KubernetesBackend) -> None:  # type: ignore[override]
-        # Outside a pod only the listen_host setting (k8s_env sets it) gives an address that
-        # pods reach, and Fiber reads the setting before it asks the backend (listen_host()).
-        # The shared test asks the backend alone; this is it with Fiber's answer.
-        host = listen_host(backend)
-        with socket.create_server((host, 0)) as server:
-            server.settimeout(self.start_timeout)
-            port, token = server.getsockname()[1], uuid.uuid4().hex
-            job = backend.start_job(self.spec(
-                f"import socket; s = socket.create_connection(({host!r}, {port})); s.sendall(b'{token}')"))
-            conn, _ = server.accept()
-            with conn:
-                conn.settimeout(self.start_timeout)
-                assert conn.recv(100) == token.encode()
-            assert self.wait(backend, job) == 0, backend.get_job_logs(job)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -127,9 +109,9 @@ def script_env(k8s_env: dict[str, str], **extra: str) -> dict[str, str]:
 
 
 def test_registered_as_kubernetes_and_k8s() -> None:
-    assert registry.get_class("kubernetes") is KubernetesBackend
-    assert registry.get_class("k8s") is KubernetesBackend
-    info = next(i for i in registry.backends() if i.name == "kubernetes")
+    assert plugins().get_class("kubernetes") is KubernetesBackend
+    assert plugins().get_class("k8s") is KubernetesBackend
+    info = next(i for i in plugins().backends() if i.name == "kubernetes")
     assert info.package == "fiber-k8s" and info.aliases == ("k8s",)
 
 

@@ -6,9 +6,10 @@ from typing import Any
 
 from fiber_core.contract import hookimpl
 
-from fiber_ssh.backend import SshBackend
-
 
 @hookimpl
 def fiber_register_backends(register: Any) -> None:
+    # Imported here: a program only asking which backend to use (detection) never loads it.
+    from fiber_ssh.backend import SshBackend
+
     register(SshBackend)

@@ -36,8 +36,7 @@ import pytest
 from fiber_core.base.errors import BackendError, ConfigError
 from fiber_core.contract import EndReason
 from fiber_core.contract.backend import Backend, JobSpec
-from fiber_core.contract.registry import registry
-from fiber_core.runtime.config import config, create_backend
+from fiber_core.runtime.config import config, create_backend, plugins
 from fiber_core.testing import BackendConformance
 
 from fiber_ssh.backend import LOST, SshBackend
@@ -136,7 +135,7 @@ def settings(facts: dict[str, str], **overrides: Any) -> dict[str, Any]:
         for key, value in ssh_env(facts).items():
             mp.setenv(key, value)
         config.reset()
-        registry.backends()
+        plugins().backends()
         out = config.backend_settings("ssh")
     config.reset()
     out.update(overrides)
@@ -277,7 +276,7 @@ class TestSsh(BackendConformance):
 
 
 def test_installed_and_registered() -> None:
-    info = {b.name: b for b in registry.backends()}["ssh"]
+    info = {b.name: b for b in plugins().backends()}["ssh"]
     assert info.cls is SshBackend
     assert info.package == "fiber-ssh"
 
