@@ -44,7 +44,7 @@ from fiber_core.base.log import LOGGER_NAME, log, tail
 from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
-from fiber_core.wire.framing import Connection
+from fiber_core.wire.framing import _HEADER, Connection
 from fiber_core.wire.messages import (
     PROCESS_EXIT,
     PROCESS_INTERRUPT,
@@ -587,18 +587,33 @@ class _JobRun:
                 return f"(the job's logs could not be read: {e})"
         return tail(self.logs, lines)
 
-    def interrupt(self) -> None:
-        """Have the job raise SIGINT in itself (now, or as soon as it has started)."""
-        with self._send_lock:
+    def interrupt(self, wait: bool = True) -> bool:
+        """Have the job raise SIGINT in itself (now, or as soon as it has started).
+
+        With ``wait=False`` (in a signal handler) it neither waits for the lock nor
+        blocks on a full socket, and returns False if it could not do it at once.
+        """
+        if not self._send_lock.acquire(wait):
+            return False
+        try:
             if self.finished.is_set():
-                return
+                return True
             if not self._started or self.sock is None:
                 self._interrupt = True
-                return
+                return True
+            frame = _HEADER.pack(len(PROCESS_INTERRUPT)) + PROCESS_INTERRUPT
             try:
-                Connection(self.sock).send_frame(PROCESS_INTERRUPT)
+                if wait:
+                    self.sock.sendall(frame)
+                elif self.sock.send(frame, socket.MSG_DONTWAIT) < len(frame):
+                    self.sock.sendall(frame)  # never half a frame
+            except BlockingIOError:
+                return False
             except OSError:
                 pass
+            return True
+        finally:
+            self._send_lock.release()
 
     def on_finish(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in the monitor thread) once the process has ended."""
@@ -692,8 +707,9 @@ def _forward_sigint() -> None:
 
     def on_sigint(signum: int, frame: Any) -> None:
         children = [p._run for p in list(runtime().children) if p._run is not None]
-        if children:  # sends may block: not in the handler's own thread
-            threading.Thread(target=lambda: [run.interrupt() for run in children], daemon=True,
+        left = [run for run in children if not run.interrupt(wait=False)]
+        if left:  # those that would block: not in the handler
+            threading.Thread(target=lambda: [run.interrupt() for run in left], daemon=True,
                              name="fiber-sigint").start()
         if callable(previous):
             previous(signum, frame)
