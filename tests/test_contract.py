@@ -169,3 +169,11 @@ def test_every_exported_name_resolves() -> None:
         assert getattr(contract, name) is not None
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         contract.Nope  # noqa: B018
+
+
+def test_a_job_started_after_cleanup_is_stopped_and_refused() -> None:
+    b = _Recorder()
+    b.cleanup()  # the program is exiting; a pool's master may still try to replace a worker
+    with pytest.raises(BackendError, match="cleaned up"):
+        b.start_job(_specs(1)[0])
+    assert b.killed == ["job-0"] and b.jobs == []

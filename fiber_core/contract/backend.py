@@ -117,6 +117,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from fiber_core.base.errors import BackendError
 from fiber_core.base.options import Option
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
 
@@ -249,6 +250,7 @@ class Backend(ABC):
         self._jobs: list[Job] = []
         self._jobs_lock = threading.Lock()
         self._watchers: list[Watcher] = []
+        self._closing = False
 
     @property
     def rundir(self) -> str:
@@ -427,9 +429,14 @@ class Backend(ABC):
         return watcher
 
     def take_jobs(self) -> list[Job]:
-        """Stop tracking every job and return them (for :meth:`cleanup`)."""
+        """Stop tracking every job and return them (for :meth:`cleanup`).
+
+        From then on the backend is closing: a job Fiber starts afterwards (a pool
+        replacing a worker while the program exits) is stopped at once and refused.
+        """
         with self._jobs_lock:
             jobs, self._jobs = self._jobs, []
+            self._closing = True
         return jobs
 
     @property
@@ -443,16 +450,28 @@ class Backend(ABC):
     def start_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
         """Start jobs through :meth:`create_jobs` and track them for :meth:`cleanup`."""
         jobs = self.create_jobs(specs)
-        with self._jobs_lock:
-            self._jobs.extend(jobs)
+        self._track(jobs)
         return jobs
 
     def start_job(self, spec: JobSpec) -> Job:
         """Start one job through :meth:`create_job` and track it for :meth:`cleanup`."""
         job = self.create_job(spec)
-        with self._jobs_lock:
-            self._jobs.append(job)
+        self._track([job])
         return job
+
+    def _track(self, jobs: list[Job]) -> None:
+        with self._jobs_lock:
+            closing = self._closing
+            if not closing:
+                self._jobs.extend(jobs)
+        if closing:  # cleanup already ran: nothing would ever stop these
+            for job in jobs:
+                try:
+                    self.stop_job(job, force=True)
+                except Exception:
+                    pass
+            raise BackendError(f"the {self.name} backend was cleaned up (the program is exiting): "
+                               "no new job starts")
 
     def stop_job(self, job: Job, force: bool = False) -> None:
         """Mark the end as asked for by Fiber, then :meth:`kill_job` or :meth:`terminate_job`."""
