@@ -97,6 +97,8 @@ def __getattr__(name: str) -> Any:
         from fiber_core.parallel import sharedctypes
 
         return getattr(sharedctypes, name)
+    if name == "reducer":
+        return _context.reducer
     if name == "Ring":
         from fiber_core.parallel.ring import Ring
 
@@ -120,12 +122,18 @@ def freeze_support() -> None:
     pass
 
 
+allow_connection_pickling = _context.allow_connection_pickling
+set_executable = _context.set_executable
+set_forkserver_preload = _context.set_forkserver_preload
+
+
 __all__ = [
     "Array", "AuthenticationError", "Backend", "Barrier", "BoundedSemaphore", "BufferTooShort",
     "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Option",
     "Pipe", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
     "SimpleQueue", "Value",
-    "TimeoutError", "active_children", "cpu_count", "current_process", "freeze_support",
+    "TimeoutError", "active_children", "allow_connection_pickling", "cpu_count", "current_process", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
-    "log_to_stderr", "meta", "parent_process", "set_start_method",
+    "log_to_stderr", "meta", "parent_process", "reducer", "set_executable",
+    "set_forkserver_preload", "set_start_method",
 ]

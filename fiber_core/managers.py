@@ -11,6 +11,7 @@ from fiber_core.parallel.managers import (
     Manager,
     Namespace,
     RemoteError,
+    SharedMemoryManager,
     State,
     SyncManager,
     Token,
@@ -18,5 +19,5 @@ from fiber_core.parallel.managers import (
 
 __all__ = [
     "AsyncHandle", "AsyncManager", "AsyncProxy", "BaseManager", "BaseProxy", "Manager",
-    "Namespace", "RemoteError", "State", "SyncManager", "Token",
+    "Namespace", "RemoteError", "SharedMemoryManager", "State", "SyncManager", "Token",
 ]

@@ -60,3 +60,45 @@ def test_exceptions_are_the_stdlib_ones() -> None:
     for name in ("ProcessError", "BufferTooShort", "TimeoutError", "AuthenticationError"):
         assert getattr(fiber_core, name) is getattr(multiprocessing, name)
         assert getattr(fiber_core.get_context(), name) is getattr(multiprocessing, name)
+
+
+def test_every_public_name_of_multiprocessing_is_here() -> None:
+    import multiprocessing
+
+    assert [n for n in multiprocessing.__all__ if not hasattr(fiber_core, n)] == []
+    assert fiber_core.reducer is multiprocessing.reduction
+    with pytest.raises(ValueError, match="multiprocessing.reduction.register"):
+        fiber_core.get_context().reducer = multiprocessing.reduction
+    with pytest.raises(TypeError, match="list of strings"):
+        fiber_core.set_forkserver_preload("numpy")
+    fiber_core.set_forkserver_preload(["numpy"])  # accepted: no fork server to preload
+
+
+@pytest.mark.parametrize("kind", [str, bytes, "path"])
+def test_set_executable_takes_what_the_stdlib_takes(kind: object, tmp_path) -> None:  # noqa: ANN001
+    import os
+    import pathlib
+    import sys
+
+    # A wrapper of this interpreter that marks its processes, so the test sees the
+    # setting used and not the default.
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nFIBER_TEST_WRAPPED=yes exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    value = {str: str(wrapper), bytes: os.fsencode(str(wrapper)), "path": pathlib.Path(wrapper)}[kind]  # type: ignore[index]
+    fiber_core.set_executable(value)
+    try:
+        q = fiber_core.Queue()
+        p = fiber_core.Process(target=_put_wrapped, args=(q,))
+        p.start()
+        assert q.get(timeout=T) == "yes"
+        p.join(T)
+        assert p.exitcode == 0
+    finally:
+        fiber_core.init(python=sys.executable)
+
+
+def _put_wrapped(q) -> None:  # noqa: ANN001
+    import os
+
+    q.put(os.environ.get("FIBER_TEST_WRAPPED"))

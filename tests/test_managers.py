@@ -261,3 +261,66 @@ def test_meta_reaches_jobspec() -> None:
     assert (seen[1].cpu, seen[1].gpu, seen[1].gpu_type) == (0.5, 2, "v100")
     with pytest.raises(ValueError):
         mp.meta(cpu=-1)
+
+
+def test_shared_memory_manager_unlinks_its_blocks_at_shutdown() -> None:
+    from multiprocessing import shared_memory
+
+    from fiber_core.managers import SharedMemoryManager
+
+    smm = SharedMemoryManager()
+    with pytest.raises(ValueError):
+        smm.SharedMemory(size=16)  # not started: nowhere to track the block
+    smm.start()
+    listed = smm.ShareableList(range(5))
+    block = smm.SharedMemory(size=64)
+    names = [listed.shm.name, block.name]
+    view = shared_memory.SharedMemory(name=block.name)
+    assert view.size >= 64
+    view.close()
+    listed.shm.close()
+    block.close()
+    smm.shutdown()
+    for name in names:
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=name)
+    with SharedMemoryManager() as smm2:
+        name = smm2.ShareableList("howdy").shm.name
+    with pytest.raises(FileNotFoundError):
+        shared_memory.ShareableList(name=name)
+
+
+def _put_through(address, authkey) -> None:  # noqa: ANN001
+    manager = _QueueManager(address=address, authkey=authkey)
+    manager.connect()
+    manager.get_queue().put("from a job")
+
+
+class _QueueManager(BaseManager):
+    pass
+
+
+_QUEUE = None
+
+
+def _the_queue():  # noqa: ANN202
+    global _QUEUE
+    if _QUEUE is None:
+        import queue
+
+        _QUEUE = queue.Queue()
+    return _QUEUE
+
+
+_QueueManager.register("get_queue", callable=_the_queue)
+
+
+def test_get_server_serves_jobs_from_this_process() -> None:
+    authkey = os.urandom(32)
+    server = _QueueManager(address=("127.0.0.1", 0), authkey=authkey).get_server()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    p = mp.Process(target=_put_through, args=(server.address, authkey))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    assert _the_queue().get(timeout=30) == "from a job"

@@ -226,3 +226,54 @@ def test_writing_when_no_reader_is_left_raises() -> None:
     b.close()
     with pytest.raises(BrokenPipeError):
         a.send("nobody")
+
+
+# -- what the stdlib's pickler for processes knows how to send ------------------------------
+
+
+def _accept_and_send(conn) -> None:  # noqa: ANN001
+    import multiprocessing.connection as mpc
+    import socket
+
+    with mpc.Listener(family="AF_UNIX") as listener:
+        conn.send(listener.address)
+        accepted = listener.accept()
+        conn.send(accepted)  # reduced by multiprocessing.reduction: the handle itself travels
+        accepted.close()
+    server = socket.create_server(("127.0.0.1", 0))
+    conn.send(server.getsockname())
+    sock, _ = server.accept()
+    conn.send(sock)
+    sock.close()
+    server.close()
+    conn.recv()  # stays alive until the parent has taken both handles
+
+
+def test_a_stdlib_connection_and_a_socket_sent_by_a_job_arrive_working() -> None:
+    import multiprocessing.connection as mpc
+    import socket
+
+    here, there = fiber_core.Pipe()
+    p = started(_accept_and_send, there, daemon=True)
+    there.close()
+    assert here.poll(T)
+    with mpc.Client(here.recv()) as client:
+        assert here.poll(T)
+        received = here.recv()
+        assert isinstance(received, mpc.Connection)
+        client.send("over the handle")
+        assert received.poll(T)
+        assert received.recv() == "over the handle"
+        received.close()
+    assert here.poll(T)
+    with socket.create_connection(here.recv(), timeout=T) as client_sock:
+        assert here.poll(T)
+        sock = here.recv()
+        assert isinstance(sock, socket.socket)
+        client_sock.sendall(b"raw bytes")
+        sock.settimeout(T)
+        assert sock.recv(100) == b"raw bytes"
+        sock.close()
+    here.send(None)
+    p.join(T)
+    assert p.exitcode == 0

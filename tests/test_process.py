@@ -526,3 +526,43 @@ def test_a_main_function_redefined_in_the_main_block_is_the_one_sent(run_script)
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["(300, 'main block')"]
+
+
+def _start_thread_setting(evt, release) -> None:  # noqa: ANN001
+    def later() -> None:
+        release.wait(T)
+        evt.set()
+
+    threading.Thread(target=later).start()  # not a daemon: the job must wait for it
+
+
+def test_job_waits_for_its_non_daemon_threads() -> None:
+    evt, release = fiber_core.Event(), fiber_core.Event()
+    p = fiber_core.Process(target=_start_thread_setting, args=(evt, release))
+    p.start()
+    p.join(0.5)
+    assert p.is_alive(), "the job ended while its thread was still running"
+    release.set()
+    p.join(T)
+    assert p.exitcode == 0 and evt.is_set()
+
+
+def _break_stream(evt, name: str, action: str) -> None:  # noqa: ANN001
+    import io
+
+    stream = None
+    if action == "close":
+        stream = io.StringIO()
+        stream.close()
+    setattr(sys, name, stream)
+    evt.set()
+
+
+@pytest.mark.parametrize("name", ["stdout", "stderr"])
+@pytest.mark.parametrize("action", ["close", "remove"])
+def test_a_target_that_breaks_its_std_streams_still_exits_0(name: str, action: str) -> None:
+    evt = fiber_core.Event()
+    p = fiber_core.Process(target=_break_stream, args=(evt, name, action))
+    p.start()
+    p.join(T)
+    assert evt.is_set() and p.exitcode == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing.context
+import multiprocessing.reduction
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -189,14 +191,28 @@ class FiberContext:
         return log_to_stderr(level)
 
     def allow_connection_pickling(self) -> None:
-        pass
+        """Nothing to do: connections and sockets can always be sent (as in the stdlib)."""
 
-    def set_executable(self, executable: str) -> None:
-
-        config.init(python=executable)
+    def set_executable(self, executable: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> None:
+        """The interpreter jobs run: Fiber's ``python`` setting, as ``init(python=...)``."""
+        config.init(python=os.fsdecode(os.fspath(executable)))
 
     def set_forkserver_preload(self, module_names: list[str]) -> None:
-        pass
+        """Accepted and ignored: Fiber starts no fork server (each job is a fresh interpreter)."""
+        if not isinstance(module_names, list) or not all(isinstance(n, str) for n in module_names):
+            raise TypeError("module_names must be a list of strings")
+
+    @property
+    def reducer(self) -> Any:
+        """:mod:`multiprocessing.reduction`: reducers registered there are used by Fiber too."""
+        return multiprocessing.reduction
+
+    @reducer.setter
+    def reducer(self, reduction: Any) -> None:
+        raise ValueError(
+            "Fiber pickles with its own pickler and cannot take another reduction module; "
+            "register a reducer for a type with multiprocessing.reduction.register(type, "
+            "reduce_function) and Fiber uses it")
 
     def _check_available(self) -> None:
         # The stdlib's get_context(name) calls this on the context it found: for

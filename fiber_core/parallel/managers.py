@@ -26,6 +26,8 @@ from __future__ import annotations
 import collections
 import multiprocessing.managers as _std
 import multiprocessing.process as _std_process
+import multiprocessing.resource_tracker as _resource_tracker
+import multiprocessing.shared_memory as _shared_memory
 import multiprocessing.util as _std_util
 import os
 import signal
@@ -205,10 +207,8 @@ class BaseManager(_std.BaseManager):
         self.shutdown = _std_util.Finalize(self, type(self)._finalize_manager, args=args,
                                            exitpriority=0)
 
-    def get_server(self) -> Any:
-        raise NotImplementedError(
-            "get_server() runs the server in this process; use start() (a job) or "
-            "multiprocessing.managers for an in-process server")
+    # get_server() is the stdlib's: a server for these types that the caller runs in
+    # this process (serve_forever); clients in jobs reach it like a started one.
 
 
 def builtins_callable(obj: object) -> bool:
@@ -227,6 +227,62 @@ class SyncManager(BaseManager, _std.SyncManager):
     """The stdlib's SyncManager types (dict, list, Namespace, Value, Array, Queue,
     JoinableQueue, Lock, RLock, Event, Condition, Semaphore, BoundedSemaphore,
     Barrier, Pool), served by a Fiber job. ``Pool`` is a Fiber pool."""
+
+
+class SharedMemoryManager(BaseManager, _std.SharedMemoryManager):
+    """The stdlib's SharedMemoryManager, its server a Fiber job on this host.
+
+    ``SharedMemory(size)`` and ``ShareableList(sequence)`` create blocks in this
+    process, and the server unlinks every one of them at ``shutdown()`` (or the end
+    of a ``with`` block). Blocks live in this host's memory, so the server is a
+    local job whatever backend is selected (``backend=`` overrides it).
+    """
+
+    def __init__(self, address: Any = None, authkey: bytes | None = None,
+                 serializer: str = "pickle", ctx: Any = None, *,
+                 shutdown_timeout: float = 1.0, backend: str | None = "local") -> None:
+        super().__init__(address, authkey, serializer, ctx, shutdown_timeout=shutdown_timeout,
+                         backend=backend)
+        self._blocks: list[str] = []
+
+    def start(self, initializer: Callable[..., object] | None = None,
+              initargs: Iterable[Any] = ()) -> None:
+        super().start(initializer, initargs)
+        # Finalizers of one priority run newest first: this one stops the server, then
+        # settles this process's resource tracker about the blocks the server unlinked.
+        self.shutdown = _std_util.Finalize(self, _shutdown_and_settle,
+                                           args=(self.shutdown, self._blocks), exitpriority=0)
+
+    def SharedMemory(self, size: int) -> Any:  # noqa: N802 - the stdlib's name
+        """A new block of ``size`` bytes, unlinked by the server at shutdown."""
+        block = super().SharedMemory(size)
+        self._blocks.append(block.name)
+        return block
+
+    def ShareableList(self, sequence: Any) -> Any:  # noqa: N802 - the stdlib's name
+        """A new ShareableList of ``sequence``, unlinked by the server at shutdown."""
+        shared = super().ShareableList(sequence)
+        self._blocks.append(shared.shm.name)
+        return shared
+
+
+def _shutdown_and_settle(stop: Callable[[], None], blocks: list[str]) -> None:
+    """Stop a SharedMemoryManager's server, then account here for what it unlinked.
+
+    The blocks were made in this process, so its own resource tracker holds their
+    names; the server, a job with a tracker of its own, unlinked them. A name the
+    server did not get to (it was killed) is unlinked here instead.
+    """
+    stop()
+    for name in blocks:
+        try:
+            block = _shared_memory.SharedMemory(name)
+        except FileNotFoundError:
+            _resource_tracker.unregister("/" + name, "shared_memory")
+        else:
+            block.close()
+            block.unlink()
+    blocks.clear()
 
 
 def _pool_factory(*args: Any, **kwargs: Any) -> Any:

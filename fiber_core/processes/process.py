@@ -356,8 +356,16 @@ class Process(BaseProcess):
             traceback.print_exc()
             return 1
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            flush_std_streams()
+
+
+def flush_std_streams() -> None:
+    """Flush stdout and stderr if the program left them usable (it may have closed or removed them)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError):
+            pass
 
 
 class _OutputPrinter:

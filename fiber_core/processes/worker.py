@@ -197,6 +197,17 @@ def _untrack_attached(shared_memory) -> None:  # noqa: ANN001
     shared_memory.SharedMemory.__init__ = __init__
 
 
+def _join_threads() -> None:
+    """Wait for the target's non-daemon threads, as a process of the stdlib does before it exits."""
+    me = threading.current_thread()
+    while True:
+        waiting = [t for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive()]
+        if not waiting:
+            return
+        for thread in waiting:
+            thread.join()
+
+
 def main() -> int:
 
     rt = runtime()
@@ -261,6 +272,7 @@ def main() -> int:
         process_mod._exit_children()
     except Exception:
         pass
+    _join_threads()
     queues = sys.modules.get("fiber_core.parallel.queues")  # only if this job used a queue
     if queues is not None:
         queues.settle()  # os._exit skips atexit: acknowledge the items this process took
@@ -268,8 +280,7 @@ def main() -> int:
     if pipes is not None:
         pipes.settle()  # give back what was sent to this job's copies and not read
     finishing.set()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    process_mod.flush_std_streams()
     for fd, saved, _thread in forwards:
         os.dup2(saved, fd)  # closes the pipe's last writer: the pump sees EOF
     for _, _, thread in forwards:
@@ -284,6 +295,5 @@ def main() -> int:
 
 if __name__ == "__main__":
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    process_mod.flush_std_streams()
     os._exit(code & 0xFF if code >= 0 else 1)

@@ -12,11 +12,13 @@ This module also holds :func:`Pipe` and :func:`wait`, the counterparts of
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import io
 import pickle
 import sys
 import threading
+from multiprocessing.reduction import ForkingPickler
 from types import CodeType, FunctionType
 from typing import Any
 
@@ -122,6 +124,26 @@ def _main_object(name: str, fingerprint: bytes, blob: bytes) -> Any:
 
 
 _picklers = threading.local()  # a pickler per thread, reused: making one costs twice a dump
+_REGISTERED: dict[Any, Any] = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # what multiprocessing.reduction.register adds
+_table: tuple[int, dict[Any, Any]] = (-1, {})
+
+
+def _dispatch_table() -> dict[Any, Any]:
+    """copyreg's reducers plus those registered with ``multiprocessing.reduction``.
+
+    The stdlib's pickler for processes honours both (``ForkingPickler.register``:
+    its own ``Connection`` and ``socket``, and whatever a program registers), so
+    Fiber's does too: a stdlib ``Connection`` sent through a Fiber Pipe or Queue
+    arrives as a working connection on the same host, as it does under spawn.
+    The merged table is rebuilt only when one of the two registries grew.
+    """
+    global _table
+    key = len(copyreg.dispatch_table) << 20 | len(_REGISTERED)
+    if key != _table[0]:
+        merged = dict(copyreg.dispatch_table)
+        merged.update(_REGISTERED)
+        _table = (key, merged)
+    return _table[1]
 
 
 def _plain_dumps(obj: Any) -> bytes:
@@ -132,6 +154,9 @@ def _plain_dumps(obj: Any) -> bytes:
         pickler = _Pickler(buf, pickle.HIGHEST_PROTOCOL)
     else:
         buf, pickler = reusable
+    table = _dispatch_table()
+    if getattr(pickler, "dispatch_table", None) is not table:
+        pickler.dispatch_table = table
     try:
         pickler.dump(obj)
         data = buf.getvalue()

@@ -51,6 +51,27 @@ impl = os.environ.get(IMPL_VAR, "fiber")
 if impl not in IMPLS:
     raise ValueError(f"{IMPL_VAR}={impl!r}: expected one of {', '.join(IMPLS)}")
 start_method = os.environ.get(START_METHOD_VAR, "spawn")
+TIMEOUT_VAR = "CPYTHON_SUITE_TIMEOUT"
+
+
+def _cap_support_timeouts() -> None:
+    """Cap the suite's waits at ``CPYTHON_SUITE_TIMEOUT`` seconds, as regrtest's ``--timeout`` does.
+
+    CPython's test runner lowers ``support.SHORT_TIMEOUT``, ``LONG_TIMEOUT`` and the
+    others to its per-test timeout, so a test that waits for something that never
+    comes fails with its own assertion instead of outliving the runner. The runner here
+    passes a cap below its hang limit, for Fiber and the stdlib alike.
+    """
+    cap = os.environ.get(TIMEOUT_VAR)
+    if not cap:
+        return
+    from test import support
+
+    for name in ("LOOPBACK_TIMEOUT", "INTERNET_TIMEOUT", "SHORT_TIMEOUT", "LONG_TIMEOUT"):
+        setattr(support, name, min(getattr(support, name), float(cap)))
+
+
+_cap_support_timeouts()
 
 adjustments: dict[str, list[str]] = {"missing": [], "lent": [], "stand-ins": []}
 """What this process did to import the suite for Fiber (see the module's docstring)."""

@@ -18,21 +18,13 @@ from fiber_core.testing import service_missing
 
 pytestmark = pytest.mark.compat
 
-PASSING_FLOOR = {(3, 11): 124}
+PASSING_FLOOR = {(3, 11): 131}
 """Processes-flavour tests that pass on the local backend, per Python (of 144 on 3.11).
 
 The count measured when the floor was last set: raise it when a feature lands.
 """
 
-KNOWN_HANGS = {
-    # A job dies with its parent, so the grandchild that should report "my parent is
-    # gone" after its parent was terminated is gone too; the test then waits forever on
-    # a Pipe whose writer the test itself still holds (as the stdlib's would).
-    "WithProcessesTestProcess.test_parent_process",
-    # Passes a Connection through a Listener and back with reduction's handle
-    # passing; it waits on a reply that never comes (not yet understood).
-    "WithProcessesTestPicklingConnections.test_pickling",
-}
+KNOWN_HANGS: set[str] = set()
 """Tests that hang today (killed at the hang limit). Remove one when it is fixed."""
 
 
