@@ -215,3 +215,13 @@ def pool_task(args: tuple) -> str:
         with value.get_lock():
             value.value += 1
     return path_of(value)
+
+
+def write_through_buffer(arr: Any, q: Any) -> None:
+    """Write every element through numpy's view of the Array's own memory (attached path only)."""
+    import numpy as np
+
+    view = np.frombuffer(arr.get_obj(), dtype=np.float64)
+    with arr.get_lock():
+        view[:] = np.arange(1.0, len(view) + 1.0)
+    q.put("written")

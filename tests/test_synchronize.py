@@ -496,6 +496,23 @@ def test_a_docker_job_uses_a_lock_an_event_and_an_array_through_the_creator(dock
     assert arr[:] == [10.0, 20.0, 30.0, 40.0] and value.value == 6
 
 
+def test_docker_jobs_sharing_this_machines_ipc_attach_and_see_the_memory(
+        docker_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_DOCKER_IPC_MODE", "host")
+    lock, q, arr = fiber_core.Lock(), fiber_core.Queue(), fiber_core.Array("d", 4)
+    p = fiber_core.Process(target=sync_tasks.report_paths, args=(q, lock, arr), backend="docker",
+                           image=docker_backend)
+    p.start()
+    paths, _ = q.get(timeout=120)
+    assert paths == ["attached"] * 2
+    p2 = fiber_core.Process(target=sync_tasks.write_through_buffer, args=(arr, q), backend="docker",
+                            image=docker_backend)
+    p2.start()
+    assert q.get(timeout=120) == "written"
+    assert arr[:] == [1.0, 2.0, 3.0, 4.0]  # written in the container, through its numpy view
+    assert joined(p, p2) == [0, 0]
+
+
 def test_the_creator_token_is_this_process() -> None:
     lock = fiber_core.Lock()
     from fiber_core.parallel.sharing import ref_for_pickle

@@ -8,6 +8,7 @@ failing tests by cause. Select with ``-m compat``, leave out with ``-m "not comp
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,37 +19,38 @@ from fiber_core.testing import service_missing
 
 pytestmark = pytest.mark.compat
 
-PASSING_FLOOR = {(3, 11): 131}
-"""Processes-flavour tests that pass on the local backend, per Python (of 144 on 3.11).
+PASSING_FLOOR = {("local", (3, 11)): 131, ("docker", (3, 11)): 0}
+"""Processes-flavour tests that pass, per backend and Python (of 144 on 3.11).
 
 The count measured when the floor was last set: raise it when a feature lands.
 """
 
-KNOWN_HANGS: set[str] = set()
-"""Tests that hang today (killed at the hang limit). Remove one when it is fixed."""
+KNOWN_HANGS: dict[str, set[str]] = {"local": set(), "docker": set()}
+"""Tests that hang today (killed at the hang limit), per backend. Remove one when it is fixed."""
 
 
-@pytest.mark.timeout(1800)  # a bound for the whole run; each test is bounded by hang_after
-def test_processes_flavour_on_local_backend(tmp_path: Path) -> None:
+def _run_and_check(backend: str, work: Path, hang_after: float,
+                   env: dict[str, str] | None = None) -> None:
     try:
         cpython_suite.suite_test_dir()
     except RuntimeError as e:
         service_missing(str(e))
-    run = cpython_suite.run_suite("fiber", ("processes",), backend="local", work=tmp_path,
-                                  hang_after=60.0, progress=sys.stderr)
+    base = None if env is None else {**os.environ, **env}
+    run = cpython_suite.run_suite("fiber", ("processes",), backend=backend, work=work,
+                                  hang_after=hang_after, progress=sys.stderr, base_env=base)
     summary = cpython_suite.summary_line(run, "processes")
     print(summary)
     results = run.results("processes")
     assert results, "no test of the processes flavour ran"
 
     hung = {r.test: r.detail for r in results if r.status == "hung"}
-    new_hangs = sorted(set(hung) - KNOWN_HANGS)
-    assert not new_hangs, f"tests hung: {new_hangs} ({summary}; logs under {tmp_path})"
+    new_hangs = sorted(set(hung) - KNOWN_HANGS[backend])
+    assert not new_hangs, f"tests hung: {new_hangs} ({summary}; logs under {work})"
     exit_hangs = [c.name for c in run.classes if c.hung and not any(
         r.status == "hung" for r in c.results)]
-    assert not exit_hangs, f"classes hung outside their tests: {exit_hangs} (logs under {tmp_path})"
+    assert not exit_hangs, f"classes hung outside their tests: {exit_hangs} (logs under {work})"
 
-    floor = PASSING_FLOOR.get(sys.version_info[:2])
+    floor = PASSING_FLOOR.get((backend, sys.version_info[:2]))
     if floor is None:
         pytest.skip(f"no floor set for Python {sys.version_info[0]}.{sys.version_info[1]}: {summary}")
     passed = run.counts("processes")["passed"]
@@ -56,3 +58,26 @@ def test_processes_flavour_on_local_backend(tmp_path: Path) -> None:
     assert passed >= floor, (
         f"{passed} tests passed, fewer than the floor of {floor} ({summary}); not passing:\n"
         + "\n".join(failing))
+
+
+@pytest.mark.timeout(1800)  # a bound for the whole run; each test is bounded by hang_after
+def test_processes_flavour_on_local_backend(tmp_path: Path) -> None:
+    _run_and_check("local", tmp_path, hang_after=60.0)
+
+
+@pytest.mark.timeout(1800)
+def test_processes_flavour_on_docker(tmp_path: Path) -> None:
+    """Every process of the suite a container of the test daemon, sharing this machine's IPC.
+
+    ``ipc_mode=host`` as a user sharing memory with containers on one machine sets it:
+    the suite's Barrier and Condition helpers keep their state in a raw shared buffer,
+    which a container with its own ``/dev/shm`` cannot map (Fiber serves elements, not
+    buffers), and their polling loops would wait for it forever. Everything else, the
+    start of each job, its connection and the served Pipes, Queues and Pools, is as on
+    any remote host.
+    """
+    try:
+        cpython_suite.docker_service_env()
+    except RuntimeError as e:
+        service_missing(str(e))
+    _run_and_check("docker", tmp_path, hang_after=90.0, env={"FIBER_DOCKER_IPC_MODE": "host"})

@@ -52,6 +52,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("mount_cwd", bool, None,
            "mount the working directory at the same path in every container and start there "
            "(default: on, unless this process runs in a container)"),
+    Option("ipc_mode", str, None,
+           "IPC namespace of the containers: host shares this machine's /dev/shm and POSIX "
+           "semaphores, so Lock, Value, Array and SharedMemory are attached, not served "
+           "(default: the daemon's, private)"),
     Option("volumes", list, [], "more mounts, comma-separated SOURCE:TARGET[:ro]"),
     Option("extra_env", list, [], "KEY=VALUE pairs set in every container"),
     Option("user", str, None, "user[:group] the containers run as (default: the image's)"),
@@ -295,6 +299,7 @@ class DockerBackend(Backend):
         host_config = api.create_host_config(
             binds=binds or None,
             network_mode=network_mode or self._network_mode(),
+            ipc_mode=self.settings.get("ipc_mode") or None,
             init=True,  # the worker is not PID 1: SIGTERM ends it (-15)
             auto_remove=True,
             nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
