@@ -153,12 +153,11 @@ def _load_cloudpickle() -> Any:
     for an import that another thread has begun.
     """
     global _cloudpickle
-    cp = _cloudpickle
-    if cp is None:
-        import cloudpickle as cp  # on first use: a job that sends only plain data starts without it
+    if _cloudpickle is None:
+        import cloudpickle  # on first use: a job that sends only plain data starts without it
 
-        _cloudpickle = cp
-    return cp
+        _cloudpickle = cloudpickle
+    return _cloudpickle
 
 
 def _by_value_registered() -> bool:
