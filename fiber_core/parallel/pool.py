@@ -564,6 +564,8 @@ class Pool:
             self._error = FiberError(f"pool master thread failed: {e!r}")
             self._fail_all(self._error)
         finally:
+            self._sel.close()  # only the master uses the selector and the read end
+            self._wake_r.close()
             self._done.set()
 
     def _adopt(self, wid: int, sock: socket.socket) -> None:
@@ -1025,6 +1027,21 @@ class Pool:
         for w in list(self._workers.values()):
             w.process.join()
         runtime().hub.unregister(f"pool:{self._id}")
+        self._release()
+
+    def _release(self) -> None:
+        """Free the descriptors the master left: no cyclic garbage collection needed."""
+        with self._lock:
+            self._wake_w.close()  # a later _wake fails quietly
+            while True:  # connections of workers that came after the master ended
+                try:
+                    _, sock = self._incoming.get_nowait()
+                except _queue.Empty:
+                    break
+                sock.close()
+            for w in self._workers.values():
+                if w.conn is not None:
+                    w.conn.close()
 
     def __enter__(self) -> Pool:
         self._check_running()
