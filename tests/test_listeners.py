@@ -254,6 +254,73 @@ def test_out_of_descriptors_the_hub_waits_and_goes_on_accepting(tmp_path: Path) 
     assert r.stdout.strip() == "ok"  # the script also saw the warning telling the user
 
 
+_FLOODED = """
+import resource, sys
+import fiber_core
+from fiber_core.backends.local import LocalBackend
+from fiber_core.runtime.config import plugins
+from fiber_core.runtime.hub import pending_bound
+from fiber_core.runtime.run import runtime
+
+class TcpOnlyBackend(LocalBackend):
+    name = "tcp-only"
+    shares_this_machine = False
+
+    def get_listen_addr(self):
+        return "127.0.0.1"
+
+    def create_job(self, spec):
+        hub = spec.env["FIBER_PARENT_HUB"]
+        spec.env["FIBER_PARENT_HUB"] = ",".join(a for a in hub.split(",") if a.startswith("tcp:"))
+        return super().create_job(spec)
+
+class Plugin:
+    @fiber_core.hookimpl
+    def fiber_register_backends(self, register):
+        register(TcpOnlyBackend)
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    plugins().register_plugin(Plugin(), name="tcp-only")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    tcp = [a for a in runtime().addresses_for(runtime().get_backend("tcp-only")).split(",")
+           if a.startswith("tcp:")][0]
+    print(tcp[4:], pending_bound(), flush=True)
+    sys.stdin.readline()  # flooded: more idle connections than this process has descriptors
+    with fiber_core.Pool(2, backend="tcp-only") as pool:
+        assert pool.map(square, range(50)) == [x * x for x in range(50)]
+    print("ok", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_beyond_the_descriptor_limit_leaves_jobs_dialing_in_over_tcp(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(_FLOODED)
+    parent = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    flooder = None
+    try:
+        assert parent.stdin is not None and parent.stdout is not None
+        address, bound = parent.stdout.readline().split()
+        host, _, port = address.rpartition(":")
+        n = 1100  # the usual limit is 1024; this process has 256
+        flooder = subprocess.Popen([sys.executable, "-c", _FLOODER, host, port, str(n), bound],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert flooder.stdout is not None
+        assert int(flooder.stdout.readline()) == n - int(bound)  # all but the newest were shed
+        parent.stdin.write("flooded\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "ok"
+    finally:
+        for p in (parent, flooder):
+            if p is not None:
+                p.kill()
+                p.communicate()
+
+
 # -- handshakes that trickle in or never come ------------------------------------------------
 
 DEADLINE = 1.0  # handshake_timeout in these tests
