@@ -2,7 +2,8 @@
 
 Registered through the same hook as any plugin. Jobs start a fresh interpreter
 (never fork), in their own process group so that terminate and kill reach
-everything they started, with stdout and stderr kept in a log file (in the run
+everything they started, told this process's pid so that they end the moment it
+does (``FIBER_PARENT_PID``), with stdout and stderr kept in a log file (in the run
 directory) for :meth:`~fiber_core.contract.backend.Backend.get_job_logs`. A job
 SIGKILLed while the kernel counted an out-of-memory kill in this cgroup ended
 for :attr:`~fiber_core.contract.jobs.EndReason.OOM`.
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 
 from fiber_core.base.errors import BackendError
 from fiber_core.contract.backend import Backend, Job, JobSpec
+from fiber_core.contract.env import ENV_PARENT_PID
 from fiber_core.contract.hookspecs import hookimpl
 from fiber_core.contract.jobs import EndReason
 
@@ -53,7 +55,7 @@ class LocalBackend(Backend):
 
     def create_job(self, spec: JobSpec) -> Job:
         path = self._log_path(spec.name)
-        env = {**os.environ, **spec.env}
+        env = {**os.environ, **spec.env, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
         ooms = _oom_kills()
         try:
             with open(path, "wb") as logfile:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
     from fiber_core.contract.env import (
         ENV_AUTHKEY,
         ENV_HUB,
+        ENV_PARENT_PID,
         ENV_RUN_ID,
         ENV_TOKEN,
         SECRET_VARIABLES,
@@ -38,6 +39,7 @@ _EXPORTS = {
     "hookimpl": "fiber_core.contract.hookspecs",
     "ENV_AUTHKEY": "fiber_core.contract.env",
     "ENV_HUB": "fiber_core.contract.env",
+    "ENV_PARENT_PID": "fiber_core.contract.env",
     "ENV_RUN_ID": "fiber_core.contract.env",
     "ENV_TOKEN": "fiber_core.contract.env",
     "SECRET_VARIABLES": "fiber_core.contract.env",
@@ -49,7 +51,7 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "ENV_AUTHKEY", "ENV_HUB", "ENV_RUN_ID", "ENV_TOKEN", "LOG_LIMIT", "SECRET_VARIABLES", "Backend",
+    "ENV_AUTHKEY", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID", "ENV_TOKEN", "LOG_LIMIT", "SECRET_VARIABLES", "Backend",
     "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
     "Watcher", "exitcode_from_status", "hookimpl", "keepalive", "parse_pairs",
 ]

@@ -17,7 +17,12 @@ ENV_HUB = "FIBER_PARENT_HUB"
 ENV_TOKEN = "FIBER_PROCESS_TOKEN"
 """Which of its parent's processes the job is (a random token, one per job)."""
 
+ENV_PARENT_PID = "FIBER_PARENT_PID"
+"""Set by a backend whose jobs are child processes of the parent (the local backend): the
+parent's pid. The job then ends the moment its parent does, whatever its own code is
+doing (see :mod:`fiber_core.processes.worker`)."""
+
 SECRET_VARIABLES = frozenset({ENV_AUTHKEY, ENV_TOKEN})
 """The variables of a job's environment that must not be readable by others."""
 
-__all__ = ["ENV_AUTHKEY", "ENV_HUB", "ENV_RUN_ID", "ENV_TOKEN", "SECRET_VARIABLES"]
+__all__ = ["ENV_AUTHKEY", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID", "ENV_TOKEN", "SECRET_VARIABLES"]

@@ -5,11 +5,15 @@ manager protocol and proxies (which authenticate every connection with an HMAC
 challenge before anything is unpickled), with three differences:
 
 * the server runs as a Fiber job on the selected backend, started through
-  :class:`fiber_core.Process`, and binds every interface of its host;
+  :class:`fiber_core.Process`; it listens on a Unix socket when its clients share
+  its machine, else on the one address its host uses to reach the parent;
 * the address it reports is the one its host uses to reach the parent, so
   proxies work from any process of the program, on any machine;
 * every process of the run uses the run's key, so proxies can be passed to
-  children (and grandchildren) as arguments.
+  children (and grandchildren) as arguments;
+* as the run's hub does, the server bounds the connections that have not
+  authenticated, gives each handshake one deadline (``handshake_timeout``), and
+  survives errors of ``accept()``, running out of descriptors included.
 
 :class:`AsyncManager` adds non-blocking proxies: each method call returns an
 :class:`AsyncHandle` at once. Calls on one proxy are pipelined over its own
@@ -31,6 +35,7 @@ import multiprocessing.shared_memory as _shared_memory
 import multiprocessing.util as _std_util
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -43,7 +48,7 @@ from fiber_core.contract.env import ENV_HUB
 from fiber_core.parallel.pool import Pool
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import Process
-from fiber_core.runtime.hub import reachable_host
+from fiber_core.runtime.hub import Handshakes, accept_retrying, reachable_host
 from fiber_core.runtime.run import runtime
 
 
@@ -106,8 +111,8 @@ def _serve(cls: type[BaseManager], registry: dict[str, _RegistryEntry], authkey:
     """The manager job: create the server, report its address, serve.
 
     On the local backend every client shares this host: a Unix socket, as the
-    standard library uses. Elsewhere: TCP on all interfaces, reported as the
-    address this host has on the route to the parent.
+    standard library uses. Elsewhere: TCP on the address this host has on the
+    route to the parent (what the clients dial), and no other interface.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     share_run_key()
@@ -117,11 +122,67 @@ def _serve(cls: type[BaseManager], registry: dict[str, _RegistryEntry], authkey:
         server = cls._Server(registry, None, authkey, serializer)
         writer.send(server.address)
     else:
-        server = cls._Server(registry, ("0.0.0.0", 0), authkey, serializer)
-        _, port = cast("tuple[str, int]", server.address)  # a TCP listener's address
-        writer.send((reachable_host(os.environ[ENV_HUB]), port))
+        server = cls._Server(registry, (reachable_host(os.environ[ENV_HUB]), 0), authkey, serializer)
+        writer.send(server.address)
     writer.close()
     server.serve_forever()
+
+
+def _shut_descriptor(fd: int) -> Callable[[], None]:
+    """Shut down the socket of descriptor ``fd`` without closing it (for :class:`Handshakes`)."""
+
+    def shut() -> None:
+        sock = socket.socket(fileno=fd)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()
+
+    return shut
+
+
+class _Handshaking:
+    """A server's new connection until its client has authenticated.
+
+    The stdlib's server reads the challenge answers with ``recv_bytes`` and the
+    first request, once the client is authenticated, with ``recv``: that ends the
+    handshake's clock. ``close`` ends it too, before the descriptor is freed, so
+    a late deadline never shuts down a descriptor reused by another connection.
+    """
+
+    def __init__(self, conn: Connection[Any, Any], handshakes: Handshakes, token: int) -> None:
+        self._conn = conn
+        self._handshakes = handshakes
+        self._token = token
+
+    def recv(self) -> Any:
+        if not self._handshakes.done(self._token):
+            raise EOFError("the handshake took too long, or too many were waiting")
+        self.recv = self._conn.recv  # type: ignore[method-assign]  # the clock has stopped
+        return self._conn.recv()
+
+    def close(self) -> None:
+        self._handshakes.done(self._token)
+        self._conn.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class _Server(_std.Server):
+    """The stdlib's manager server, with a listener that no client can stop or fill."""
+
+    def accepter(self) -> None:
+        handshakes = Handshakes()
+        lsock = self.listener._listener._socket  # type: ignore[attr-defined]  # the stdlib's SocketListener
+        while (sock := accept_retrying(lsock, handshakes, lambda: False, "the manager server")) is not None:
+            sock.setblocking(True)
+            token = handshakes.admit(_shut_descriptor(sock.fileno()))
+            conn = _Handshaking(Connection(sock.detach()), handshakes, token)
+            try:
+                threading.Thread(target=self.handle_request, args=(conn,), daemon=True).start()
+            except RuntimeError:  # no thread to be had: this connection goes, the server stays
+                conn.close()
 
 
 class BaseManager(_std.BaseManager):
@@ -131,8 +192,8 @@ class BaseManager(_std.BaseManager):
     ``address`` to :meth:`connect` to an existing manager server.
     """
 
+    _Server: ClassVar[type[_std.Server]] = _Server
     # Set by the stdlib's BaseManager, which typeshed declares without its private parts.
-    _Server: ClassVar[type[_std.Server]]
     _registry: ClassVar[dict[str, _RegistryEntry]]
     _finalize_manager: ClassVar[Callable[..., None]]
     _state: _StateRecord

@@ -67,11 +67,12 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from fiber_core.base.errors import FiberError, JobStartError, TaskLostError, TimeoutError
 from fiber_core.base.log import log
+from fiber_core.base.memory import release_free_memory
 from fiber_core.processes.process import Process, cpu_count
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime, sending_to
@@ -127,6 +128,10 @@ MAX_START_KILLS = 10
 
 
 _FUNC_CACHE = 64
+
+
+_LARGE_MAP = 100_000
+"""Results of a map from which the parent gives its allocator's free memory back."""
 
 
 _APPLY, _MAP, _STARMAP = 0, 1, 2
@@ -302,8 +307,19 @@ class MapResult(ApplyResult):
         self._chunks[unit] = values
         self._left -= 1
         if self._left == 0:
-            self._finish(True, list(itertools.chain.from_iterable(self._chunks)))
-            self._chunks = []
+            chunks, self._chunks = self._chunks, []
+            # One list of the final size, each unit's values moved in and let go at once:
+            # no list regrown step by step, no second full copy held at the peak.
+            out: list = [None] * sum(map(len, chunks))
+            at = 0
+            for i, values in enumerate(chunks):
+                out[at:at + len(values)] = values
+                at += len(values)
+                chunks[i] = None
+            del chunks, values
+            if len(out) >= _LARGE_MAP:
+                release_free_memory()  # what the map's transient buffers took goes back
+            self._finish(True, out)
 
 
 class IMapIterator:
@@ -564,6 +580,8 @@ class Pool:
             self._error = FiberError(f"pool master thread failed: {e!r}")
             self._fail_all(self._error)
         finally:
+            self._sel.close()  # only the master uses the selector and the read end
+            self._wake_r.close()
             self._done.set()
 
     def _adopt(self, wid: int, sock: socket.socket) -> None:
@@ -795,6 +813,10 @@ class Pool:
         batch_id = next(_job_counter)
         send_func = first.func_id not in w.funcs
         if send_func:
+            # A finished job's function is not sent again: no entry outlives its map (each
+            # would hold on to a block of memory that the map's objects had filled).
+            for fid in [f for f in w.funcs if f not in self._jobs]:
+                del w.funcs[fid]
             w.funcs[first.func_id] = None
             if len(w.funcs) > _FUNC_CACHE:
                 w.funcs.popitem(last=False)
@@ -845,7 +867,7 @@ class Pool:
         if self._state != "RUN":
             raise ValueError("Pool not running")
 
-    def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list],
+    def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[Sequence[Any]],
                 func_bytes: bytes | None = None) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
         chunks = list(chunks)
@@ -881,7 +903,8 @@ class Pool:
     def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: int | None,
                    callback: Callable | None, error_callback: Callable | None) -> MapResult:
         self._check_running()
-        items = list(iterable)
+        # A sequence is sliced as it is (a range into ranges): no copy of its items here.
+        items = iterable if isinstance(iterable, (list, tuple, range)) else list(iterable)
         with sending_to(self._hub):
             func_bytes = dumps(func)
         if chunksize is None:
@@ -1025,6 +1048,21 @@ class Pool:
         for w in list(self._workers.values()):
             w.process.join()
         runtime().hub.unregister(f"pool:{self._id}")
+        self._release()
+
+    def _release(self) -> None:
+        """Free the descriptors the master left: no cyclic garbage collection needed."""
+        with self._lock:
+            self._wake_w.close()  # a later _wake fails quietly
+            while True:  # connections of workers that came after the master ended
+                try:
+                    _, sock = self._incoming.get_nowait()
+                except _queue.Empty:
+                    break
+                sock.close()
+            for w in self._workers.values():
+                if w.conn is not None:
+                    w.conn.close()
 
     def __enter__(self) -> Pool:
         self._check_running()

@@ -402,7 +402,10 @@ class _JobRun:
     """The parent's side of one started process: its job and monitor thread."""
 
     def __init__(self, process: Process) -> None:
-        self.process = process
+        # The Process holds its run; a reference back would make a cycle, and the run's
+        # descriptors would wait for the cyclic garbage collector instead of the Process.
+        self._process = weakref.ref(process)
+        self.name = process.name
         self.job: Job | None = None
         self.backend: Backend | None = None
         self.exitcode: int | None = None
@@ -419,6 +422,13 @@ class _JobRun:
         self._send_lock = threading.Lock()
         self._started = False  # the start frames are sent: other frames may follow
         self._interrupt = False  # SIGINT came before they were
+
+    @property
+    def process(self) -> Process:
+        """The process being started (the caller of :meth:`start` holds it)."""
+        p = self._process()
+        assert p is not None, "a process is garbage-collected while it starts"
+        return p
 
     def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
         from fiber_core.contract.backend import (  # a job that starts no process never loads it
@@ -521,7 +531,7 @@ class _JobRun:
             if early is not None:
                 tail = self.log_tail()
                 if not self._stopping:
-                    log.warning("fiber: %s exited with code %s before it started%s", self.process.name,
+                    log.warning("fiber: %s exited with code %s before it started%s", self.name,
                                 early, (":\n" + tail) if tail else "")
                 if backend.poll_job(job) is not None:
                     backend.untrack_job(job)  # it ended: cleanup at exit need not look at it
@@ -529,11 +539,11 @@ class _JobRun:
                 return
             assert self.sock is not None
             conn = Connection(self.sock)
-            printer = _OutputPrinter(self.process.name)
+            printer = _OutputPrinter(self.name)
             conn_done = threading.Event()
             if self.sock.family != socket.AF_UNIX:
                 threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,
-                                 name=f"fiber-unstick-{self.process.name}").start()
+                                 name=f"fiber-unstick-{self.name}").start()
             try:
                 with self._send_lock:
                     conn.send_frame(PROCESS_PRELUDE, payload[0])
@@ -550,7 +560,7 @@ class _JobRun:
                     elif kind == PROCESS_STDOUT or kind == PROCESS_STDERR:
                         printer.write(kind, body(msg))
                     else:
-                        raise unexpected(msg, f"the connection of {self.process.name}")
+                        raise unexpected(msg, f"the connection of {self.name}")
             except (EOFError, OSError):
                 pass
             finally:
@@ -565,7 +575,7 @@ class _JobRun:
                 backend.untrack_job(job)
             self._finish(code if code is not None else self.reported)
         except Exception as e:  # the monitor must always finish the process
-            log.exception("fiber: monitor of %s failed", self.process.name)
+            log.exception("fiber: monitor of %s failed", self.name)
             self.logs = self.logs or str(e)
             self._finish(self.reported if self.reported is not None else 1)
 
@@ -634,7 +644,7 @@ class _JobRun:
             try:
                 callback()
             except Exception:
-                log.exception("fiber: a finish callback of %s failed", self.process.name)
+                log.exception("fiber: a finish callback of %s failed", self.name)
         self.finished.set()
         try:
             os.write(self._sentinel_w, b"\0")  # any byte: it only makes the sentinel readable

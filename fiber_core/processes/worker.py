@@ -5,19 +5,23 @@ key, receives the pickled process object, runs it and reports the exit code.
 While it runs, fds 1 and 2 go through pipes whose contents are sent to the
 parent (which prints them prefixed with the process name) and also written to
 the job's own stdout/stderr, where the backend keeps its logs. When the parent
-goes away, the job kills itself and everything it started.
+goes away, the job kills itself and everything it started: a thread sees the
+connection to the parent end; and when the parent is on this machine
+(``FIBER_PARENT_PID``), a small process forked at start waits on the parent's pid,
+so that a job inside a long call that holds the interpreter ends at once too.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.contract.env import ENV_HUB, ENV_TOKEN
+from fiber_core.contract.env import ENV_HUB, ENV_PARENT_PID, ENV_TOKEN
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
@@ -50,12 +54,61 @@ def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa:
     parent.gone.set()
     if finishing.is_set():
         return
-    # The parent is gone: end this job and everything it started.
+    _end_job()  # the parent is gone
+
+
+def _end_job() -> None:
+    """Kill this job and everything it started (it leads its process group when local)."""
     try:
         if os.getpgid(0) == os.getpid():
             os.killpg(0, signal.SIGKILL)
     finally:
         os._exit(1)
+
+
+_watcher_pipe: int | None = None  # held open while this job lives: the watcher waits for its end
+
+
+def _watch_parent_outside(parent: int) -> None:
+    """Fork a process that kills this job the moment ``parent`` (a process here) ends.
+
+    A thread of this interpreter cannot do it while the job's code holds the
+    interpreter (a long call in C): the watcher is another process, blocked in the
+    kernel on the parent's pid. It ends with the job, which holds a pipe to it open.
+    Called before any thread starts, so the fork is safe.
+    """
+    global _watcher_pipe
+    if os.getppid() != parent:
+        _end_job()  # the parent ended before this job could watch it
+    try:
+        pidfd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        _end_job()
+    except (AttributeError, OSError):
+        return  # no pidfd here (before Linux 5.3): the thread watching the connection only
+    job = os.getpid()
+    r, w = os.pipe()
+    if os.fork() == 0:
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)  # what stops the job reaches it; it ends with the job
+            os.close(w)
+            while True:
+                try:
+                    ready, _, _ = select.select([pidfd, r], [], [])
+                    break
+                except InterruptedError:
+                    continue
+            if pidfd in ready:  # the parent ended (and the job is still there: r is open)
+                if os.getpgid(0) == job:
+                    os.killpg(job, signal.SIGKILL)  # the job, what it started, and this watcher
+                else:
+                    os.kill(job, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.close(pidfd)
+    _watcher_pipe = w
 
 
 def _forward(fd: int, kind: bytes, conn, lock: threading.Lock) -> tuple:  # noqa: ANN001
@@ -209,7 +262,8 @@ def _join_threads() -> None:
 
 
 def main() -> int:
-
+    if os.environ.get(ENV_PARENT_PID, "").isdigit():
+        _watch_parent_outside(int(os.environ[ENV_PARENT_PID]))
     rt = runtime()
     try:
         sock = dial(os.environ[ENV_HUB], rt.authkey, f"proc:{os.environ[ENV_TOKEN]}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from fiber_core.base.errors import AuthenticationError
@@ -66,13 +68,153 @@ def dial(addresses: str, key: bytes, target: str, timeout: float = 30.0) -> sock
 Route = Callable[[str, socket.socket], None]
 
 
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def pending_bound() -> int:
+    """How many unauthenticated connections a listener holds: an eighth of the descriptor limit.
+
+    Enough for every job of a large run dialing in at once, and few enough that a
+    stranger's flood of idle connections leaves this process the descriptors it needs.
+    """
+    try:
+        import resource  # POSIX only, like the Unix sockets of the hub
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = -1
+    except (ImportError, OSError, ValueError):
+        soft = -1
+    if soft < 0:
+        soft = 4096
+    return max(8, min(512, soft // 8))
+
+
+class Handshakes:
+    """Connections that have not authenticated yet: bounded, each with one deadline.
+
+    A listener passes each accepted connection to :meth:`admit` before its handshake
+    and calls :meth:`done` after it. The whole handshake has ``handshake_timeout``
+    seconds, however slowly its bytes arrive; past that, or when more than the bound
+    are waiting (the oldest goes first), the connection is shut down, which wakes its
+    handshake with an end of stream. Authenticated connections are never shed here.
+    """
+
+    def __init__(self, bound: int | None = None) -> None:
+        self._bound = bound or pending_bound()
+        self._lock = threading.Condition(threading.Lock())
+        self._pending: dict[int, tuple[float, Callable[[], None]]] = {}  # in deadline order
+        self._next = 0
+        self._reaper: threading.Thread | None = None
+        self._closed = False
+
+    def admit(self, shut: Callable[[], None]) -> int:
+        """Start the clock of one connection; ``shut`` shuts it down. Returns its token."""
+        timeout = config.get("handshake_timeout")
+        deadline = time.monotonic() + (timeout if timeout and timeout > 0 else 10.0)
+        with self._lock:
+            token = self._next
+            self._next += 1
+            self._pending[token] = (deadline, shut)
+            while len(self._pending) > self._bound:
+                self._shed(next(iter(self._pending)))
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, daemon=True, name="fiber-handshakes")
+                self._reaper.start()
+            self._lock.notify()
+        return token
+
+    def done(self, token: int) -> bool:
+        """The handshake ended: True if the connection is still ours (not shed meanwhile)."""
+        with self._lock:
+            return self._pending.pop(token, None) is not None
+
+    def shed_oldest(self) -> bool:
+        """Shut the oldest waiting connection (a descriptor is needed). False if none waits."""
+        with self._lock:
+            if not self._pending:
+                return False
+            self._shed(next(iter(self._pending)))
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+
+    def _shed(self, token: int) -> None:
+        _, shut = self._pending.pop(token)
+        try:
+            shut()
+        except OSError:
+            pass
+
+    def _reap(self) -> None:
+        with self._lock:
+            while not self._closed:
+                now = time.monotonic()
+                while self._pending:
+                    token = next(iter(self._pending))
+                    deadline = self._pending[token][0]
+                    if deadline > now:
+                        break
+                    log.debug("closed a connection that did not authenticate in time")
+                    self._shed(token)
+                wait = self._pending[next(iter(self._pending))][0] - now if self._pending else None
+                self._lock.wait(wait)
+
+
+def shutdown_socket(sock: socket.socket) -> Callable[[], None]:
+    """What :meth:`Handshakes.admit` calls to end ``sock``: both directions shut, not closed.
+
+    Closing would free a descriptor that the handshake thread still reads from, and
+    that another connection may get; shutting wakes that thread, which closes it.
+    """
+    return lambda: sock.shutdown(socket.SHUT_RDWR)
+
+
+def accept_retrying(lsock: socket.socket, handshakes: Handshakes, closed: Callable[[], bool],
+                    what: str) -> socket.socket | None:
+    """``lsock.accept()`` that survives its errors while the listener lives.
+
+    Out of descriptors, the oldest unauthenticated connection is shed and the accept
+    retried after a pause that doubles up to a second; a warning says so once per
+    shortage, since every job that dials in waits meanwhile. None once the listener
+    is closed.
+    """
+    delay = 0.0
+    short = False
+    while not closed():
+        try:
+            sock, _ = lsock.accept()
+        except OSError as e:
+            if closed() or e.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
+                return None
+            if e.errno in _OUT_OF_DESCRIPTORS:
+                handshakes.shed_oldest()
+                if not short:
+                    log.warning("fiber: %s is out of file descriptors (%s); connections wait until "
+                                "some are free: raise the limit (ulimit -n) or use fewer",
+                                what, os.strerror(e.errno or 0))
+                    short = True
+            delay = min(1.0, max(0.01, delay * 2))
+            time.sleep(delay)
+            continue
+        if short:
+            log.warning("fiber: %s has file descriptors again", what)
+        return sock
+    return None
+
+
 class Hub:
     """This process's listener: accepts, authenticates and routes incoming connections.
 
     One TCP port (on the backend's listen address) and one Unix socket per process.
     Each accepted connection is authenticated in its own short-lived thread, then
     handed to the route registered for the target it asked for; the route owns the
-    socket from then on (and may keep the thread to serve it).
+    socket from then on (and may keep the thread to serve it). Connections that have
+    not authenticated are bounded and have one deadline (:class:`Handshakes`), and
+    errors of ``accept()`` are survived, so no client can stop the listener.
     """
 
     def __init__(self, key: bytes, host: str, port: int, rundir: str) -> None:
@@ -84,6 +226,7 @@ class Hub:
         self._port = port
         self._tcp: dict[str, str] = {}  # listen host -> "tcp:host:port"
         self._listeners: list[socket.socket] = []
+        self._handshakes = Handshakes()
         self._unix_path = os.path.join(rundir, "hub.sock")
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         unix.bind(self._unix_path)
@@ -138,27 +281,31 @@ class Hub:
             return route
 
     def _accept_loop(self, lsock: socket.socket) -> None:
-        while not self._closed:
+        what = "the listener of this process"
+        while (sock := accept_retrying(lsock, self._handshakes, lambda: self._closed, what)) is not None:
+            token = self._handshakes.admit(shutdown_socket(sock))
             try:
-                sock, _ = lsock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                             name="fiber-hub-conn").start()
+                threading.Thread(target=self._serve, args=(sock, token), daemon=True,
+                                 name="fiber-hub-conn").start()
+            except Exception as e:  # no thread to be had: this connection goes, the listener stays
+                log.warning("fiber: dropped a connection: %s", e)
+                self._handshakes.done(token)
+                sock.close()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, token: int) -> None:
         try:
-            sock.settimeout(10.0)
             target = server_handshake(sock, self._key)
             route = self._find(target)
+            if not self._handshakes.done(token):
+                raise EOFError("the handshake took too long, or too many were waiting")
             if route is None:
                 sock.sendall(b"NO")
                 sock.close()
                 return
             sock.sendall(b"OK")
-            sock.settimeout(None)
             tune(sock)
         except (OSError, EOFError, AuthenticationError, UnicodeDecodeError) as e:
+            self._handshakes.done(token)
             log.debug("rejected a connection: %s", e)
             sock.close()
             return
@@ -170,6 +317,7 @@ class Hub:
 
     def close(self) -> None:
         self._closed = True
+        self._handshakes.close()
         for lsock in self._listeners:
             try:
                 lsock.shutdown(socket.SHUT_RDWR)

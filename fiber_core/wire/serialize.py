@@ -75,9 +75,7 @@ class _Pickler(pickle.Pickler):
             name = obj.__qualname__
             if "." in name or "<" in name:
                 raise _ByValue
-            import cloudpickle  # only for main-module objects: most jobs never load it
-
-            blob = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            blob = _load_cloudpickle().dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
             return _main_object, (name, _fingerprint(obj), blob)
         return NotImplemented
 
@@ -169,18 +167,41 @@ def _plain_dumps(obj: Any) -> bytes:
     return data
 
 
+_cloudpickle: Any = None  # the module, set only once its import has finished
+
+
+def _load_cloudpickle() -> Any:
+    """cloudpickle, fully imported, from any thread.
+
+    ``sys.modules`` holds a module from the moment its import begins, so another
+    thread may find it there half-initialised; the import statement instead waits
+    for an import that another thread has begun.
+    """
+    global _cloudpickle
+    if _cloudpickle is None:
+        import cloudpickle  # on first use: a job that sends only plain data starts without it
+
+        _cloudpickle = cloudpickle
+    return _cloudpickle
+
+
+def _by_value_registered() -> bool:
+    """Whether modules were registered with cloudpickle to be pickled by value."""
+    if _cloudpickle is None and "cloudpickle" not in sys.modules:
+        return False  # never imported, so nothing registered
+    return bool(getattr(_load_cloudpickle().cloudpickle, "_PICKLE_BY_VALUE_MODULES", True))
+
+
 def dumps(obj: Any) -> bytes:
     """Pickle ``obj`` for another process (cloudpickle: lambdas and ``__main__`` work)."""
     if _small_plain(obj):
         return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
-    cp = sys.modules.get("cloudpickle")
-    if cp is None or not getattr(cp.cloudpickle, "_PICKLE_BY_VALUE_MODULES", True):
+    if not _by_value_registered():
         try:
             return _plain_dumps(obj)
         except Exception:
             pass  # a lambda, a closure, a local or __main__ class: by value, then
-    import cloudpickle  # on first use: a job that sends only plain data starts without it
-
+    cloudpickle = _load_cloudpickle()
     try:
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
