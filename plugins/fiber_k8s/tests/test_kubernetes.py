@@ -570,3 +570,59 @@ def test_pod_end_as_a_cluster_reports_it(pod: dict[str, Any], deleted: bool, end
         assert got is None
     else:
         assert got is not None and got[:2] == end[:2] and end[2] in got[2]
+
+
+# -- exit with a kubeconfig that embeds its CA -----------------------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["normal", "exception", "sigterm"])
+def test_no_pod_is_left_with_an_embedded_ca(tls_emu: Emu, k8s_env: dict[str, str], image: str,
+                                            tmp_path: Path, ending: str) -> None:
+    # The client writes certificate-authority-data to a temporary file that its own exit
+    # handler deletes: Fiber's exit must have deleted the pods by then.
+    assert "certificate-authority-data" in Path(tls_emu.kubeconfig).read_text()
+    tls_v1 = client.CoreV1Api(tls_emu.api_client)
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        def forever(q):
+            q.put("up")
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=forever, args=(q,), daemon=True)
+            p.start()
+            assert q.get(timeout=60) == "up"
+            print("run", runtime().run_id, flush=True)
+            if sys.argv[1] == "exception":
+                raise RuntimeError("the program failed")
+            if sys.argv[1] == "sigterm":
+                time.sleep(600)
+    """))
+    env = script_env(k8s_env, FIBER_KUBERNETES_KUBECONFIG=tls_emu.kubeconfig, FIBER_KUBERNETES_NAMESPACE="default")
+    proc = subprocess.Popen([sys.executable, str(script), ending], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        timer = threading.Timer(2 * WAIT, proc.kill)  # bounds the read below
+        timer.start()
+        line = proc.stdout.readline()
+        timer.cancel()
+        assert line.startswith("run "), line + proc.stderr.read()
+        run = line.split()[1]
+        assert len(run_pods(tls_v1, "default", f"fiber.run={run}")) == 1
+        if ending == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=2 * WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT)
+    expected = {"normal": 0, "exception": 1, "sigterm": -signal.SIGTERM}[ending]
+    assert proc.returncode == expected, err
+    assert "SSLError" not in err and "could not delete" not in err, err
+    assert ("the program failed" in err) == (ending == "exception"), err
+    wait_pods(tls_v1, "default", f"fiber.run={run}", lambda pods: not pods, "deleted")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import hashlib
 import json
@@ -13,6 +14,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -68,14 +70,26 @@ class Emulator:
     """Store + kubelet + HTTP server. `start()` serves in a thread; `serve_forever()` in this one."""
 
     def __init__(self, config: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 0,
-                 docker_host: str | None = None, instance: str | None = None) -> None:
+                 docker_host: str | None = None, instance: str | None = None,
+                 tls: tuple[str, str, str] | None = None) -> None:
+        """``tls``: (certificate, key, CA certificate) files: serve HTTPS, and write the CA
+        into the kubeconfig as ``certificate-authority-data``, as kind, GKE and EKS do."""
         cfg = default_config()
         cfg.update(config or {})
         self.store = Store(cfg)
         self.httpd = Server((host, port), Handler)
         self.httpd.emulator = self  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
-        self.url = f"http://{host}:{self.port}"
+        self.ca_data: str | None = None
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls[0], tls[1])
+            # The handshake happens in the request's thread, on its first read.
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
+            with open(tls[2], "rb") as f:
+                self.ca_data = base64.b64encode(f.read()).decode()
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         self.docker = Docker(docker_host) if docker_host else None
         self.kubelet = Kubelet(self.store, self.docker, instance or uuid.uuid4().hex[:12], self.port)
         self._thread: threading.Thread | None = None
@@ -113,8 +127,9 @@ class Emulator:
 
     def kubeconfig(self, namespace: str = "default") -> str:
         token = self.store.config.get("token") or "fiber-emulator-token"
+        ca = f"    certificate-authority-data: {self.ca_data}\n" if self.ca_data else ""
         return (f"apiVersion: v1\nkind: Config\nclusters:\n- name: fiber-emulator\n  cluster:\n"
-                f"    server: {self.url}\ncontexts:\n- name: fiber-emulator\n  context:\n"
+                f"    server: {self.url}\n{ca}contexts:\n- name: fiber-emulator\n  context:\n"
                 f"    cluster: fiber-emulator\n    namespace: {namespace}\n    user: fiber\n"
                 f"current-context: fiber-emulator\nusers:\n- name: fiber\n  user:\n    token: {token}\n")
 
@@ -161,7 +176,7 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client went away
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, ssl.SSLError)):  # a client went away
             super().handle_error(request, client_address)
 
 
@@ -219,6 +234,8 @@ class Handler(BaseHTTPRequestHandler):
     def _client_gone(self) -> bool:
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
+            if readable and isinstance(self.connection, ssl.SSLSocket):
+                return True  # a client sends nothing more on a watch: this is its close
             return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
@@ -587,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", help="bearer token required from clients (default: accept any)")
     p.add_argument("--kubeconfig", help="write a kubeconfig for this server here once it listens")
     p.add_argument("--instance", default=None, help="label value of this emulator's containers")
+    p.add_argument("--tls", nargs=3, metavar=("CERT", "KEY", "CA"),
+                   help="serve HTTPS with this certificate and key; the kubeconfig embeds CA")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     a = p.parse_args(argv)
     if not a.host.startswith("127.") and a.host not in ("localhost", "::1"):
@@ -600,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--config: {e}")
     if a.token:
         cfg["token"] = a.token
-    emu = Emulator(cfg, a.host, a.port, a.docker_host, a.instance)
+    emu = Emulator(cfg, a.host, a.port, a.docker_host, a.instance, tuple(a.tls) if a.tls else None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: emu.shutdown())
     if a.kubeconfig:
