@@ -564,7 +564,8 @@ class KubernetesBackend(Backend):
         self._stop(job, signal.SIGKILL, 0)
 
     def get_job_logs(self, job: Job) -> str:
-        """The pod's log from the API (``""`` before it ran or once it is deleted), then why
+        """The pod's log from the API (``""`` before it ran, while it has no node, or once it
+        is deleted), then why
         the job ended when the cluster said more than its exit code."""
         cluster = self.cluster
         text = ""

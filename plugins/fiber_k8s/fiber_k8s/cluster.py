@@ -162,10 +162,14 @@ class Cluster:
                             {"labelSelector": selector, "gracePeriodSeconds": grace})
 
     def pod_log(self, name: str, container: str, follow: bool = False) -> Any:
-        """The log text, or with ``follow`` a response that streams it until the container ends."""
-        return self.request("get", "pods/log", "GET", f"/pods/{name}/log",
-                            {"container": container, "follow": follow or None}, stream=follow,
-                            timeout=(self.timeout, None) if follow else None)
+        """The log text (``""`` when there is none yet: a pod with no node gets 204 and no
+        body), or with ``follow`` a response that streams it until the container ends."""
+        answer = self.request("get", "pods/log", "GET", f"/pods/{name}/log",
+                              {"container": container, "follow": follow or None}, stream=follow,
+                              timeout=(self.timeout, None) if follow else None)
+        if follow:
+            return answer
+        return answer if isinstance(answer, str) else ""
 
     def own_pod(self) -> dict[str, Any] | None:
         """This process's pod, when it runs in one that the API lets it read; else ``None``.

@@ -264,6 +264,16 @@ def test_node_selector_mismatch_message(v1: client.CoreV1Api, ns: str) -> None:
     v1.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
 
 
+def test_log_of_a_pod_with_no_node_is_204_and_empty(v1: client.CoreV1Api, ns: str) -> None:
+    # As kube-apiserver: no node, no log location: 204 No Content, no body (not an error).
+    created = v1.create_namespaced_pod(ns, pod(node_selector={"emulator-test": "nowhere"}))
+    name = created.metadata.name
+    wait_pod(v1, ns, name, lambda _, p: bool(p.status.conditions))
+    resp = v1.read_namespaced_pod_log(name, ns, _preload_content=False)
+    assert (resp.status, resp.data) == (204, b"")
+    v1.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
 # --- the test kubelet (docker) --------------------------------------------------------------------
 
 

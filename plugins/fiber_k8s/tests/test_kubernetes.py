@@ -264,6 +264,46 @@ def test_unschedulable_pod_fails_after_schedule_timeout(v1: client.CoreV1Api, ns
         b.cleanup()
 
 
+def test_log_of_a_pod_with_no_node_is_empty_then_says_why(emu: Emu, v1: client.CoreV1Api, ns: str,
+                                                        k8s_env: dict[str, str], restore_config: None) -> None:
+    # The API answers 204 with no body while a pod has no node. Without the delete verb the
+    # pod stays after its job failed, so the log is read from it then too.
+    rules = role_rules()
+    rules["pods"] = [v for v in rules["pods"] if v not in ("delete", "deletecollection")]
+    emu.admin("config", {"rbac": rules}, "PUT")
+    b = KubernetesBackend(settings(schedule_timeout=1.0), "t" + uuid.uuid4().hex[:10])
+    try:
+        job = b.start_job(job_spec("pass", gpu=1))
+        assert b.get_job_logs(job) == ""  # not scheduled yet: no logs yet
+        assert b.wait_for_job(job, WAIT) == 1
+        assert run_pods(v1, ns, f"fiber.run={b.run_id}")  # still there: its log is 204 again
+        logs = b.get_job_logs(job)
+        assert logs.startswith("fiber: pod ") and "schedule_timeout=1s" in logs, logs
+    finally:
+        emu.admin("config", {"rbac": None}, "PUT")
+        b.cleanup()
+
+
+def test_unschedulable_process_says_why_without_a_traceback(k8s_env: dict[str, str], tmp_path: Path) -> None:
+    # The log of a pod with no node is an empty 204 answer: "no logs yet", then the reason.
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import fiber_core
+
+        if __name__ == "__main__":
+            p = fiber_core.Process(target=print, gpu=1)
+            p.start()
+            p.join(60)
+            print("exitcode", p.exitcode, flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                         env=script_env(k8s_env, FIBER_KUBERNETES_SCHEDULE_TIMEOUT="1"), timeout=2 * WAIT)
+    assert out.returncode == 0, out.stderr
+    assert "exitcode 1" in out.stdout, out.stderr
+    assert "schedule_timeout=1s" in out.stderr and "Insufficient nvidia.com/gpu" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_lost_api_server_fails_polls_instead_of_hanging(k8s_env: dict[str, str], tmp_path: Path) -> None:
     proc, kubeconfig = start_emulator(tmp_path, "--instance", "lost-" + uuid.uuid4().hex[:6])
     try:

@@ -523,6 +523,10 @@ class Handler(BaseHTTPRequestHandler):
             cname = names[0]
         if cname not in names:
             raise ApiError(400, "BadRequest", f"container {cname} is not valid for pod {name}")
+        if not pod["spec"].get("nodeName"):  # as kube-apiserver: no node, no log location
+            self.send_response(204)
+            self.end_headers()
+            return
         if self.query.get("previous") in ("true", "1"):
             raise ApiError(400, "BadRequest", f'previous terminated container "{cname}" in pod "{name}" not found')
         cs = next((c for c in pod["status"].get("containerStatuses") or [] if c["name"] == cname), None)
