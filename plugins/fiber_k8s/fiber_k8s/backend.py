@@ -565,8 +565,7 @@ class KubernetesBackend(Backend):
 
     def get_job_logs(self, job: Job) -> str:
         """The pod's log from the API (``""`` before it ran, while it has no node, or once it
-        is deleted), then why
-        the job ended when the cluster said more than its exit code."""
+        is deleted), then why the job ended when the cluster said more than its exit code."""
         cluster = self.cluster
         text = ""
         try:
