@@ -40,7 +40,15 @@ from typing import Any, NoReturn
 from fiber_core.base.errors import BackendError
 from fiber_core.base.log import log
 from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract import Backend, EndReason, Job, JobSpec, exitcode_from_status
+from fiber_core.contract import (
+    SECRET_VARIABLES,
+    Backend,
+    EndReason,
+    Job,
+    JobSpec,
+    exitcode_from_status,
+    secrets_on_stdin,
+)
 
 OPTIONS: tuple[Option, ...] = (
     Option("image", str, None,
@@ -97,6 +105,7 @@ class _Container:
     oom: bool = False  # the daemon reported an oom event
     missing: int = 0  # consecutive re-lists that did not find it (two make it lost)
     output_done: threading.Event = field(default_factory=threading.Event)  # the log is whole
+    stdin: bytes = b""  # the run's key and token, written on its stdin at start (then dropped)
 
 
 @dataclass
@@ -291,6 +300,9 @@ class DockerBackend(Backend):
                   LABEL_RUN: self.run_id, LABEL_BACKEND: self.name, LABEL_OWNER: self.owner}
         env = parse_pairs(self.settings.get("extra_env") or (), "docker extra_env")
         env.update(spec.env)
+        stdin = b""
+        if SECRET_VARIABLES & set(env):  # not in the container's config, which `docker inspect` shows
+            env, stdin = secrets_on_stdin(env)
         binds, workdir = self._mounts(spec) if mounts else ([], spec.cwd)
         host_config = api.create_host_config(
             binds=binds or None,
@@ -305,6 +317,7 @@ class DockerBackend(Backend):
             cid = api.create_container(
                 image, command=list(spec.command), name=name, environment=env, labels=labels,
                 working_dir=workdir, user=self.settings.get("user") or None, host_config=host_config,
+                stdin_open=bool(stdin),  # and StdinOnce: its stdin ends when we detach
             )["Id"]
         except docker.errors.ImageNotFound as e:
             raise BackendError(f"image {image!r} is not on the Docker daemon at {self._where}: "
@@ -312,7 +325,7 @@ class DockerBackend(Backend):
         except Exception as e:  # APIError, or the daemon went away (requests' errors)
             raise BackendError(f"cannot create a container for {spec.name} from {image!r} on "
                                f"{self._where}: {_explain(e)}") from e
-        job = Job(id=cid, spec=spec, handle=_Container(id=cid, name=name), host=self._daemon_name)
+        job = Job(id=cid, spec=spec, handle=_Container(id=cid, name=name, stdin=stdin), host=self._daemon_name)
         with self._lock:
             self._by_id[cid] = job
         if wait_start:
@@ -334,7 +347,7 @@ class DockerBackend(Backend):
         stopped before it started: its container is removed unstarted.
         """
         c: _Container = job.handle
-        stream = None
+        stream = stdin = None
         try:
             with self._starts:
                 with c.lock:
@@ -343,10 +356,18 @@ class DockerBackend(Backend):
                     self._forget(job, -getattr(signal, pending))
                     return None
                 stream = self._stream_api.attach(c.id, stdout=True, stderr=True, stream=True, logs=True)
+                if c.stdin:
+                    stdin = self._stream_api.attach_socket(c.id, params={"stdin": 1, "stream": 1})
                 self._api.start(c.id)
+                if stdin is not None:
+                    sock, stdin = stdin, None
+                    _send_and_close(sock, c.stdin)
+                    c.stdin = b""
         except Exception as e:
             if stream is not None:
                 _close_stream(stream)
+            if stdin is not None:
+                _close_stream(stdin)
             self._start_failed(job, e)
         with c.lock:
             c.started = True
@@ -686,6 +707,17 @@ def _read_output(stream: Any, job: Job) -> None:
     finally:
         job.handle.output_done.set()
         _close_stream(stream)
+
+
+def _send_and_close(sock: Any, data: bytes) -> None:
+    """Write ``data`` on a container's attached stdin and detach (its stdin then ends)."""
+    raw = getattr(sock, "_sock", sock)  # docker's SocketIO wraps the socket
+    try:
+        raw.sendall(data)
+    finally:
+        raw.close()
+        if raw is not sock:
+            sock.close()
 
 
 def _close_stream(stream: Any) -> None:

@@ -424,6 +424,25 @@ def test_process_exit_codes() -> None:
     assert p.exitcode == -signal.SIGTERM
 
 
+def test_the_runs_key_is_not_in_the_containers_config(docker_api: docker.APIClient) -> None:
+    # It travels on the container's stdin: `docker inspect` (and the daemon's API) do not show it.
+    from fiber_core.runtime.run import runtime
+
+    key = runtime().authkey.hex()
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=docker_tasks.sleep_forever, args=(q,), backend="docker")
+    p.start()
+    assert q.get(timeout=WAIT) == "up"  # the job authenticated with the key it read on stdin
+    info = docker_api.inspect_container(p.job.id)
+    assert key not in repr(info)
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert "FIBER_AUTHKEY" not in env and "FIBER_PROCESS_TOKEN" not in env
+    assert env["FIBER_SECRETS_ON_STDIN"] == "1" and info["Config"]["OpenStdin"] is True
+    p.terminate()
+    p.join(WAIT)
+    assert p.exitcode == -signal.SIGTERM
+
+
 def test_queues() -> None:
     inbox, outbox = fiber_core.Queue(), fiber_core.Queue()
     p = fiber_core.Process(target=docker_tasks.echo_squares, args=(inbox, outbox), backend="docker")

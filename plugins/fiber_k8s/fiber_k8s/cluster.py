@@ -136,7 +136,7 @@ class Cluster:
             return data.decode("utf-8", "replace")
         return json.loads(data) if data else None
 
-    # -- the pod calls Fiber makes (the verbs of rbac.yaml) ------------------------------------
+    # -- the calls Fiber makes (the verbs of rbac.yaml) ----------------------------------------
 
     def create_pod(self, body: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
         return self.request("create", "pods", "POST", "/pods", {"dryRun": "All" if dry_run else None}, body)
@@ -170,6 +170,12 @@ class Cluster:
         if follow:
             return answer
         return answer if isinstance(answer, str) else ""
+
+    def create_secret(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("create", "secrets", "POST", "/secrets", None, body)
+
+    def delete_secret(self, name: str) -> dict[str, Any]:
+        return self.request("delete", "secrets", "DELETE", f"/secrets/{name}")
 
     def own_pod(self) -> dict[str, Any] | None:
         """This process's pod, when it runs in one that the API lets it read; else ``None``.

@@ -401,3 +401,40 @@ def test_eviction_marks_the_pod_then_deletes_it(emu: Emu, v1: client.CoreV1Api, 
     assert p.metadata.deletion_grace_period_seconds == 1 and disruption(p) is not None
     # `sleep` as PID 1 ignores SIGTERM: killed when the grace period ends
     assert p.status.container_statuses[0].state.terminated.exit_code == 137
+
+
+# --- secrets ------------------------------------------------------------------------------------------
+
+
+def test_secrets_are_stored_as_base64_and_collected_with_their_owner(v1: client.CoreV1Api, ns: str) -> None:
+    owner = v1.create_namespaced_pod(ns, pod(node_selector={"emulator-test": "nowhere"}))
+    ref = client.V1OwnerReference(api_version="v1", kind="Pod", name=owner.metadata.name, uid=owner.metadata.uid)
+    name = "owned-" + uuid.uuid4().hex[:6]
+    created = v1.create_namespaced_secret(ns, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, owner_references=[ref]), string_data={"k": "v"}))
+    assert created.data == {"k": "dg=="} and created.string_data is None and created.type == "Opaque"
+    with pytest.raises(ApiException) as e:
+        v1.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name=name)))
+    assert e.value.status == 409
+    v1.delete_namespaced_pod(owner.metadata.name, ns, grace_period_seconds=0)
+    with pytest.raises(ApiException) as e:  # the garbage collector deleted it with its owner
+        v1.read_namespaced_secret(name, ns)
+    assert e.value.status == 404
+
+
+def test_secret_key_ref_gives_the_container_the_value(v1: client.CoreV1Api, ns: str, image: str) -> None:
+    name = "key-" + uuid.uuid4().hex[:6]
+    v1.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name=name),
+                                                    data={"k": "c2VjcmV0"}))
+    def env(key: str) -> dict[str, Any]:
+        return {"env": [client.V1EnvVar(name="K", value_from=client.V1EnvVarSource(
+            secret_key_ref=client.V1SecretKeySelector(name=name, key=key)))]}
+
+    created = v1.create_namespaced_pod(ns, pod(command=["sh", "-c", "echo $K"], container=env("k")))
+    wait_pod(v1, ns, created.metadata.name, lambda _, p: p.status.phase == "Succeeded")
+    assert v1.read_namespaced_pod_log(created.metadata.name, ns) == "secret\n"
+    created = v1.create_namespaced_pod(ns, pod(container=env("other")))
+    _, p = wait_pod(v1, ns, created.metadata.name, lambda _, p: waiting_reason(p) == "CreateContainerConfigError")
+    assert p.status.container_statuses[0].state.waiting.message == f"couldn't find key other in Secret {ns}/{name}"
+    v1.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
+    v1.delete_namespaced_secret(name, ns)

@@ -10,6 +10,8 @@ they import there as here.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import re
@@ -369,7 +371,7 @@ def role_rules() -> dict[str, list[str]]:
 
 def test_rbac_manifest_is_namespaced_least_privilege() -> None:
     assert role_rules() == {"pods": ["create", "get", "list", "watch", "delete", "deletecollection"],
-                            "pods/log": ["get"]}
+                            "pods/log": ["get"], "secrets": ["create", "delete"]}
     assert subprocess.run([sys.executable, "-m", "fiber_k8s.rbac", "-n", "x"], capture_output=True,
                           text=True, timeout=WAIT).stdout == rbac.render("x")
 
@@ -666,3 +668,50 @@ def test_no_pod_is_left_with_an_embedded_ca(tls_emu: Emu, k8s_env: dict[str, str
     assert "SSLError" not in err and "could not delete" not in err, err
     assert ("the program failed" in err) == (ending == "exception"), err
     wait_pods(tls_v1, "default", f"fiber.run={run}", lambda pods: not pods, "deleted")
+
+
+# -- the run's key ---------------------------------------------------------------------------------
+
+
+def test_the_runs_key_is_in_a_secret_not_in_the_pods(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
+                                                     image: str) -> None:
+    key = runtime().authkey.hex()
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=pod_functions.put_square, args=(q, 7), backend="kubernetes")
+    p.start()
+    assert q.get(timeout=WAIT) == 49  # the job authenticated with the key it took from the Secret
+    p.join(WAIT)
+    pods = run_pods(v1, ns, f"fiber.run={runtime().run_id}")
+    assert pods
+    listed = json.dumps(v1.api_client.sanitize_for_serialization(pods))
+    assert key not in listed and base64.b64encode(key.encode()).decode() not in listed
+    refs = {e.value_from.secret_key_ref.name for pod in pods for e in pod.spec.containers[0].env
+            if e.name == "FIBER_AUTHKEY"}
+    assert len(refs) == 1
+    secret = v1.read_namespaced_secret(refs.pop(), ns)
+    assert base64.b64decode(secret.data["authkey"]).decode() == key
+    assert secret.metadata.labels["fiber.run"] == label_value(runtime().run_id)
+    runtime().get_backend("kubernetes").cleanup()
+    with pytest.raises(client.ApiException) as e:
+        v1.read_namespaced_secret(secret.metadata.name, ns)
+    assert e.value.status == 404
+
+
+def test_fiber_clean_removes_the_secret_a_crashed_parent_left(v1: client.CoreV1Api, ns: str,
+                                                             k8s_env: dict[str, str]) -> None:
+    # A parent outside the cluster has no pod to own its Secret: `fiber clean` finds the
+    # Secret through the pods that refer to it.
+    b = KubernetesBackend(settings(node_selector=["nowhere=1"], schedule_timeout=0.0), "t" + uuid.uuid4().hex[:10])
+    try:
+        b.start_job(job_spec("pass", env={"FIBER_AUTHKEY": "ab" * 32}))
+        (pod,) = run_pods(v1, ns, f"fiber.run={b.run_id}")
+        (ref,) = [e.value_from.secret_key_ref for e in pod.spec.containers[0].env if e.name == "FIBER_AUTHKEY"]
+        assert ref.key == "authkey"
+        assert v1.read_namespaced_secret(ref.name, ns).metadata.owner_references is None
+        removed = KubernetesBackend.clean(settings(), b.run_id)
+        assert sorted(removed) == [f"pod {ns}/{pod.metadata.name}", f"secret {ns}/{ref.name}"]
+        with pytest.raises(client.ApiException) as e:
+            v1.read_namespaced_secret(ref.name, ns)
+        assert e.value.status == 404
+    finally:
+        b.cleanup()

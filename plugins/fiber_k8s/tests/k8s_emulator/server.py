@@ -42,6 +42,7 @@ from .validation import (
     invalid_message,
     parse_quantity,
     qos_class,
+    subdomain_errors,
     validate_pod,
 )
 
@@ -52,6 +53,7 @@ VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-fiber-emulator", 
 RESOURCES = [("pods", "Pod", True, ["create", "delete", "deletecollection", "get", "list", "watch"]),
              ("pods/eviction", "Eviction", True, ["create"]), ("pods/log", "Pod", True, ["get"]),
              ("pods/status", "Pod", True, ["get"]),
+             ("secrets", "Secret", True, ["create", "delete", "get", "list"]),
              ("namespaces", "Namespace", False, ["create", "get", "list"]), ("nodes", "Node", False, ["get", "list"])]
 PUBLIC = ("/version", "/healthz", "/livez", "/readyz")  # readable without credentials, as on a cluster
 WATCH_MAX = 1800  # seconds a watch without timeoutSeconds stays open
@@ -365,6 +367,9 @@ class Handler(BaseHTTPRequestHandler):
             if method == "DELETE" and ns is not None:
                 self._authorize("deletecollection", "pods", ns)
                 return self._delete_collection(ns, body)
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?", path)
+        if m:
+            return self._secrets(method, m[1], m[2], body)
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(?:/(log|status|eviction))?", path)
         if m:
             ns, name, sub = m[1], m[2], m[3]
@@ -424,6 +429,59 @@ class Handler(BaseHTTPRequestHandler):
         pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
         dry = self.query.get("dryRun") == "All"
         self._send(201, self.emu.store.create_pod(pod, dry_run=dry))
+
+    def _secrets(self, method: str, ns: str, name: str | None, body: Any) -> None:
+        """Secrets: create, get, list, delete (no watch, no update)."""
+        store = self.emu.store
+        if name is None and method == "GET":
+            self._authorize("list", "secrets", ns)
+            store.get_namespace(ns)
+            items = store.list_secrets(ns, lambda s: parse_label_selector(self.query.get("labelSelector"))(
+                s["metadata"].get("labels") or {}))
+            return self._send(200, {"kind": "SecretList", "apiVersion": "v1",
+                                    "metadata": {"resourceVersion": str(store.rv)}, "items": items})
+        if name is None and method == "POST":
+            self._authorize("create", "secrets", ns)
+            return self._send(201, store.create_secret(self._new_secret(ns, body)))
+        if name is not None and method == "GET":
+            self._authorize("get", "secrets", ns, name)
+            return self._send(200, store.get_secret(ns, name))
+        if name is not None and method == "DELETE":
+            self._authorize("delete", "secrets", ns, name)
+            return self._send(200, store.delete_secret(ns, name))
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource "
+                       "(k8s emulator: secrets are created, read, listed and deleted only)")
+
+    def _new_secret(self, ns: str, secret: Any) -> dict[str, Any]:
+        """A Secret as the API server stores it: stringData folded into base64 data, type Opaque."""
+        if not isinstance(secret, dict) or secret.get("kind", "Secret") != "Secret":
+            raise ApiError(400, "BadRequest", "the body of the request was not a Secret")
+        secret = copy.deepcopy(secret)
+        secret.update(kind="Secret", apiVersion="v1")
+        meta = secret.setdefault("metadata", {})
+        if meta.get("namespace") not in (None, "", ns):
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                           "namespace sent on the request")
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = generated_name(meta["generateName"])
+        name = meta.get("name") or ""
+        errs = subdomain_errors("metadata.name", name)
+        data = dict(secret.get("data") or {})
+        for key, value in (secret.pop("stringData", None) or {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        for key, value in data.items():
+            try:
+                base64.b64decode(value, validate=True)
+            except (ValueError, TypeError):
+                raise ApiError(400, "BadRequest", f'Secret in version "v1" cannot be handled as a Secret: '
+                               f"illegal base64 data in data.{key}") from None
+        if errs:
+            raise ApiError(422, "Invalid", invalid_message("Secret", name, errs),
+                           {"name": name, "kind": "Secret", "causes": [e.cause() for e in errs]})
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
+        secret["data"] = data
+        secret.setdefault("type", "Opaque")
+        return secret
 
     def _evict(self, ns: str, name: str, eviction: Any) -> None:
         """The Eviction subresource (policy/v1) as kube-apiserver >= 1.26 answers it, without
