@@ -19,11 +19,8 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         ENV_AUTHKEY,
         ENV_HUB,
         ENV_RUN_ID,
-        ENV_SECRETS_ON_STDIN,
         ENV_TOKEN,
         SECRET_VARIABLES,
-        read_secrets,
-        secrets_on_stdin,
     )
     from fiber_core.contract.hookspecs import hookimpl
     from fiber_core.contract.jobs import LOG_LIMIT, EndReason, JobState, LogRing, Watcher
@@ -43,10 +40,7 @@ _EXPORTS = {
     "ENV_HUB": "fiber_core.contract.env",
     "ENV_RUN_ID": "fiber_core.contract.env",
     "ENV_TOKEN": "fiber_core.contract.env",
-    "ENV_SECRETS_ON_STDIN": "fiber_core.contract.env",
     "SECRET_VARIABLES": "fiber_core.contract.env",
-    "read_secrets": "fiber_core.contract.env",
-    "secrets_on_stdin": "fiber_core.contract.env",
     "LOG_LIMIT": "fiber_core.contract.jobs",
     "EndReason": "fiber_core.contract.jobs",
     "JobState": "fiber_core.contract.jobs",
@@ -55,10 +49,9 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "ENV_AUTHKEY", "ENV_HUB", "ENV_RUN_ID", "ENV_SECRETS_ON_STDIN", "ENV_TOKEN", "LOG_LIMIT",
-    "SECRET_VARIABLES", "Backend", "BackendError", "ConfigError", "EndReason", "Job", "JobSpec",
-    "JobState", "LogRing", "Option", "Watcher", "exitcode_from_status", "hookimpl", "keepalive",
-    "parse_pairs", "read_secrets", "secrets_on_stdin",
+    "ENV_AUTHKEY", "ENV_HUB", "ENV_RUN_ID", "ENV_TOKEN", "LOG_LIMIT", "SECRET_VARIABLES", "Backend",
+    "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
+    "Watcher", "exitcode_from_status", "hookimpl", "keepalive", "parse_pairs",
 ]
 
 

@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.contract.env import ENV_HUB, ENV_SECRETS_ON_STDIN, ENV_TOKEN, read_secrets
+from fiber_core.contract.env import ENV_HUB, ENV_TOKEN
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
@@ -197,20 +197,8 @@ def _untrack_attached(shared_memory) -> None:  # noqa: ANN001
     shared_memory.SharedMemory.__init__ = __init__
 
 
-def _secrets_from_stdin() -> None:
-    """The run's key and this job's token, when the backend sent them on stdin (not in the
-    job's spec): into this process's environment, before the runtime reads them."""
-    if os.environ.pop(ENV_SECRETS_ON_STDIN, None) != "1":
-        return
-    try:
-        with open(0, "rb", buffering=0, closefd=False) as stdin:
-            os.environ.update(read_secrets(stdin))
-    except OSError:
-        pass  # no stdin: the dial below says what is missing
-
-
 def main() -> int:
-    _secrets_from_stdin()
+
     rt = runtime()
     try:
         sock = dial(os.environ[ENV_HUB], rt.authkey, f"proc:{os.environ[ENV_TOKEN]}")

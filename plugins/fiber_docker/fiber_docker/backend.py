@@ -40,15 +40,7 @@ from typing import Any, NoReturn
 from fiber_core.base.errors import BackendError
 from fiber_core.base.log import log
 from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract import (
-    SECRET_VARIABLES,
-    Backend,
-    EndReason,
-    Job,
-    JobSpec,
-    exitcode_from_status,
-    secrets_on_stdin,
-)
+from fiber_core.contract import SECRET_VARIABLES, Backend, EndReason, Job, JobSpec, exitcode_from_status
 
 OPTIONS: tuple[Option, ...] = (
     Option("image", str, None,
@@ -105,7 +97,6 @@ class _Container:
     oom: bool = False  # the daemon reported an oom event
     missing: int = 0  # consecutive re-lists that did not find it (two make it lost)
     output_done: threading.Event = field(default_factory=threading.Event)  # the log is whole
-    stdin: bytes = b""  # the run's key and token, written on its stdin at start (then dropped)
 
 
 @dataclass
@@ -300,9 +291,10 @@ class DockerBackend(Backend):
                   LABEL_RUN: self.run_id, LABEL_BACKEND: self.name, LABEL_OWNER: self.owner}
         env = parse_pairs(self.settings.get("extra_env") or (), "docker extra_env")
         env.update(spec.env)
-        stdin = b""
+        command, stdin = list(spec.command), b""
         if SECRET_VARIABLES & set(env):  # not in the container's config, which `docker inspect` shows
-            env, stdin = secrets_on_stdin(env)
+            command = ["/bin/sh", "-c", SECRETS_SHELL, "fiber-job", *command]
+            stdin = "".join(f"{k}={env.pop(k)}\n" for k in sorted(SECRET_VARIABLES & set(env))).encode() + b"\n"
         binds, workdir = self._mounts(spec) if mounts else ([], spec.cwd)
         host_config = api.create_host_config(
             binds=binds or None,
@@ -315,7 +307,7 @@ class DockerBackend(Backend):
         )
         try:
             cid = api.create_container(
-                image, command=list(spec.command), name=name, environment=env, labels=labels,
+                image, command=command, name=name, environment=env, labels=labels,
                 working_dir=workdir, user=self.settings.get("user") or None, host_config=host_config,
                 stdin_open=bool(stdin),  # and StdinOnce: its stdin ends when we detach
             )["Id"]
@@ -325,7 +317,17 @@ class DockerBackend(Backend):
         except Exception as e:  # APIError, or the daemon went away (requests' errors)
             raise BackendError(f"cannot create a container for {spec.name} from {image!r} on "
                                f"{self._where}: {_explain(e)}") from e
-        job = Job(id=cid, spec=spec, handle=_Container(id=cid, name=name, stdin=stdin), host=self._daemon_name)
+        if stdin:
+            try:  # the daemon keeps it for the container's start; detaching then ends its stdin
+                _send_and_close(self._stream_api.attach_socket(cid, params={"stdin": 1, "stream": 1}), stdin)
+            except Exception as e:
+                try:
+                    api.remove_container(cid, force=True)
+                except Exception:
+                    pass
+                raise BackendError(f"cannot send {spec.name} its key on the stdin of its container on "
+                                   f"{self._where}: {_explain(e)}") from e
+        job = Job(id=cid, spec=spec, handle=_Container(id=cid, name=name), host=self._daemon_name)
         with self._lock:
             self._by_id[cid] = job
         if wait_start:
@@ -347,7 +349,7 @@ class DockerBackend(Backend):
         stopped before it started: its container is removed unstarted.
         """
         c: _Container = job.handle
-        stream = stdin = None
+        stream = None
         try:
             with self._starts:
                 with c.lock:
@@ -356,18 +358,10 @@ class DockerBackend(Backend):
                     self._forget(job, -getattr(signal, pending))
                     return None
                 stream = self._stream_api.attach(c.id, stdout=True, stderr=True, stream=True, logs=True)
-                if c.stdin:
-                    stdin = self._stream_api.attach_socket(c.id, params={"stdin": 1, "stream": 1})
                 self._api.start(c.id)
-                if stdin is not None:
-                    sock, stdin = stdin, None
-                    _send_and_close(sock, c.stdin)
-                    c.stdin = b""
         except Exception as e:
             if stream is not None:
                 _close_stream(stream)
-            if stdin is not None:
-                _close_stream(stdin)
             self._start_failed(job, e)
         with c.lock:
             c.started = True
@@ -707,6 +701,12 @@ def _read_output(stream: Any, job: Job) -> None:
     finally:
         job.handle.output_done.set()
         _close_stream(stream)
+
+
+SECRETS_SHELL = 'while IFS= read -r v && [ -n "$v" ]; do export "$v"; done; exec "$@"'
+"""Runs a job's command with the variables written on its stdin (``NAME=VALUE`` lines, then an
+empty one) in its environment: the run's key and the job's token, which would otherwise be in
+the container's config for anyone allowed ``docker inspect`` to read."""
 
 
 def _send_and_close(sock: Any, data: bytes) -> None:

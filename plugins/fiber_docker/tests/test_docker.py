@@ -437,7 +437,7 @@ def test_the_runs_key_is_not_in_the_containers_config(docker_api: docker.APIClie
     assert key not in repr(info)
     env = dict(e.split("=", 1) for e in info["Config"]["Env"])
     assert "FIBER_AUTHKEY" not in env and "FIBER_PROCESS_TOKEN" not in env
-    assert env["FIBER_SECRETS_ON_STDIN"] == "1" and info["Config"]["OpenStdin"] is True
+    assert info["Config"]["OpenStdin"] is True and info["Config"]["Cmd"][:2] == ["/bin/sh", "-c"]
     p.terminate()
     p.join(WAIT)
     assert p.exitcode == -signal.SIGTERM
