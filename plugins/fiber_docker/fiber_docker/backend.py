@@ -40,7 +40,14 @@ from typing import Any, NoReturn
 from fiber_core.base.errors import BackendError
 from fiber_core.base.log import log
 from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract import SECRET_VARIABLES, Backend, EndReason, Job, JobSpec, exitcode_from_status
+from fiber_core.contract import (
+    SECRET_VARIABLES,
+    Backend,
+    EndReason,
+    Job,
+    JobSpec,
+    exitcode_from_status,
+)
 
 OPTIONS: tuple[Option, ...] = (
     Option("image", str, None,
