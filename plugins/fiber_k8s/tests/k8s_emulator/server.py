@@ -37,6 +37,8 @@ from .store import (
 )
 from .validation import (
     BadRequest,
+    add_token_volume,
+    drop_empty,
     default_pod,
     dns_label_errors,
     invalid_message,
@@ -398,7 +400,7 @@ class Handler(BaseHTTPRequestHandler):
         if pod.get("kind", "Pod") != "Pod" or pod.get("apiVersion", "v1") != "v1":
             raise ApiError(400, "BadRequest", f'the API version in the data ({pod.get("apiVersion")}) does not match '
                            f'the expected API version (v1) or kind ({pod.get("kind")}) is not Pod')
-        pod = copy.deepcopy(pod)
+        pod = drop_empty(copy.deepcopy(pod))  # what its JSON would leave out is not stored
         pod.update(kind="Pod", apiVersion="v1")
         meta = pod.setdefault("metadata", {})
         if meta.get("namespace") not in (None, "", ns):
@@ -411,6 +413,7 @@ class Handler(BaseHTTPRequestHandler):
             meta.pop(k, None)
         try:
             default_pod(pod)
+            add_token_volume(pod, "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5)))
             errs = validate_pod(pod)
         except BadRequest as e:
             raise ApiError(400, "BadRequest", f'Pod in version "v1" cannot be handled as a Pod: {e}') from None
