@@ -38,9 +38,9 @@ from .store import (
 from .validation import (
     BadRequest,
     add_token_volume,
-    drop_empty,
     default_pod,
     dns_label_errors,
+    drop_empty,
     invalid_message,
     parse_quantity,
     qos_class,
