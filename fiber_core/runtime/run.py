@@ -189,7 +189,12 @@ class Runtime:
         atexit.register(self.shutdown)
 
     def _die_by_sigterm(self) -> None:
-        """End the process as SIGTERM's default action would have (output flushed first)."""
+        """End the process as SIGTERM's default action would have, once the other exit
+        handlers ran (an SDK's temporary files go) and the output is flushed."""
+        try:
+            atexit._run_exitfuncs()  # this one's is done: it returns at once
+        except Exception:
+            pass
         for stream in (sys.stdout, sys.stderr):
             try:
                 if stream is not None:

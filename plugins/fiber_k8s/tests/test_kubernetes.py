@@ -645,7 +645,10 @@ def test_no_pod_is_left_with_an_embedded_ca(tls_emu: Emu, k8s_env: dict[str, str
             if sys.argv[1] == "sigterm":
                 time.sleep(600)
     """))
-    env = script_env(k8s_env, FIBER_KUBERNETES_KUBECONFIG=tls_emu.kubeconfig, FIBER_KUBERNETES_NAMESPACE="default")
+    tmp = tmp_path / "tmp"  # where the client writes the CA, and Fiber its run directory
+    tmp.mkdir()
+    env = script_env(k8s_env, FIBER_KUBERNETES_KUBECONFIG=tls_emu.kubeconfig, FIBER_KUBERNETES_NAMESPACE="default",
+                     TMPDIR=str(tmp))
     proc = subprocess.Popen([sys.executable, str(script), ending], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -668,6 +671,7 @@ def test_no_pod_is_left_with_an_embedded_ca(tls_emu: Emu, k8s_env: dict[str, str
     assert "SSLError" not in err and "could not delete" not in err, err
     assert ("the program failed" in err) == (ending == "exception"), err
     wait_pods(tls_v1, "default", f"fiber.run={run}", lambda pods: not pods, "deleted")
+    assert list(tmp.iterdir()) == []  # the exit handlers after Fiber's ran too
 
 
 # -- the run's key ---------------------------------------------------------------------------------
