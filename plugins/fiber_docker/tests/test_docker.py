@@ -613,6 +613,45 @@ def test_parent_exits_normally_or_raises_leaves_no_container(tmp_path: Path,
         assert containers(docker_api, f"{LABEL_RUN}={run_id}") == [], ending
 
 
+def test_sigterm_to_the_parent_leaves_no_container(tmp_path: Path, docker_api: docker.APIClient) -> None:
+    (tmp_path / "parent_tasks.py").write_text(PARENT_TASKS)
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import fiber_core
+        from fiber_core.contract.backend import JobSpec
+        from fiber_core.runtime.run import runtime
+        from parent_tasks import hold
+
+        if __name__ == "__main__":
+            # A job that does not end with its parent: only the backend's cleanup removes it.
+            runtime().backend.start_job(JobSpec(["python3", "-c", "import time; time.sleep(600)"]))
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=hold, args=(q,))  # not daemonic: stopped, not waited for
+            p.start()
+            assert q.get(timeout=120) == "up"
+            print(runtime().run_id, flush=True)
+            time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "FIBER_BACKEND": "docker"})
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
+        assert ready, "the program did not start its jobs"
+        run_id = proc.stdout.readline().strip()
+        assert run_id, proc.stderr.read()
+        assert len(containers(docker_api, f"{LABEL_RUN}={run_id}")) == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "could not remove" not in err and "Traceback" not in err, err
+    assert containers(docker_api, f"{LABEL_RUN}={run_id}") == []
+
+
 def test_clean_removes_what_a_crashed_run_left(docker_api: docker.APIClient) -> None:
     b = make_backend()
     jobs = [b.start_job(sleeper(f"left{i}")) for i in range(2)]
