@@ -680,10 +680,14 @@ def _main_reference() -> tuple[str, str] | None:
 
 
 def _exit_children() -> None:
-    """At exit, as multiprocessing does: terminate daemonic children, join the others."""
-    children = list(runtime().children)
+    """At exit, as multiprocessing does: terminate daemonic children, join the others.
+
+    After SIGTERM every child is terminated: the program is being stopped.
+    """
+    rt = runtime()
+    children = list(rt.children)
     for p in children:
-        if p.daemon and p.is_alive():
+        if (p.daemon or rt.terminating) and p.is_alive():
             p.terminate()
     for p in children:
         if p._run is not None and not p._closed:

@@ -3,6 +3,14 @@
 The first process of a program (the one the user started) creates the run: a
 random run id and a random 32-byte key. Jobs inherit both through their
 environment, so every process of the run can authenticate to every other.
+
+Exit: :meth:`Runtime.shutdown` waits for the non-daemon children, stops the
+others and cleans up the backends. It runs after the program's non-daemon
+threads are joined (as multiprocessing does) and before every ``atexit``
+handler, so that no SDK's own exit handler (the kubernetes client deleting its
+temporary CA file, paramiko closing its connections) has torn down what the
+cleanup needs. SIGTERM to the program's first process, when the program has no
+handler of its own, runs the same cleanup, then ends the process by the signal.
 """
 
 from __future__ import annotations
@@ -10,6 +18,8 @@ from __future__ import annotations
 import atexit
 import multiprocessing.process
 import os
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -49,7 +59,17 @@ class Runtime:
         self.counter = 0
         self._selected: tuple[tuple[int, tuple[str, ...]], Backend] | None = None
         self._shutdown_steps: list[Callable[[], None]] = []
+        self._shut_down = False
+        self.terminating = False
+        """SIGTERM ended the program: its children are stopped at exit, not waited for."""
+        self._sigterm_installed = False
+        self._exiting = False
         atexit.register(self.shutdown)
+        try:
+            # Runs before the interpreter joins the non-daemon threads and before atexit.
+            getattr(threading, "_register_atexit", lambda f: None)(self._before_exit)
+        except RuntimeError:  # created while the interpreter already shuts down
+            pass
 
     def at_shutdown(self, step: Callable[[], None]) -> None:
         """Run ``step`` at exit before the backends clean up (the layers above add theirs)."""
@@ -64,6 +84,7 @@ class Runtime:
 
                 self._rundir = tempfile.mkdtemp(prefix=f"fiber-{self.run_id}-")
                 os.chmod(self._rundir, 0o700)
+                self.handle_sigterm()
             return self._rundir
 
     @property
@@ -94,6 +115,7 @@ class Runtime:
                 backend = create_backend(canonical, self.run_id, self.rundir)
                 self._backends[canonical] = (version, backend)
                 self._all_backends.append(backend)
+                self.handle_sigterm()
             if name is None:
                 self._selected = (version, backend)
             return backend
@@ -115,9 +137,86 @@ class Runtime:
             self.counter += 1
             return self.counter
 
+    def handle_sigterm(self) -> None:
+        """Make SIGTERM run the exit sequence (once a run has something to clean up).
+
+        Only in the program's first process, from its main thread, and only while SIGTERM
+        has its default action: a program's own handler is left alone. The handler raises
+        ``SystemExit`` in the main thread, so ``finally`` blocks run and locks are released;
+        the exit then stops the children instead of waiting for them, cleans up, and ends
+        the process by SIGTERM (the status a shell reports as 143). SIGTERM that arrives
+        while the exit already runs stops the children it waits for.
+        """
+        if (self._sigterm_installed or self.is_worker
+                or threading.current_thread() is not threading.main_thread()):
+            return
+        self._sigterm_installed = True
+        try:
+            if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+                return
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        except (ValueError, OSError):  # not the main interpreter
+            pass
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        first = not self.terminating
+        self.terminating = True
+        if self._exiting:  # waiting for children at exit: stop them (not here: locks may be held)
+            threading.Thread(target=self._stop_children, daemon=True, name="fiber-sigterm").start()
+        elif first:
+            raise SystemExit(128 + signum)
+
+    def _stop_children(self) -> None:
+        for child in list(self.children):
+            try:
+                child.terminate()
+            except Exception:
+                log.exception("fiber: could not stop %s", child)
+
+    def _before_exit(self) -> None:
+        """threading's exit hook: before the non-daemon threads are joined and before atexit.
+
+        After SIGTERM: the exit sequence now (threads of the program are not waited for,
+        as the signal's default action would not), then the process ends by the signal.
+        Else :meth:`shutdown` moves to the front of the atexit handlers, ahead of those that
+        SDKs registered after this process started (LIFO order): it runs once the program's
+        threads are joined, while files and connections of the SDKs still exist.
+        """
+        if self.terminating:
+            self.shutdown()  # ends the process
+            return
+        atexit.unregister(self.shutdown)
+        atexit.register(self.shutdown)
+
+    def _die_by_sigterm(self) -> None:
+        """End the process as SIGTERM's default action would have, once the other exit
+        handlers ran (an SDK's temporary files go) and the output is flushed."""
+        try:
+            atexit._run_exitfuncs()  # this one's is done: it returns at once
+        except Exception:
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except Exception:
+                pass
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+        except (ValueError, OSError):
+            return  # not the main thread: the SystemExit status (143) stands
+        os.kill(os.getpid(), signal.SIGTERM)
+
     def shutdown(self) -> None:
-        """At exit: the steps added by :meth:`at_shutdown` (stopping children as
-        multiprocessing does), then release backend resources."""
+        """At exit: the steps added by :meth:`at_shutdown` (waiting for the non-daemon
+        children and stopping the others, as multiprocessing does), then release backend
+        resources. Runs once."""
+        with self._lock:
+            if self._shut_down:
+                return
+            self._shut_down = True
+        self._exiting = True
         try:
             for step in self._shutdown_steps:
                 step()
@@ -133,6 +232,8 @@ class Runtime:
                 import shutil  # at exit, and only if there is a run directory
 
                 shutil.rmtree(self._rundir, ignore_errors=True)
+            if self.terminating:
+                self._die_by_sigterm()
 
 
 _runtime: Runtime | None = None

@@ -3,6 +3,11 @@
 :meth:`AwsBatchBackend.create_job` picks the job queue from the job's hardware (the CPU
 queue, or the queue configured for its GPU type), finds or registers a job definition for
 its image and resources, and submits the job with the worker command and environment.
+The run's key is not in that environment (``DescribeJobs`` shows it to anyone allowed to
+call it): it is an SSM SecureString parameter of the run, which the job definition's
+``secrets`` name and the ECS execution role injects; the parameter is deleted, and those
+job definitions deregistered, at exit (``key_from = environment`` puts it back in the
+environment, for platforms that cannot inject secrets).
 One poller per backend (a :class:`~fiber_core.contract.Watcher`) keeps the status of every
 unfinished job of the run with batched ``DescribeJobs`` calls and finishes each job's
 :class:`~fiber_core.contract.JobState` with its exit code and why it ended
@@ -30,6 +35,7 @@ from typing import Any
 
 from fiber_core.base.log import log
 from fiber_core.contract import (
+    ENV_AUTHKEY,
     Backend,
     BackendError,
     ConfigError,
@@ -58,6 +64,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("job_role", str, None, "ARN of the IAM role the jobs run as (their own AWS credentials)"),
     Option("log_group", str, DEFAULT_LOG_GROUP, "CloudWatch Logs group the jobs log to"),
     Option("extra_env", list, [], "KEY=VALUE pairs set in every job"),
+    Option("key_from", str, "ssm", "how jobs get the run's key: ssm (a SecureString parameter of the run "
+           "that the job definition's secrets inject; needs execution_role) or environment (visible to "
+           "anyone allowed batch:DescribeJobs)", choices=("ssm", "environment")),
+    Option("execution_role", str, None, "ARN of the ECS execution role that injects the run's key "
+           "(ssm:GetParameters on parameter/fiber/*)"),
     Option("endpoint_url", str, None, "endpoint for Batch, CloudWatch Logs and EC2 (an emulator in tests)"),
     Option("poll_interval", float, 1.0, "seconds between two DescribeJobs rounds of the poller"),
     Option("runnable_timeout", float, 1800.0,
@@ -268,6 +279,9 @@ class AwsBatchBackend(Backend):
         self._count = 0
         self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
         self._spot: dict[str, bool] = {}
+        self._key_parameter: str | None = None  # the SSM parameter holding the run's key, once made
+        self._key_value: str | None = None
+        self._secret_jobdefs: list[str] = []  # job definitions naming that parameter: deregistered at cleanup
         self._session, self._client_config = self._session_and_config()
         self._clients: dict[str, Any] = {}
         self.batch = self.client("batch")
@@ -368,9 +382,66 @@ class AwsBatchBackend(Backend):
             )
         return queue, gpus
 
+    # -- the run's key ------------------------------------------------------------------
+
+    def key_parameter(self, value: str) -> str:
+        """The name of the SSM SecureString parameter that holds the run's key ``value``,
+        created on first use: ``/fiber/<run>/<random>/authkey``. The job definitions name it
+        in ``secrets``, so the key is in no job's description."""
+        with self._jobdef_lock:
+            if self._key_parameter is not None:
+                if value != self._key_value:
+                    raise BackendError("a job carries another run's key than this backend's: start it "
+                                       "from a backend of its run")
+                return self._key_parameter
+            if not self.settings["execution_role"]:
+                raise BackendError(
+                    "the aws-batch backend passes the run's key through SSM Parameter Store, which "
+                    "needs an ECS execution role: set [aws] execution_role (FIBER_AWS_EXECUTION_ROLE) to "
+                    "the ARN of a role with ssm:GetParameters on arn:aws:ssm:*:*:parameter/fiber/*, or "
+                    "set key_from = environment (FIBER_AWS_KEY_FROM), which lets anyone allowed "
+                    "batch:DescribeJobs read the key and reach this process")
+            run = re.sub(r"[^A-Za-z0-9_.-]", "-", self.run_id) or "run"
+            name = f"/fiber/{run}/{os.urandom(4).hex()}/authkey"
+            try:
+                self._call(self.client("ssm"), "put_parameter", Name=name, Value=value, Type="SecureString",
+                           Description=f"fiber: the key of run {self.run_id}",
+                           Tags=[{"Key": "fiber.run", "Value": _sanitise_tag(self.run_id, 256)}])
+            except _AwsError as e:
+                raise BackendError(f"cannot store the run's key in SSM Parameter Store ({name}) on "
+                                   f"{self._where()}: {e}. Allow ssm:PutParameter and ssm:DeleteParameter "
+                                   "on parameter/fiber/* to these credentials, or set key_from = "
+                                   "environment") from e
+            self._key_parameter, self._key_value = name, value
+            return name
+
+    def _drop_key(self) -> None:
+        """Delete the run's parameter and deregister the job definitions that name it."""
+        with self._jobdef_lock:
+            name, self._key_parameter, self._key_value = self._key_parameter, None, None
+            jobdefs, self._secret_jobdefs = self._secret_jobdefs, []
+            for key in [k for k, arn in self._jobdefs.items() if arn in jobdefs]:
+                del self._jobdefs[key]
+        for arn in jobdefs:
+            try:
+                self._call(self.batch, "deregister_job_definition", jobDefinition=arn)
+            except _AwsError as e:
+                log.warning("fiber: cannot deregister job definition %s: %s", arn, e)
+        if name is not None:
+            try:
+                self._call(self.client("ssm"), "delete_parameter", Name=name)
+            except _AwsError as e:
+                if e.code != "ParameterNotFound":
+                    log.warning("fiber: cannot delete SSM parameter %s holding the key of run %s: %s "
+                                "(`fiber clean --backend aws-batch --run %s` removes it)", name,
+                                self.run_id, e, self.run_id)
+
     def job_definition(self, image: str, vcpus: int, memory: int, gpus: int,
-                       volumes: Mapping[str, str] | None = None) -> str:
-        """The ARN of a job definition for these resources: found or registered, then cached."""
+                       volumes: Mapping[str, str] | None = None, key_parameter: str | None = None) -> str:
+        """The ARN of a job definition for these resources: found or registered, then cached.
+
+        With ``key_parameter``, the job's ``FIBER_AUTHKEY`` comes from that SSM parameter
+        (``secrets``, injected by the execution role)."""
         props: dict[str, Any] = {
             "image": image,
             "resourceRequirements": self._resources(vcpus, memory, gpus),
@@ -379,6 +450,9 @@ class AwsBatchBackend(Backend):
         }
         if self.settings["job_role"]:
             props["jobRoleArn"] = self.settings["job_role"]
+        if key_parameter:
+            props["secrets"] = [{"name": ENV_AUTHKEY, "valueFrom": key_parameter}]
+            props["executionRoleArn"] = self.settings["execution_role"]
         if self.settings["log_group"] != DEFAULT_LOG_GROUP:
             props["logConfiguration"] = {"logDriver": "awslogs", "options": {
                 "awslogs-group": self.settings["log_group"], "awslogs-region": self.region,
@@ -415,6 +489,8 @@ class AwsBatchBackend(Backend):
                     f"{e}. Check the credentials' batch:RegisterJobDefinition permission"
                 ) from e
             self._jobdefs[name] = arn
+            if key_parameter:
+                self._secret_jobdefs.append(arn)
             return arn
 
     @staticmethod
@@ -459,11 +535,14 @@ class AwsBatchBackend(Backend):
             )
         vcpus = max(1, math.ceil(spec.cpu)) if spec.cpu else DEFAULT_VCPUS
         memory = spec.memory or DEFAULT_MEMORY
-        jobdef = self.job_definition(image, vcpus, memory, gpus, spec.volumes)
+        env = {**self.extra_env, **spec.env}
+        key_parameter = None
+        if self.settings["key_from"] == "ssm" and ENV_AUTHKEY in env:
+            key_parameter = self.key_parameter(env.pop(ENV_AUTHKEY))
+        jobdef = self.job_definition(image, vcpus, memory, gpus, spec.volumes, key_parameter)
         command = list(spec.command)
         if spec.cwd:
             command = ["/bin/sh", "-c", 'cd "$0" && exec "$@"', spec.cwd, *command]
-        env = {**self.extra_env, **spec.env}
         tags = {_sanitise_tag(k, 128): _sanitise_tag(v, 256) for k, v in spec.labels.items()}
         tags.setdefault("fiber.run", _sanitise_tag(self.run_id, 256))
         job_name = self._job_name(spec.name)
@@ -641,6 +720,7 @@ class AwsBatchBackend(Backend):
             except RuntimeError:  # at interpreter exit no new thread may start: one by one
                 for job in pending:
                     stop(job)
+        self._drop_key()  # the terminated jobs have read it long ago, or will never run
         super().cleanup()
         try:
             self._ensure_poller()
@@ -659,7 +739,31 @@ class AwsBatchBackend(Backend):
                     continue
                 backend._call(backend.batch, "terminate_job", jobId=summary["jobId"], reason=CLEAN_REASON)
                 removed.append(f"AWS Batch job {summary['jobId']} ({summary['jobName']}, queue {queue})")
+        removed += backend._clean_keys(run_id)
         return removed
+
+    def _clean_keys(self, run_id: str | None) -> list[str]:
+        """Delete the SSM parameters holding the keys of ``run_id`` (or of every fiber run),
+        found by name (DescribeParameters: their values are not read)."""
+        run = re.sub(r"[^A-Za-z0-9_.-]", "-", run_id) if run_id else ""
+        path = f"/fiber/{run}/" if run else "/fiber/"
+        ssm, removed, token = self.client("ssm"), [], None
+        try:
+            while True:
+                page = self._call(ssm, "describe_parameters", ParameterFilters=[
+                    {"Key": "Path", "Option": "Recursive", "Values": [path.rstrip("/")]}],
+                    **({"NextToken": token} if token else {}))
+                for p in page.get("Parameters", []):
+                    if p["Name"].startswith(path) and p["Name"].endswith("/authkey"):
+                        self._call(ssm, "delete_parameter", Name=p["Name"])
+                        removed.append(f"SSM parameter {p['Name']}")
+                token = page.get("NextToken")
+                if not token:
+                    return removed
+        except _AwsError as e:
+            if self.settings["key_from"] == "ssm":
+                log.warning("fiber: cannot list or delete the SSM parameters under %s: %s", path, e)
+            return removed
 
     # -- the poller ----------------------------------------------------------------------
 

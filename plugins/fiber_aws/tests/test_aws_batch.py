@@ -147,6 +147,9 @@ def moto() -> Iterator[str]:
         "FIBER_AWS_ENDPOINT_URL": endpoint, "FIBER_AWS_REGION": REGION,
         "FIBER_AWS_QUEUE": CPU_QUEUE, "FIBER_AWS_IMAGE": IMAGE, "FIBER_AWS_POLL_INTERVAL": "0.2",
         "FIBER_AWS_GPU_QUEUES": ",".join(f"{t}:{q}" for t, (q, _) in GPU_QUEUES.items()),
+        # moto runs a job without the secrets its job definition names: the jobs that must
+        # reach this process get the key in their environment (test_the_runs_key_* check ssm).
+        "FIBER_AWS_KEY_FROM": "environment",
     }.items():
         mp.setenv(key, value)
     _ensure_infrastructure(endpoint)
@@ -533,6 +536,50 @@ def test_parent_exit_terminates_its_unfinished_jobs(batch) -> None:  # noqa: ANN
     d = wait_batch_status(batch, job_id, ("FAILED", "SUCCEEDED"))
     assert d["status"] == "FAILED"
     assert d["statusReason"].startswith("fiber: the parent process exited")
+
+
+EXECUTION_ROLE = "arn:aws:iam::123456789012:role/fiber-execution"
+
+
+def test_the_runs_key_is_an_ssm_parameter_not_in_the_job(moto: str, batch) -> None:  # noqa: ANN001
+    ssm = boto3.client("ssm", region_name=REGION, endpoint_url=moto)
+    key = secrets.token_hex(32)
+    b = make_backend(key_from="ssm", execution_role=EXECUTION_ROLE)
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", "pass"], name="keyed",
+                                  env={"FIBER_AUTHKEY": key, "FIBER_RUN_ID": b.run_id}))
+        described = describe(batch, job.id)
+        jobdef = batch.describe_job_definitions(jobDefinitions=[described["jobDefinition"]])["jobDefinitions"][0]
+        assert key not in json.dumps(described, default=str) and key not in json.dumps(jobdef, default=str)
+        (secret,) = jobdef["containerProperties"]["secrets"]
+        assert secret["name"] == "FIBER_AUTHKEY" and secret["valueFrom"].startswith(f"/fiber/{b.run_id}/")
+        assert jobdef["containerProperties"]["executionRoleArn"] == EXECUTION_ROLE
+        assert ssm.get_parameter(Name=secret["valueFrom"], WithDecryption=True)["Parameter"]["Value"] == key
+    finally:
+        b.cleanup()
+    with pytest.raises(ssm.exceptions.ParameterNotFound):
+        ssm.get_parameter(Name=secret["valueFrom"])
+    status = batch.describe_job_definitions(jobDefinitions=[jobdef["jobDefinitionArn"]])["jobDefinitions"][0]["status"]
+    assert status == "INACTIVE"
+
+
+def test_the_runs_key_needs_an_execution_role_or_says_what_to_set() -> None:
+    b = make_backend(key_from="ssm", execution_role=None)
+    try:
+        with pytest.raises(BackendError, match="execution_role.*FIBER_AWS_EXECUTION_ROLE.*key_from = environment"):
+            b.start_job(JobSpec(command=["python3", "-c", "pass"], name="keyed", env={"FIBER_AUTHKEY": "ab"}))
+    finally:
+        b.cleanup()
+
+
+def test_fiber_clean_removes_the_key_a_crashed_run_left(moto: str) -> None:
+    ssm = boto3.client("ssm", region_name=REGION, endpoint_url=moto)
+    b = make_backend(key_from="ssm", execution_role=EXECUTION_ROLE)
+    name = b.key_parameter(secrets.token_hex(32))  # then the parent crashed
+    removed = AwsBatchBackend.clean(b.settings, b.run_id)
+    assert removed == [f"SSM parameter {name}"]
+    with pytest.raises(ssm.exceptions.ParameterNotFound):
+        ssm.get_parameter(Name=name)
 
 
 def test_fiber_clean_terminates_a_crashed_runs_jobs(aws: AwsBatchBackend, batch) -> None:  # noqa: ANN001

@@ -40,7 +40,14 @@ from typing import Any, NoReturn
 from fiber_core.base.errors import BackendError
 from fiber_core.base.log import log
 from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract import Backend, EndReason, Job, JobSpec, exitcode_from_status
+from fiber_core.contract import (
+    SECRET_VARIABLES,
+    Backend,
+    EndReason,
+    Job,
+    JobSpec,
+    exitcode_from_status,
+)
 
 OPTIONS: tuple[Option, ...] = (
     Option("image", str, None,
@@ -295,6 +302,10 @@ class DockerBackend(Backend):
                   LABEL_RUN: self.run_id, LABEL_BACKEND: self.name, LABEL_OWNER: self.owner}
         env = parse_pairs(self.settings.get("extra_env") or (), "docker extra_env")
         env.update(spec.env)
+        command, stdin = list(spec.command), b""
+        if SECRET_VARIABLES & set(env):  # not in the container's config, which `docker inspect` shows
+            command = ["/bin/sh", "-c", SECRETS_SHELL, "fiber-job", *command]
+            stdin = "".join(f"{k}={env.pop(k)}\n" for k in sorted(SECRET_VARIABLES & set(env))).encode() + b"\n"
         binds, workdir = self._mounts(spec) if mounts else ([], spec.cwd)
         host_config = api.create_host_config(
             binds=binds or None,
@@ -308,8 +319,9 @@ class DockerBackend(Backend):
         )
         try:
             cid = api.create_container(
-                image, command=list(spec.command), name=name, environment=env, labels=labels,
+                image, command=command, name=name, environment=env, labels=labels,
                 working_dir=workdir, user=self.settings.get("user") or None, host_config=host_config,
+                stdin_open=bool(stdin),  # and StdinOnce: its stdin ends when we detach
             )["Id"]
         except docker.errors.ImageNotFound as e:
             raise BackendError(f"image {image!r} is not on the Docker daemon at {self._where}: "
@@ -317,6 +329,16 @@ class DockerBackend(Backend):
         except Exception as e:  # APIError, or the daemon went away (requests' errors)
             raise BackendError(f"cannot create a container for {spec.name} from {image!r} on "
                                f"{self._where}: {_explain(e)}") from e
+        if stdin:
+            try:  # the daemon keeps it for the container's start; detaching then ends its stdin
+                _send_and_close(self._stream_api.attach_socket(cid, params={"stdin": 1, "stream": 1}), stdin)
+            except Exception as e:
+                try:
+                    api.remove_container(cid, force=True)
+                except Exception:
+                    pass
+                raise BackendError(f"cannot send {spec.name} its key on the stdin of its container on "
+                                   f"{self._where}: {_explain(e)}") from e
         job = Job(id=cid, spec=spec, handle=_Container(id=cid, name=name), host=self._daemon_name)
         with self._lock:
             self._by_id[cid] = job
@@ -691,6 +713,23 @@ def _read_output(stream: Any, job: Job) -> None:
     finally:
         job.handle.output_done.set()
         _close_stream(stream)
+
+
+SECRETS_SHELL = 'while IFS= read -r v && [ -n "$v" ]; do export "$v"; done; exec "$@"'
+"""Runs a job's command with the variables written on its stdin (``NAME=VALUE`` lines, then an
+empty one) in its environment: the run's key and the job's token, which would otherwise be in
+the container's config for anyone allowed ``docker inspect`` to read."""
+
+
+def _send_and_close(sock: Any, data: bytes) -> None:
+    """Write ``data`` on a container's attached stdin and detach (its stdin then ends)."""
+    raw = getattr(sock, "_sock", sock)  # docker's SocketIO wraps the socket
+    try:
+        raw.sendall(data)
+    finally:
+        raw.close()
+        if raw is not sock:
+            sock.close()
 
 
 def _close_stream(stream: Any) -> None:

@@ -424,6 +424,25 @@ def test_process_exit_codes() -> None:
     assert p.exitcode == -signal.SIGTERM
 
 
+def test_the_runs_key_is_not_in_the_containers_config(docker_api: docker.APIClient) -> None:
+    # It travels on the container's stdin: `docker inspect` (and the daemon's API) do not show it.
+    from fiber_core.runtime.run import runtime
+
+    key = runtime().authkey.hex()
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=docker_tasks.sleep_forever, args=(q,), backend="docker")
+    p.start()
+    assert q.get(timeout=WAIT) == "up"  # the job authenticated with the key it read on stdin
+    info = docker_api.inspect_container(p.job.id)
+    assert key not in repr(info)
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert "FIBER_AUTHKEY" not in env and "FIBER_PROCESS_TOKEN" not in env
+    assert info["Config"]["OpenStdin"] is True and info["Config"]["Cmd"][:2] == ["/bin/sh", "-c"]
+    p.terminate()
+    p.join(WAIT)
+    assert p.exitcode == -signal.SIGTERM
+
+
 def test_queues() -> None:
     inbox, outbox = fiber_core.Queue(), fiber_core.Queue()
     p = fiber_core.Process(target=docker_tasks.echo_squares, args=(inbox, outbox), backend="docker")
@@ -592,6 +611,45 @@ def test_parent_exits_normally_or_raises_leaves_no_container(tmp_path: Path,
         assert "could not remove" not in out.stderr
         run_id = out.stdout.split()[0]
         assert containers(docker_api, f"{LABEL_RUN}={run_id}") == [], ending
+
+
+def test_sigterm_to_the_parent_leaves_no_container(tmp_path: Path, docker_api: docker.APIClient) -> None:
+    (tmp_path / "parent_tasks.py").write_text(PARENT_TASKS)
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import fiber_core
+        from fiber_core.contract.backend import JobSpec
+        from fiber_core.runtime.run import runtime
+        from parent_tasks import hold
+
+        if __name__ == "__main__":
+            # A job that does not end with its parent: only the backend's cleanup removes it.
+            runtime().backend.start_job(JobSpec(["python3", "-c", "import time; time.sleep(600)"]))
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=hold, args=(q,))  # not daemonic: stopped, not waited for
+            p.start()
+            assert q.get(timeout=120) == "up"
+            print(runtime().run_id, flush=True)
+            time.sleep(600)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "FIBER_BACKEND": "docker"})
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
+        assert ready, "the program did not start its jobs"
+        run_id = proc.stdout.readline().strip()
+        assert run_id, proc.stderr.read()
+        assert len(containers(docker_api, f"{LABEL_RUN}={run_id}")) == 2
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "could not remove" not in err and "Traceback" not in err, err
+    assert containers(docker_api, f"{LABEL_RUN}={run_id}") == []
 
 
 def test_clean_removes_what_a_crashed_run_left(docker_api: docker.APIClient) -> None:

@@ -9,6 +9,12 @@ finishes each job's ``state`` when its pod ends (:func:`pod_end` says with which
 why), so polls never call the API. Terminating deletes the pod (with a grace period; kill:
 grace 0); at exit every pod this process created is deleted.
 
+The run's key is not in the pods: a Secret of the backend (:func:`build_secret`, owned by
+the parent's own pod when there is one, so it goes with it) holds it, and each pod takes it
+with ``secretKeyRef``. Who may read Secrets in the namespace (or exec into the pods, or
+administer their nodes) can reach the parent; who may only ``get pods`` cannot. The Secret
+is deleted at exit, and by ``fiber clean`` with the pods that refer to it.
+
 A pod that cannot start fails its job instead of waiting forever: an image that cannot be
 pulled (``ErrImagePull``...) at once, a pod that no node can take after ``schedule_timeout``.
 Either way the job's exit code is 1, it ended :attr:`~EndReason.NEVER_STARTED`, and
@@ -17,6 +23,7 @@ Either way the job's exit code is 1, it ended :attr:`~EndReason.NEVER_STARTED`, 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -32,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fiber_core.contract import (
+    ENV_AUTHKEY,
     Backend,
     BackendError,
     ConfigError,
@@ -50,6 +58,8 @@ log = logging.getLogger("fiber")
 
 CONTAINER = "job"
 """Name of the one container of a job's pod."""
+SECRET_KEY = "authkey"
+"""The key of the run's key in the backend's Secret."""
 DEFAULT_GPU_LABEL = "nvidia.com/gpu.product"
 """Node label matched against ``gpu_type`` (set by NVIDIA GPU feature discovery / GPU operator)."""
 NO_EXIT_STATUS = 1
@@ -170,10 +180,29 @@ def parse_volumes(mounts: Mapping[str, str] | list[str]) -> tuple[list[dict], li
     return volumes, mounts_out
 
 
+def secret_name(run_id: str) -> str:
+    """A unique name for the Secret of one backend of run ``run_id``: ``fiber-key-<run>-<random>``."""
+    run = _DNS_BAD.sub("-", run_id.lower()).strip("-")[:40] or "run"
+    return f"fiber-key-{run}-{secrets.token_hex(4)}"
+
+
+def build_secret(value: str, *, name: str, namespace: str, labels: Mapping[str, str],
+                 owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The Secret that gives the pods the run's key (``value``, hex) under :data:`SECRET_KEY`."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
+    if owner:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
+                                        "uid": owner["metadata"]["uid"]}]
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata,
+            "data": {SECRET_KEY: base64.b64encode(value.encode()).decode()}}
+
+
 def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespace: str, image: str,
-              labels: Mapping[str, str], owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              labels: Mapping[str, str], owner: Mapping[str, Any] | None = None,
+              secret: str | None = None) -> dict[str, Any]:
     """The pod manifest of one job. ``settings`` are the backend's, overridden by
-    ``spec.backend_options`` (any option key, e.g. ``service_account``)."""
+    ``spec.backend_options`` (any option key, e.g. ``service_account``). With ``secret``,
+    the run's key (``FIBER_AUTHKEY`` of ``spec.env``) comes from that Secret, not the spec."""
     opts = {**settings, **spec.backend_options}
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}
@@ -204,6 +233,8 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
     }
     env.update(parse_pairs(opts.get("extra_env") or [], "extra_env"))
     env.update(spec.env)
+    if secret and ENV_AUTHKEY in env:
+        env[ENV_AUTHKEY] = {"secretKeyRef": {"name": secret, "key": SECRET_KEY}}
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -379,6 +410,8 @@ class KubernetesBackend(Backend):
         self._parent_id = ""
         self._pods: dict[str, Job] = {}  # pod name -> its job, until the job ends: where events go
         self._watch: _PodWatch | None = None  # made by the first create_job
+        self._secret_name = secret_name(run_id)
+        self._secret_value: str | None = None  # the key in the Secret, once it is created
 
     # -- connection, identity ----------------------------------------------------------------
 
@@ -425,14 +458,46 @@ class KubernetesBackend(Backend):
                 "fiber-core installed. Inside a pod Fiber uses the pod's own image.")
         return image
 
-    def manifest(self, spec: JobSpec, name: str | None = None) -> dict[str, Any]:
-        """The pod that :meth:`create_job` would create for ``spec`` (``fiber run --dry-run``)."""
+    def _owner(self) -> dict[str, Any] | None:
         owner = self._own_pod
         if owner is not None and owner["metadata"].get("namespace") != self.namespace:
             owner = None  # an ownerReference cannot cross namespaces
+        return owner
+
+    def manifest(self, spec: JobSpec, name: str | None = None) -> dict[str, Any]:
+        """The pod that :meth:`create_job` would create for ``spec`` (``fiber run --dry-run``)."""
         return build_pod(spec, self.settings, name=name or pod_name(spec.name, self.run_id),
                          namespace=self.namespace, image=self._image(spec), labels=self._labels(spec),
-                         owner=owner)
+                         owner=self._owner(), secret=self._secret_name)
+
+    def _ensure_secret(self, spec: JobSpec) -> None:
+        """Create, once, the Secret that holds the run's key for the pods."""
+        value = spec.env.get(ENV_AUTHKEY)
+        if value is None:
+            return
+        with self._lock:
+            if self._secret_value is not None:
+                if self._secret_value != value:
+                    raise BackendError(f"{spec.name} carries another run's key than the Secret "
+                                       f"{self._secret_name} of this backend: start it from a backend of its run")
+                return
+            labels = {"fiber.run": label_value(self.run_id), "fiber.parent": self._parent_id}
+            self.cluster.create_secret(build_secret(value, name=self._secret_name, namespace=self.namespace,
+                                                    labels=labels, owner=self._owner()))
+            self._secret_value = value
+
+    def _delete_secret(self) -> None:
+        with self._lock:
+            created, self._secret_value = self._secret_value is not None, None
+        if not created:
+            return
+        try:
+            self.cluster.delete_secret(self._secret_name)
+        except BackendError as e:
+            if http_status(e) != 404:
+                log.warning("fiber: could not delete Secret %s of run %s: %s (remove it with `fiber clean "
+                            "--backend kubernetes --run %s`, or kubectl delete secret %s)", self._secret_name,
+                            self.run_id, e, self.run_id, self._secret_name)
 
     def get_listen_addr(self) -> str:
         """In a pod, the pod's IP; else an error saying what to set.
@@ -459,6 +524,7 @@ class KubernetesBackend(Backend):
     def create_job(self, spec: JobSpec) -> Job:
         cluster = self.cluster
         self._ensure_watch()
+        self._ensure_secret(spec)
         for _ in range(3):
             body = self.manifest(spec)
             name = body["metadata"]["name"]
@@ -564,8 +630,8 @@ class KubernetesBackend(Backend):
         self._stop(job, signal.SIGKILL, 0)
 
     def get_job_logs(self, job: Job) -> str:
-        """The pod's log from the API (``""`` before it ran or once it is deleted), then why
-        the job ended when the cluster said more than its exit code."""
+        """The pod's log from the API (``""`` before it ran, while it has no node, or once it
+        is deleted), then why the job ended when the cluster said more than its exit code."""
         cluster = self.cluster
         text = ""
         try:
@@ -615,19 +681,42 @@ class KubernetesBackend(Backend):
             except BackendError as e:
                 log.warning("fiber: could not delete the pods of run %s: %s (remove them with "
                             "`fiber clean --backend kubernetes --run %s`)", self.run_id, e, self.run_id)
+        self._delete_secret()
         for job in jobs:  # the watch is closed: the ends of their pods will not be seen
             self._end(job, -(job.handle.stop_signal or signal.SIGKILL), EndReason.STOPPED, "")
         super().cleanup()
 
     @classmethod
     def clean(cls, settings: Mapping[str, Any], run_id: str | None = None) -> list[str]:
-        """Delete the pods of ``run_id`` (or of every Fiber run) in the configured namespace."""
+        """Delete the pods of ``run_id`` (or of every Fiber run) in the configured namespace,
+        and the Secrets they take the run's key from."""
         cluster = Cluster(settings)
         try:
             selector = f"fiber.run={label_value(run_id)}" if run_id else "fiber.run"
-            return [f"pod {cluster.namespace}/{name}" for name in _delete_pods(cluster, selector)]
+            listed = cluster.list_pods(selector).get("items") or []
+            removed = [f"pod {cluster.namespace}/{name}" for name in _delete_pods(cluster, selector)]
+            for name in sorted(_secrets_of(listed)):
+                try:
+                    cluster.delete_secret(name)
+                    removed.append(f"secret {cluster.namespace}/{name}")
+                except BackendError as e:
+                    if http_status(e) != 404:
+                        raise
+            return removed
         finally:
             cluster.close()
+
+
+def _secrets_of(pods: list[dict[str, Any]]) -> set[str]:
+    """The names of the Fiber Secrets the containers of ``pods`` take the run's key from."""
+    names = set()
+    for pod in pods:
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            for e in c.get("env") or []:
+                ref = (e.get("valueFrom") or {}).get("secretKeyRef") or {}
+                if e.get("name") == ENV_AUTHKEY and (ref.get("name") or "").startswith("fiber-key-"):
+                    names.add(ref["name"])
+    return names
 
 
 def _delete_pods(cluster: Cluster, selector: str) -> list[str]:

@@ -136,7 +136,7 @@ class Cluster:
             return data.decode("utf-8", "replace")
         return json.loads(data) if data else None
 
-    # -- the pod calls Fiber makes (the verbs of rbac.yaml) ------------------------------------
+    # -- the calls Fiber makes (the verbs of rbac.yaml) ----------------------------------------
 
     def create_pod(self, body: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
         return self.request("create", "pods", "POST", "/pods", {"dryRun": "All" if dry_run else None}, body)
@@ -162,10 +162,20 @@ class Cluster:
                             {"labelSelector": selector, "gracePeriodSeconds": grace})
 
     def pod_log(self, name: str, container: str, follow: bool = False) -> Any:
-        """The log text, or with ``follow`` a response that streams it until the container ends."""
-        return self.request("get", "pods/log", "GET", f"/pods/{name}/log",
-                            {"container": container, "follow": follow or None}, stream=follow,
-                            timeout=(self.timeout, None) if follow else None)
+        """The log text (``""`` when there is none yet: a pod with no node gets 204 and no
+        body), or with ``follow`` a response that streams it until the container ends."""
+        answer = self.request("get", "pods/log", "GET", f"/pods/{name}/log",
+                              {"container": container, "follow": follow or None}, stream=follow,
+                              timeout=(self.timeout, None) if follow else None)
+        if follow:
+            return answer
+        return answer if isinstance(answer, str) else ""
+
+    def create_secret(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request("create", "secrets", "POST", "/secrets", None, body)
+
+    def delete_secret(self, name: str) -> dict[str, Any]:
+        return self.request("delete", "secrets", "DELETE", f"/secrets/{name}")
 
     def own_pod(self) -> dict[str, Any] | None:
         """This process's pod, when it runs in one that the API lets it read; else ``None``.

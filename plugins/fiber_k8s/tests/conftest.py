@@ -25,7 +25,16 @@ from fiber_core.runtime.config import (
 )
 from fiber_core.runtime.run import runtime  # noqa: E402
 from k8s_emulator.server import source_revision  # noqa: E402
-from k8s_helpers import IMAGE, POD_PYTHON, SERVICES, Emu, answers, build_pod_site, start_emulator  # noqa: E402
+from k8s_helpers import (  # noqa: E402
+    IMAGE,
+    POD_PYTHON,
+    SERVICES,
+    Emu,
+    answers,
+    build_pod_site,
+    make_tls,
+    start_emulator,
+)
 from kubernetes import client  # noqa: E402
 
 
@@ -38,6 +47,20 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emu]:
             yield emu
             return
     proc, kubeconfig = start_emulator(tmp_path_factory.mktemp("k8s-emulator"), "--token", uuid.uuid4().hex)
+    try:
+        yield Emu(str(kubeconfig))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def tls_emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emu]:
+    """A private emulator served over HTTPS with a CA of its own, whose kubeconfig embeds the
+    CA certificate (``certificate-authority-data``), as kind, GKE and EKS write it."""
+    tmp = tmp_path_factory.mktemp("k8s-emulator-tls")
+    cert, key, ca = make_tls(tmp)
+    proc, kubeconfig = start_emulator(tmp, "--token", uuid.uuid4().hex, "--tls", str(cert), str(key), str(ca))
     try:
         yield Emu(str(kubeconfig))
     finally:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -41,11 +42,13 @@ class Emu:
         self.kubeconfig = kubeconfig
         self.api_client = config.new_client_from_config(kubeconfig)
         self.url = self.api_client.configuration.host
+        ca = self.api_client.configuration.ssl_ca_cert
+        self.ssl = ssl.create_default_context(cadata=Path(ca).read_text()) if ca else None
 
     def admin(self, path: str, body: Any = None, method: str = "GET") -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + "/_emulator/" + path, data=data, method=method)
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=self.ssl) as resp:
             return json.load(resp)
 
 
@@ -53,7 +56,8 @@ def answers(kubeconfig: Path) -> bool:
     """The kubeconfig exists and its server answers /version."""
     try:
         url = next(line.split()[1] for line in kubeconfig.read_text().splitlines() if "server:" in line)
-        with urllib.request.urlopen(url + "/version", timeout=2):
+        # Only whether it answers: the certificate is checked by the clients that use it.
+        with urllib.request.urlopen(url + "/version", timeout=2, context=ssl._create_unverified_context()):
             return True
     except (OSError, StopIteration, IndexError):
         return False
@@ -74,6 +78,47 @@ def start_emulator(tmp: Path, *args: str) -> tuple[subprocess.Popen, Path]:
             raise AssertionError("emulator did not answer in 20 s:\n" + (tmp / "emulator.log").read_text())
         time.sleep(0.1)  # nothing to wait on but the port: poll it
     return proc, kubeconfig
+
+
+def make_tls(tmp: Path) -> tuple[Path, Path, Path]:
+    """A self-signed CA and a certificate it signed for 127.0.0.1: (cert, key, CA cert) files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = (now - datetime.timedelta(hours=1), now + datetime.timedelta(days=1))
+
+    def cert(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(valid[0]).not_valid_after(valid[1])
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False), critical=True)
+        else:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_cert = cert("fiber-emulator-ca", ca_key, "fiber-emulator-ca", ca_key, True)
+    server_cert = cert("fiber-emulator", key, "fiber-emulator-ca", ca_key, False)
+    paths = tmp / "server.crt", tmp / "server.key", tmp / "ca.crt"
+    paths[0].write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    paths[2].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    return paths
 
 
 def _requirements(dist: str) -> list[str]:

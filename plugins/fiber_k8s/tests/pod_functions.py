@@ -15,3 +15,7 @@ def square(x: int) -> int:
 def pod_name() -> str:
     """The name of the pod this runs in (POD_NAME, set by the backend from the Downward API)."""
     return os.environ.get("POD_NAME", "")
+
+
+def put_square(q, x: int) -> None:  # noqa: ANN001 - a fiber_core.Queue
+    q.put(x * x)

@@ -264,6 +264,16 @@ def test_node_selector_mismatch_message(v1: client.CoreV1Api, ns: str) -> None:
     v1.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
 
 
+def test_log_of_a_pod_with_no_node_is_204_and_empty(v1: client.CoreV1Api, ns: str) -> None:
+    # As kube-apiserver: no node, no log location: 204 No Content, no body (not an error).
+    created = v1.create_namespaced_pod(ns, pod(node_selector={"emulator-test": "nowhere"}))
+    name = created.metadata.name
+    wait_pod(v1, ns, name, lambda _, p: bool(p.status.conditions))
+    resp = v1.read_namespaced_pod_log(name, ns, _preload_content=False)
+    assert (resp.status, resp.data) == (204, b"")
+    v1.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+
+
 # --- the test kubelet (docker) --------------------------------------------------------------------
 
 
@@ -391,3 +401,104 @@ def test_eviction_marks_the_pod_then_deletes_it(emu: Emu, v1: client.CoreV1Api, 
     assert p.metadata.deletion_grace_period_seconds == 1 and disruption(p) is not None
     # `sleep` as PID 1 ignores SIGTERM: killed when the grace period ends
     assert p.status.container_statuses[0].state.terminated.exit_code == 137
+
+
+# --- secrets ------------------------------------------------------------------------------------------
+
+
+def test_secrets_are_stored_as_base64_and_collected_with_their_owner(v1: client.CoreV1Api, ns: str) -> None:
+    owner = v1.create_namespaced_pod(ns, pod(node_selector={"emulator-test": "nowhere"}))
+    ref = client.V1OwnerReference(api_version="v1", kind="Pod", name=owner.metadata.name, uid=owner.metadata.uid)
+    name = "owned-" + uuid.uuid4().hex[:6]
+    created = v1.create_namespaced_secret(ns, client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, owner_references=[ref]), string_data={"k": "v"}))
+    assert created.data == {"k": "dg=="} and created.string_data is None and created.type == "Opaque"
+    with pytest.raises(ApiException) as e:
+        v1.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name=name)))
+    assert e.value.status == 409
+    v1.delete_namespaced_pod(owner.metadata.name, ns, grace_period_seconds=0)
+    with pytest.raises(ApiException) as e:  # the garbage collector deleted it with its owner
+        v1.read_namespaced_secret(name, ns)
+    assert e.value.status == 404
+
+
+def test_secret_key_ref_gives_the_container_the_value(v1: client.CoreV1Api, ns: str, image: str) -> None:
+    name = "key-" + uuid.uuid4().hex[:6]
+    v1.create_namespaced_secret(ns, client.V1Secret(metadata=client.V1ObjectMeta(name=name),
+                                                    data={"k": "c2VjcmV0"}))
+    def env(key: str) -> dict[str, Any]:
+        return {"env": [client.V1EnvVar(name="K", value_from=client.V1EnvVarSource(
+            secret_key_ref=client.V1SecretKeySelector(name=name, key=key)))]}
+
+    created = v1.create_namespaced_pod(ns, pod(command=["sh", "-c", "echo $K"], container=env("k")))
+    wait_pod(v1, ns, created.metadata.name, lambda _, p: p.status.phase == "Succeeded")
+    assert v1.read_namespaced_pod_log(created.metadata.name, ns) == "secret\n"
+    created = v1.create_namespaced_pod(ns, pod(container=env("other")))
+    _, p = wait_pod(v1, ns, created.metadata.name, lambda _, p: waiting_reason(p) == "CreateContainerConfigError")
+    assert p.status.container_statuses[0].state.waiting.message == f"couldn't find key other in Secret {ns}/{name}"
+    v1.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
+    v1.delete_namespaced_secret(name, ns)
+
+
+# --- what the API server stores, as it stores it -------------------------------------------------------
+
+
+def test_quantities_are_stored_in_canonical_form(v1: client.CoreV1Api, ns: str) -> None:
+    created = v1.create_namespaced_pod(ns, pod(node_selector={"emulator-test": "nowhere"}, container={
+        "resources": client.V1ResourceRequirements(requests={"cpu": "0.5", "memory": "1024Mi"},
+                                                   limits={"cpu": "1000m", "memory": "2048Mi"})}))
+    res = v1.read_namespaced_pod(created.metadata.name, ns).spec.containers[0].resources
+    assert res.limits == {"cpu": "1", "memory": "2Gi"}
+    assert res.requests == {"cpu": "500m", "memory": "1Gi"}
+    v1.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
+
+
+@pytest.mark.parametrize("limits, qos", [
+    ({"nvidia.com/gpu": "1"}, "BestEffort"),  # GPUs do not count
+    ({"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}, "Guaranteed"),
+    ({"cpu": "1", "nvidia.com/gpu": "1"}, "Burstable"),
+])
+def test_qos_class_comes_from_cpu_and_memory_only(v1: client.CoreV1Api, ns: str, limits: dict[str, str],
+                                                  qos: str) -> None:
+    created = v1.create_namespaced_pod(ns, pod(node_selector={"emulator-test": "nowhere"}, container={
+        "resources": client.V1ResourceRequirements(limits=limits)}))
+    assert created.status.qos_class == qos
+    v1.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
+
+
+@pytest.mark.parametrize("automount", [None, False])
+def test_the_service_account_token_volume_is_added(v1: client.CoreV1Api, ns: str, automount: bool | None) -> None:
+    created = v1.create_namespaced_pod(ns, pod(node_selector={"emulator-test": "nowhere"},
+                                               automount_service_account_token=automount))
+    volumes = created.spec.volumes or []
+    mounts = created.spec.containers[0].volume_mounts or []
+    if automount is False:
+        assert volumes == [] and mounts == []
+    else:
+        (volume,) = volumes
+        assert volume.name.startswith("kube-api-access-") and len(volume.name) == len("kube-api-access-") + 5
+        assert [s.service_account_token.path for s in volume.projected.sources if s.service_account_token] == ["token"]
+        assert [(m.name, m.mount_path, m.read_only) for m in mounts] == [
+            (volume.name, "/var/run/secrets/kubernetes.io/serviceaccount", True)]
+        assert created.spec.service_account_name == "default"
+    v1.delete_namespaced_pod(created.metadata.name, ns, grace_period_seconds=0)
+
+
+def test_empty_optional_fields_are_dropped(v1: client.CoreV1Api, ns: str) -> None:
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "emu-", "labels": {}, "annotations": {}},
+            "spec": {"restartPolicy": "Never", "nodeSelector": {}, "imagePullSecrets": [],
+                     "containers": [{"name": "main", "image": IMAGE, "args": [], "env": [{"name": "E", "value": ""}],
+                                     "workingDir": "", "resources": {"limits": {}}}]}}
+    api = v1.api_client  # the raw JSON: the client's models would fill in what was left out
+    resp = api.call_api(*api.param_serialize(
+        method="POST", resource_path=f"/api/v1/namespaces/{ns}/pods", body=body, auth_settings=["BearerToken"],
+        header_params={"Content-Type": "application/json", "Accept": "application/json"}))
+    assert resp.status == 201
+    created = json.loads(resp.read())
+    assert "labels" not in created["metadata"] and "annotations" not in created["metadata"]
+    assert "nodeSelector" not in created["spec"] and "imagePullSecrets" not in created["spec"]
+    c = created["spec"]["containers"][0]
+    assert "args" not in c and "workingDir" not in c and c["env"] == [{"name": "E"}]
+    assert c["resources"] == {}  # an empty struct stays, as in the API server's JSON
+    v1.delete_namespaced_pod(created["metadata"]["name"], ns, grace_period_seconds=0)

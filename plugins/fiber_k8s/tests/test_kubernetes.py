@@ -10,6 +10,8 @@ they import there as here.
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import re
@@ -264,6 +266,46 @@ def test_unschedulable_pod_fails_after_schedule_timeout(v1: client.CoreV1Api, ns
         b.cleanup()
 
 
+def test_log_of_a_pod_with_no_node_is_empty_then_says_why(emu: Emu, v1: client.CoreV1Api, ns: str,
+                                                        k8s_env: dict[str, str], restore_config: None) -> None:
+    # The API answers 204 with no body while a pod has no node. Without the delete verb the
+    # pod stays after its job failed, so the log is read from it then too.
+    rules = role_rules()
+    rules["pods"] = [v for v in rules["pods"] if v not in ("delete", "deletecollection")]
+    emu.admin("config", {"rbac": rules}, "PUT")
+    b = KubernetesBackend(settings(schedule_timeout=1.0), "t" + uuid.uuid4().hex[:10])
+    try:
+        job = b.start_job(job_spec("pass", gpu=1))
+        assert b.get_job_logs(job) == ""  # not scheduled yet: no logs yet
+        assert b.wait_for_job(job, WAIT) == 1
+        assert run_pods(v1, ns, f"fiber.run={b.run_id}")  # still there: its log is 204 again
+        logs = b.get_job_logs(job)
+        assert logs.startswith("fiber: pod ") and "schedule_timeout=1s" in logs, logs
+    finally:
+        emu.admin("config", {"rbac": None}, "PUT")
+        b.cleanup()
+
+
+def test_unschedulable_process_says_why_without_a_traceback(k8s_env: dict[str, str], tmp_path: Path) -> None:
+    # The log of a pod with no node is an empty 204 answer: "no logs yet", then the reason.
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import fiber_core
+
+        if __name__ == "__main__":
+            p = fiber_core.Process(target=print, gpu=1)
+            p.start()
+            p.join(60)
+            print("exitcode", p.exitcode, flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                         env=script_env(k8s_env, FIBER_KUBERNETES_SCHEDULE_TIMEOUT="1"), timeout=2 * WAIT)
+    assert out.returncode == 0, out.stderr
+    assert "exitcode 1" in out.stdout, out.stderr
+    assert "schedule_timeout=1s" in out.stderr and "Insufficient nvidia.com/gpu" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 def test_lost_api_server_fails_polls_instead_of_hanging(k8s_env: dict[str, str], tmp_path: Path) -> None:
     proc, kubeconfig = start_emulator(tmp_path, "--instance", "lost-" + uuid.uuid4().hex[:6])
     try:
@@ -329,7 +371,7 @@ def role_rules() -> dict[str, list[str]]:
 
 def test_rbac_manifest_is_namespaced_least_privilege() -> None:
     assert role_rules() == {"pods": ["create", "get", "list", "watch", "delete", "deletecollection"],
-                            "pods/log": ["get"]}
+                            "pods/log": ["get"], "secrets": ["create", "delete"]}
     assert subprocess.run([sys.executable, "-m", "fiber_k8s.rbac", "-n", "x"], capture_output=True,
                           text=True, timeout=WAIT).stdout == rbac.render("x")
 
@@ -570,3 +612,110 @@ def test_pod_end_as_a_cluster_reports_it(pod: dict[str, Any], deleted: bool, end
         assert got is None
     else:
         assert got is not None and got[:2] == end[:2] and end[2] in got[2]
+
+
+# -- exit with a kubeconfig that embeds its CA -----------------------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["normal", "exception", "sigterm"])
+def test_no_pod_is_left_with_an_embedded_ca(tls_emu: Emu, k8s_env: dict[str, str], image: str,
+                                            tmp_path: Path, ending: str) -> None:
+    # The client writes certificate-authority-data to a temporary file that its own exit
+    # handler deletes: Fiber's exit must have deleted the pods by then.
+    assert "certificate-authority-data" in Path(tls_emu.kubeconfig).read_text()
+    tls_v1 = client.CoreV1Api(tls_emu.api_client)
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        def forever(q):
+            q.put("up")
+            time.sleep(600)
+
+        if __name__ == "__main__":
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=forever, args=(q,), daemon=True)
+            p.start()
+            assert q.get(timeout=60) == "up"
+            print("run", runtime().run_id, flush=True)
+            if sys.argv[1] == "exception":
+                raise RuntimeError("the program failed")
+            if sys.argv[1] == "sigterm":
+                time.sleep(600)
+    """))
+    tmp = tmp_path / "tmp"  # where the client writes the CA, and Fiber its run directory
+    tmp.mkdir()
+    env = script_env(k8s_env, FIBER_KUBERNETES_KUBECONFIG=tls_emu.kubeconfig, FIBER_KUBERNETES_NAMESPACE="default",
+                     TMPDIR=str(tmp))
+    proc = subprocess.Popen([sys.executable, str(script), ending], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        timer = threading.Timer(2 * WAIT, proc.kill)  # bounds the read below
+        timer.start()
+        line = proc.stdout.readline()
+        timer.cancel()
+        assert line.startswith("run "), line + proc.stderr.read()
+        run = line.split()[1]
+        assert len(run_pods(tls_v1, "default", f"fiber.run={run}")) == 1
+        if ending == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=2 * WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT)
+    expected = {"normal": 0, "exception": 1, "sigterm": -signal.SIGTERM}[ending]
+    assert proc.returncode == expected, err
+    assert "SSLError" not in err and "could not delete" not in err, err
+    assert ("the program failed" in err) == (ending == "exception"), err
+    wait_pods(tls_v1, "default", f"fiber.run={run}", lambda pods: not pods, "deleted")
+    assert list(tmp.iterdir()) == []  # the exit handlers after Fiber's ran too
+
+
+# -- the run's key ---------------------------------------------------------------------------------
+
+
+def test_the_runs_key_is_in_a_secret_not_in_the_pods(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
+                                                     image: str) -> None:
+    key = runtime().authkey.hex()
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=pod_functions.put_square, args=(q, 7), backend="kubernetes")
+    p.start()
+    assert q.get(timeout=WAIT) == 49  # the job authenticated with the key it took from the Secret
+    p.join(WAIT)
+    pods = run_pods(v1, ns, f"fiber.run={runtime().run_id}")
+    assert pods
+    listed = json.dumps(v1.api_client.sanitize_for_serialization(pods))
+    assert key not in listed and base64.b64encode(key.encode()).decode() not in listed
+    refs = {e.value_from.secret_key_ref.name for pod in pods for e in pod.spec.containers[0].env
+            if e.name == "FIBER_AUTHKEY"}
+    assert len(refs) == 1
+    secret = v1.read_namespaced_secret(refs.pop(), ns)
+    assert base64.b64decode(secret.data["authkey"]).decode() == key
+    assert secret.metadata.labels["fiber.run"] == label_value(runtime().run_id)
+    runtime().get_backend("kubernetes").cleanup()
+    with pytest.raises(client.ApiException) as e:
+        v1.read_namespaced_secret(secret.metadata.name, ns)
+    assert e.value.status == 404
+
+
+def test_fiber_clean_removes_the_secret_a_crashed_parent_left(v1: client.CoreV1Api, ns: str,
+                                                             k8s_env: dict[str, str]) -> None:
+    # A parent outside the cluster has no pod to own its Secret: `fiber clean` finds the
+    # Secret through the pods that refer to it.
+    b = KubernetesBackend(settings(node_selector=["nowhere=1"], schedule_timeout=0.0), "t" + uuid.uuid4().hex[:10])
+    try:
+        b.start_job(job_spec("pass", env={"FIBER_AUTHKEY": "ab" * 32}))
+        (pod,) = run_pods(v1, ns, f"fiber.run={b.run_id}")
+        (ref,) = [e.value_from.secret_key_ref for e in pod.spec.containers[0].env if e.name == "FIBER_AUTHKEY"]
+        assert ref.key == "authkey"
+        assert v1.read_namespaced_secret(ref.name, ns).metadata.owner_references is None
+        removed = KubernetesBackend.clean(settings(), b.run_id)
+        assert sorted(removed) == [f"pod {ns}/{pod.metadata.name}", f"secret {ns}/{ref.name}"]
+        with pytest.raises(client.ApiException) as e:
+            v1.read_namespaced_secret(ref.name, ns)
+        assert e.value.status == 404
+    finally:
+        b.cleanup()

@@ -716,3 +716,34 @@ def test_parent_killed_leaves_no_remote_process(hosts: dict[str, str], tmp_path:
         if proc.poll() is None:
             proc.kill()
             proc.wait(T)
+
+
+def test_non_daemon_process_finishes_its_work_before_the_program_exits(hosts: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    # paramiko's own exit handler closes every connection: Fiber's exit must have waited for
+    # the child by then. The result goes where both sides see it (the hosts have their own /tmp).
+    result = SERVICES / "ssh" / f"result-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import fiber_core
+
+        def work(path):
+            time.sleep(2)  # the work outlasts the main code, which does not join it
+            with open(path, "w") as f:
+                f.write("done")
+
+        if __name__ == "__main__":
+            fiber_core.Process(target=work, args=(sys.argv[1],)).start()
+    """))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FIBER_") or k == "FIBER_SERVICES_DIR"}
+    env.update(ssh_env(hosts, slots=1))
+    try:
+        out = subprocess.run([sys.executable, str(script), str(result)], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=2 * T)
+        assert out.returncode == 0, out.stderr
+        assert "lost host" not in out.stderr, out.stderr
+        assert result.read_text() == "done", out.stderr
+    finally:
+        result.unlink(missing_ok=True)

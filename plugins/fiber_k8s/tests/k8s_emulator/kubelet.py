@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import logging
 import math
@@ -399,11 +400,23 @@ class Kubelet:
                 res, which = vf["resourceFieldRef"]["resource"].split(".", 1)
                 q = ((c.get("resources") or {}).get(res) or {}).get(which)
                 env[e["name"]] = str(math.ceil(parse_quantity(q))) if q is not None else ""
+            elif "secretKeyRef" in vf:
+                ref = vf["secretKeyRef"]
+                try:
+                    data = self.store.get_secret(meta["namespace"], ref.get("name") or "").get("data") or {}
+                except ApiError:
+                    if ref.get("optional"):
+                        continue
+                    raise ConfigError(f'secret "{ref.get("name")}" not found') from None
+                if ref.get("key") in data:
+                    env[e["name"]] = base64.b64decode(data[ref["key"]]).decode("utf-8", "replace")
+                elif not ref.get("optional"):
+                    raise ConfigError(f'couldn\'t find key {ref.get("key")} in Secret '
+                                      f'{meta["namespace"]}/{ref.get("name")}')
             else:
-                kind = "secret" if "secretKeyRef" in vf else "configmap"
-                ref = vf.get("secretKeyRef") or vf.get("configMapKeyRef") or {}
+                ref = vf.get("configMapKeyRef") or {}
                 if not ref.get("optional"):
-                    raise ConfigError(f'{kind} "{ref.get("name")}" not found')
+                    raise ConfigError(f'configmap "{ref.get("name")}" not found')
         limits = (c.get("resources") or {}).get("limits") or {}
         host: dict[str, Any] = {"NetworkMode": "host", "Binds": [], "Tmpfs": {}}
         if "cpu" in limits:

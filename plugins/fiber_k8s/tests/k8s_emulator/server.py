@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import hashlib
 import json
@@ -13,6 +14,7 @@ import re
 import select
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -35,11 +37,14 @@ from .store import (
 )
 from .validation import (
     BadRequest,
+    add_token_volume,
     default_pod,
     dns_label_errors,
+    drop_empty,
     invalid_message,
     parse_quantity,
     qos_class,
+    subdomain_errors,
     validate_pod,
 )
 
@@ -50,6 +55,7 @@ VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0-fiber-emulator", 
 RESOURCES = [("pods", "Pod", True, ["create", "delete", "deletecollection", "get", "list", "watch"]),
              ("pods/eviction", "Eviction", True, ["create"]), ("pods/log", "Pod", True, ["get"]),
              ("pods/status", "Pod", True, ["get"]),
+             ("secrets", "Secret", True, ["create", "delete", "get", "list"]),
              ("namespaces", "Namespace", False, ["create", "get", "list"]), ("nodes", "Node", False, ["get", "list"])]
 PUBLIC = ("/version", "/healthz", "/livez", "/readyz")  # readable without credentials, as on a cluster
 WATCH_MAX = 1800  # seconds a watch without timeoutSeconds stays open
@@ -68,14 +74,26 @@ class Emulator:
     """Store + kubelet + HTTP server. `start()` serves in a thread; `serve_forever()` in this one."""
 
     def __init__(self, config: dict[str, Any] | None = None, host: str = "127.0.0.1", port: int = 0,
-                 docker_host: str | None = None, instance: str | None = None) -> None:
+                 docker_host: str | None = None, instance: str | None = None,
+                 tls: tuple[str, str, str] | None = None) -> None:
+        """``tls``: (certificate, key, CA certificate) files: serve HTTPS, and write the CA
+        into the kubeconfig as ``certificate-authority-data``, as kind, GKE and EKS do."""
         cfg = default_config()
         cfg.update(config or {})
         self.store = Store(cfg)
         self.httpd = Server((host, port), Handler)
         self.httpd.emulator = self  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
-        self.url = f"http://{host}:{self.port}"
+        self.ca_data: str | None = None
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls[0], tls[1])
+            # The handshake happens in the request's thread, on its first read.
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
+            with open(tls[2], "rb") as f:
+                self.ca_data = base64.b64encode(f.read()).decode()
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         self.docker = Docker(docker_host) if docker_host else None
         self.kubelet = Kubelet(self.store, self.docker, instance or uuid.uuid4().hex[:12], self.port)
         self._thread: threading.Thread | None = None
@@ -113,8 +131,9 @@ class Emulator:
 
     def kubeconfig(self, namespace: str = "default") -> str:
         token = self.store.config.get("token") or "fiber-emulator-token"
+        ca = f"    certificate-authority-data: {self.ca_data}\n" if self.ca_data else ""
         return (f"apiVersion: v1\nkind: Config\nclusters:\n- name: fiber-emulator\n  cluster:\n"
-                f"    server: {self.url}\ncontexts:\n- name: fiber-emulator\n  context:\n"
+                f"    server: {self.url}\n{ca}contexts:\n- name: fiber-emulator\n  context:\n"
                 f"    cluster: fiber-emulator\n    namespace: {namespace}\n    user: fiber\n"
                 f"current-context: fiber-emulator\nusers:\n- name: fiber\n  user:\n    token: {token}\n")
 
@@ -161,7 +180,7 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):  # a client went away
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, ssl.SSLError)):  # a client went away
             super().handle_error(request, client_address)
 
 
@@ -219,6 +238,8 @@ class Handler(BaseHTTPRequestHandler):
     def _client_gone(self) -> bool:
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
+            if readable and isinstance(self.connection, ssl.SSLSocket):
+                return True  # a client sends nothing more on a watch: this is its close
             return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
@@ -348,6 +369,9 @@ class Handler(BaseHTTPRequestHandler):
             if method == "DELETE" and ns is not None:
                 self._authorize("deletecollection", "pods", ns)
                 return self._delete_collection(ns, body)
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?", path)
+        if m:
+            return self._secrets(method, m[1], m[2], body)
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(?:/(log|status|eviction))?", path)
         if m:
             ns, name, sub = m[1], m[2], m[3]
@@ -376,7 +400,7 @@ class Handler(BaseHTTPRequestHandler):
         if pod.get("kind", "Pod") != "Pod" or pod.get("apiVersion", "v1") != "v1":
             raise ApiError(400, "BadRequest", f'the API version in the data ({pod.get("apiVersion")}) does not match '
                            f'the expected API version (v1) or kind ({pod.get("kind")}) is not Pod')
-        pod = copy.deepcopy(pod)
+        pod = drop_empty(copy.deepcopy(pod))  # what its JSON would leave out is not stored
         pod.update(kind="Pod", apiVersion="v1")
         meta = pod.setdefault("metadata", {})
         if meta.get("namespace") not in (None, "", ns):
@@ -389,6 +413,7 @@ class Handler(BaseHTTPRequestHandler):
             meta.pop(k, None)
         try:
             default_pod(pod)
+            add_token_volume(pod, "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5)))
             errs = validate_pod(pod)
         except BadRequest as e:
             raise ApiError(400, "BadRequest", f'Pod in version "v1" cannot be handled as a Pod: {e}') from None
@@ -407,6 +432,59 @@ class Handler(BaseHTTPRequestHandler):
         pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
         dry = self.query.get("dryRun") == "All"
         self._send(201, self.emu.store.create_pod(pod, dry_run=dry))
+
+    def _secrets(self, method: str, ns: str, name: str | None, body: Any) -> None:
+        """Secrets: create, get, list, delete (no watch, no update)."""
+        store = self.emu.store
+        if name is None and method == "GET":
+            self._authorize("list", "secrets", ns)
+            store.get_namespace(ns)
+            items = store.list_secrets(ns, lambda s: parse_label_selector(self.query.get("labelSelector"))(
+                s["metadata"].get("labels") or {}))
+            return self._send(200, {"kind": "SecretList", "apiVersion": "v1",
+                                    "metadata": {"resourceVersion": str(store.rv)}, "items": items})
+        if name is None and method == "POST":
+            self._authorize("create", "secrets", ns)
+            return self._send(201, store.create_secret(self._new_secret(ns, body)))
+        if name is not None and method == "GET":
+            self._authorize("get", "secrets", ns, name)
+            return self._send(200, store.get_secret(ns, name))
+        if name is not None and method == "DELETE":
+            self._authorize("delete", "secrets", ns, name)
+            return self._send(200, store.delete_secret(ns, name))
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource "
+                       "(k8s emulator: secrets are created, read, listed and deleted only)")
+
+    def _new_secret(self, ns: str, secret: Any) -> dict[str, Any]:
+        """A Secret as the API server stores it: stringData folded into base64 data, type Opaque."""
+        if not isinstance(secret, dict) or secret.get("kind", "Secret") != "Secret":
+            raise ApiError(400, "BadRequest", "the body of the request was not a Secret")
+        secret = copy.deepcopy(secret)
+        secret.update(kind="Secret", apiVersion="v1")
+        meta = secret.setdefault("metadata", {})
+        if meta.get("namespace") not in (None, "", ns):
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                           "namespace sent on the request")
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = generated_name(meta["generateName"])
+        name = meta.get("name") or ""
+        errs = subdomain_errors("metadata.name", name)
+        data = dict(secret.get("data") or {})
+        for key, value in (secret.pop("stringData", None) or {}).items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
+        for key, value in data.items():
+            try:
+                base64.b64decode(value, validate=True)
+            except (ValueError, TypeError):
+                raise ApiError(400, "BadRequest", f'Secret in version "v1" cannot be handled as a Secret: '
+                               f"illegal base64 data in data.{key}") from None
+        if errs:
+            raise ApiError(422, "Invalid", invalid_message("Secret", name, errs),
+                           {"name": name, "kind": "Secret", "causes": [e.cause() for e in errs]})
+        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
+        secret["data"] = data
+        secret.setdefault("type", "Opaque")
+        return secret
 
     def _evict(self, ns: str, name: str, eviction: Any) -> None:
         """The Eviction subresource (policy/v1) as kube-apiserver >= 1.26 answers it, without
@@ -506,6 +584,10 @@ class Handler(BaseHTTPRequestHandler):
             cname = names[0]
         if cname not in names:
             raise ApiError(400, "BadRequest", f"container {cname} is not valid for pod {name}")
+        if not pod["spec"].get("nodeName"):  # as kube-apiserver: no node, no log location
+            self.send_response(204)
+            self.end_headers()
+            return
         if self.query.get("previous") in ("true", "1"):
             raise ApiError(400, "BadRequest", f'previous terminated container "{cname}" in pod "{name}" not found')
         cs = next((c for c in pod["status"].get("containerStatuses") or [] if c["name"] == cname), None)
@@ -587,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", help="bearer token required from clients (default: accept any)")
     p.add_argument("--kubeconfig", help="write a kubeconfig for this server here once it listens")
     p.add_argument("--instance", default=None, help="label value of this emulator's containers")
+    p.add_argument("--tls", nargs=3, metavar=("CERT", "KEY", "CA"),
+                   help="serve HTTPS with this certificate and key; the kubeconfig embeds CA")
     p.add_argument("-v", "--verbose", action="store_true", help="log every request")
     a = p.parse_args(argv)
     if not a.host.startswith("127.") and a.host not in ("localhost", "::1"):
@@ -600,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--config: {e}")
     if a.token:
         cfg["token"] = a.token
-    emu = Emulator(cfg, a.host, a.port, a.docker_host, a.instance)
+    emu = Emulator(cfg, a.host, a.port, a.docker_host, a.instance, tuple(a.tls) if a.tls else None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: emu.shutdown())
     if a.kubeconfig:

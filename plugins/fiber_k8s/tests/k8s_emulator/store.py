@@ -114,6 +114,7 @@ class Store:
         self.config = copy.deepcopy(config)
         self.rv = 1
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.history: list[tuple[int, str, dict[str, Any]]] = []
         self.trimmed_rv = 0  # events up to this resourceVersion were dropped from the history
@@ -220,10 +221,46 @@ class Store:
             if pod is None or pod["metadata"]["uid"] != uid:
                 return None
             del self.pods[(ns, name)]
+            # The garbage collector: what the pod owned goes with it (Secrets are all it can own here).
+            for key, secret in list(self.secrets.items()):
+                if any(r.get("uid") == uid for r in secret["metadata"].get("ownerReferences") or []):
+                    del self.secrets[key]
             pod["metadata"].setdefault("deletionTimestamp", now())
             pod["metadata"].setdefault("deletionGracePeriodSeconds", 0)
             self._emit("DELETED", pod)
             return copy.deepcopy(pod)
+
+    # secrets (no watch)
+    def create_secret(self, secret: dict[str, Any]) -> dict[str, Any]:
+        ns, name = secret["metadata"]["namespace"], secret["metadata"]["name"]
+        with self.cond:
+            if ns not in self.namespaces:
+                raise not_found("namespaces", ns)
+            if (ns, name) in self.secrets:
+                raise ApiError(409, "AlreadyExists", f'secrets "{name}" already exists',
+                               {"name": name, "kind": "secrets"})
+            self.rv += 1
+            secret["metadata"]["resourceVersion"] = str(self.rv)
+            self.secrets[(ns, name)] = secret
+            return copy.deepcopy(secret)
+
+    def get_secret(self, ns: str, name: str) -> dict[str, Any]:
+        with self.cond:
+            if (ns, name) not in self.secrets:
+                raise not_found("secrets", name)
+            return copy.deepcopy(self.secrets[(ns, name)])
+
+    def list_secrets(self, ns: str, match: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        with self.cond:
+            return [copy.deepcopy(s) for (sns, _), s in sorted(self.secrets.items()) if sns == ns and match(s)]
+
+    def delete_secret(self, ns: str, name: str) -> dict[str, Any]:
+        with self.cond:
+            if (ns, name) not in self.secrets:
+                raise not_found("secrets", name)
+            secret = self.secrets.pop((ns, name))
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                    "details": {"name": name, "kind": "secrets", "uid": secret["metadata"]["uid"]}}
 
     def events_after(self, rv: int) -> list[tuple[int, str, dict[str, Any]]] | None:
         """Events newer than rv, or None when rv is older than the kept history."""

@@ -139,6 +139,79 @@ def label_errors(field: str, labels: Any) -> list[FieldError]:
     return errs
 
 
+_BINARY = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL = {-3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+
+
+def canonical_quantity(value: Any) -> str:
+    """``value`` as the API server stores it (``resource.Quantity``'s canonical form): the
+    suffix family of the input, the largest suffix with an integer mantissa (``1024Mi`` is
+    ``1Gi``, ``1000m`` is ``1``, ``0.5`` is ``500m``); binary values below 1024 or with a
+    fraction are written in decimal; precision beyond milli-units is rounded up."""
+    q = parse_quantity(value)
+    m = QUANTITY_RE.match(str(value))
+    suffix = m.group(2) if m else ""
+    sign, q = ("-" if q < 0 else ""), abs(q)
+    if suffix.endswith("i") and q >= 1024 and q == q.to_integral_value():
+        n, e = int(q), 0
+        while e < 6 and n % 1024 == 0:
+            n, e = n // 1024, e + 1
+        return f"{sign}{n}{_BINARY[e]}"
+    milli = (q * 1000).to_integral_value(rounding="ROUND_CEILING")
+    n, e = int(milli), -3
+    while e < 18 and n and n % 1000 == 0:
+        n, e = n // 1000, e + 3
+    if n == 0:
+        return "0"
+    if suffix[:1] in ("e", "E"):
+        return f"{sign}{n}" + (f"e{e}" if e else "") if e >= 0 else f"{sign}{n}{_DECIMAL[e]}"
+    return f"{sign}{n}{_DECIMAL[e]}"
+
+
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+_MAP_FIELDS = {"labels", "annotations", "nodeSelector", "limits", "requests"}
+
+
+def drop_empty(obj: Any) -> Any:
+    """What the API server's JSON leaves out (``omitempty``): null, empty strings and lists,
+    and empty maps (labels, nodeSelector, resource lists...); an empty struct such as
+    ``resources: {}`` stays."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            v = drop_empty(v)
+            if v is None or v == "" or v == [] or (v == {} and k in _MAP_FIELDS):
+                continue
+            out[k] = v
+        return out
+    if isinstance(obj, list):
+        return [drop_empty(v) for v in obj]
+    return obj
+
+
+def add_token_volume(pod: dict[str, Any], suffix: str) -> None:
+    """The ServiceAccount admission plugin: a projected volume with the account's token, the
+    cluster's CA and the namespace, mounted read-only in every container, unless
+    ``automountServiceAccountToken: false``."""
+    spec = pod["spec"]
+    if spec.get("automountServiceAccountToken") is False:
+        return
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    if not containers:
+        return
+    name = f"kube-api-access-{suffix}"
+    spec.setdefault("volumes", []).append({"name": name, "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                    "path": "namespace"}]}}]}})
+    for c in containers:
+        mounts = c.setdefault("volumeMounts", [])
+        if isinstance(mounts, list) and not any(isinstance(m, dict) and m.get("mountPath") == SA_MOUNT
+                                                for m in mounts):
+            mounts.append({"name": name, "readOnly": True, "mountPath": SA_MOUNT})
+
+
 def is_extended(resource: str) -> bool:
     return "/" in resource and not resource.startswith("kubernetes.io/")
 
@@ -177,6 +250,14 @@ def default_pod(pod: dict[str, Any]) -> None:
             if isinstance(req, dict):
                 for k, v in res["limits"].items():
                     req.setdefault(k, v)
+        for kind in ("limits", "requests"):
+            values = res.get(kind) if isinstance(res, dict) else None
+            if isinstance(values, dict):
+                for k, v in values.items():
+                    try:
+                        values[k] = canonical_quantity(v)
+                    except BadRequest:
+                        pass  # validation names it
 
 
 def validate_pod(pod: dict[str, Any]) -> list[FieldError]:
@@ -299,15 +380,17 @@ def container_errors(f: str, c: dict[str, Any], names: set[str], volumes: set[st
 
 
 def qos_class(pod: dict[str, Any]) -> str:
-    cs = pod["spec"]["containers"]
-    res = [c.get("resources") or {} for c in cs]
-    if not any(r.get("requests") or r.get("limits") for r in res):
+    """As the API server computes it: from the non-zero cpu and memory requests and limits
+    only (a pod that asks only for GPUs is BestEffort)."""
+    def compute(values: Any) -> dict[str, Decimal]:
+        return {k: q for k, v in (values or {}).items() if k in ("cpu", "memory") and (q := parse_quantity(v))}
+
+    res = [c.get("resources") or {} for c in pod["spec"]["containers"]]
+    pairs = [(compute(r.get("requests")), compute(r.get("limits"))) for r in res]
+    if not any(req or lim for req, lim in pairs):
         return "BestEffort"
-    guaranteed = all(
-        all(k in (r.get("limits") or {}) for k in ("cpu", "memory"))
-        and all(parse_quantity(v) == parse_quantity((r.get("limits") or {}).get(k, -1))
-                for k, v in (r.get("requests") or {}).items() if k in ("cpu", "memory"))
-        for r in res)
+    guaranteed = all(set(lim) == {"cpu", "memory"} and all(lim.get(k) == v for k, v in req.items())
+                     and set(req) == set(lim) for req, lim in pairs)
     return "Guaranteed" if guaranteed else "Burstable"
 
 

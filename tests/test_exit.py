@@ -1,0 +1,123 @@
+"""The exit sequence of a program: non-daemon children are waited for before any exit
+handler an SDK registered runs, and SIGTERM runs the same cleanup as a normal exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
+
+
+def _start(tmp_path: Path, code: str) -> subprocess.Popen:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(code))
+    return subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=os.environ.copy())
+
+
+def _ready(proc: subprocess.Popen) -> dict[str, str]:
+    """The ``key value`` lines the program prints up to ``ready``."""
+    seen: dict[str, str] = {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        key, _, value = line.strip().partition(" ")
+        if key == "ready":
+            return seen
+        seen[key] = value
+    proc.wait(T)
+    raise AssertionError(f"the program ended before it was ready: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie of a process that is not our child cannot be reaped here: look at its state.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_non_daemon_child_finishes_before_exit_handlers_registered_after_it_run(run_script) -> None:  # noqa: ANN001
+    # The atexit handler registered after the child started stands for an SDK's (a client
+    # deleting its temporary files, closing its connections): Fiber's exit must be done by then.
+    out = run_script("""
+        import atexit, os, time
+        import fiber_core
+
+        def work(path):
+            time.sleep(1)  # outlives the main code (the parent does not wait for it there)
+            with open(path, "w") as f:
+                f.write("done")
+
+        if __name__ == "__main__":
+            p = fiber_core.Process(target=work, args=("result",))
+            p.start()
+            atexit.register(lambda: print("at sdk exit:", os.path.exists("result"),
+                                          fiber_core.active_children(), flush=True))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["at sdk exit: True []"], out.stderr
+
+
+@pytest.mark.parametrize("daemon", [False, True])
+def test_sigterm_stops_the_children_removes_the_run_and_ends_by_the_signal(tmp_path: Path, daemon: bool) -> None:
+    proc = _start(tmp_path, f"""
+        import time
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            p = fiber_core.Process(target=time.sleep, args=(600,), daemon={daemon})
+            p.start()
+            print("pid", p.pid)
+            print("rundir", runtime().rundir)
+            print("ready", flush=True)
+            try:
+                p.join()
+            finally:
+                print("finally ran", flush=True)
+    """)
+    try:
+        seen = _ready(proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=T)
+    finally:
+        proc.kill()
+        proc.wait(T)
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "finally ran" in out
+    assert "Traceback" not in err, err
+    assert _gone(int(seen["pid"]))
+    assert not os.path.exists(seen["rundir"])
+
+
+def test_sigterm_leaves_a_handler_of_the_program_alone(tmp_path: Path) -> None:
+    proc = _start(tmp_path, """
+        import signal, sys, time
+        import fiber_core
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))
+            p = fiber_core.Process(target=time.sleep, args=(600,), daemon=True)
+            p.start()
+            print("pid", p.pid)
+            print("ready", flush=True)
+            p.join()
+    """)
+    try:
+        seen = _ready(proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=T)
+    finally:
+        proc.kill()
+        proc.wait(T)
+    assert proc.returncode == 7, err
+    assert _gone(int(seen["pid"]))  # the normal exit stopped the daemonic child
