@@ -290,6 +290,10 @@ class SyncManager(BaseManager, _std.SyncManager):
     Barrier, Pool), served by a Fiber job. ``Pool`` is a Fiber pool."""
 
 
+class _SharedMemoryServer(_Server, _std.SharedMemoryServer):
+    """The stdlib's server that tracks and unlinks shared memory blocks, with Fiber's listener."""
+
+
 class SharedMemoryManager(BaseManager, _std.SharedMemoryManager):
     """The stdlib's SharedMemoryManager, its server a Fiber job on this host.
 
@@ -298,6 +302,8 @@ class SharedMemoryManager(BaseManager, _std.SharedMemoryManager):
     of a ``with`` block). Blocks live in this host's memory, so the server is a
     local job whatever backend is selected (``backend=`` overrides it).
     """
+
+    _Server = _SharedMemoryServer
 
     def __init__(self, address: Any = None, authkey: bytes | None = None,
                  serializer: str = "pickle", ctx: Any = None, *,
