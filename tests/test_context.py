@@ -102,3 +102,28 @@ def _put_wrapped(q) -> None:  # noqa: ANN001
     import os
 
     q.put(os.environ.get("FIBER_TEST_WRAPPED"))
+
+
+def test_set_executable_is_refused_for_jobs_that_run_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "plugins" / "fiber_docker" / "tests"))
+    try:
+        from docker_service import docker_host
+    finally:
+        sys.path.pop(0)
+    from fiber_core.testing import service_missing
+
+    try:
+        host = docker_host()
+    except Exception as e:  # noqa: BLE001 - whatever says the daemon is not up
+        service_missing(str(e))
+    monkeypatch.setenv("DOCKER_HOST", host)
+    monkeypatch.setenv("FIBER_BACKEND", "docker")
+    monkeypatch.setenv("FIBER_DOCKER_IMAGE", "fiber-test:latest")
+    from fiber_core.runtime.config import config
+
+    before = config.get("python")
+    with pytest.raises(ValueError, match="docker backend's jobs run elsewhere.*FIBER_PYTHON"):
+        fiber_core.set_executable("/nowhere/python")
+    assert config.get("python") == before  # nothing set

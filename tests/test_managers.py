@@ -290,8 +290,8 @@ def test_shared_memory_manager_unlinks_its_blocks_at_shutdown() -> None:
         shared_memory.ShareableList(name=name)
 
 
-def _put_through(address, authkey) -> None:  # noqa: ANN001
-    manager = _QueueManager(address=address, authkey=authkey)
+def _put_through(address, authkey, serializer: str = "pickle") -> None:  # noqa: ANN001
+    manager = _QueueManager(address=address, authkey=authkey, serializer=serializer)
     manager.connect()
     manager.get_queue().put("from a job")
 
@@ -324,3 +324,17 @@ def test_get_server_serves_jobs_from_this_process() -> None:
     p.join(30)
     assert p.exitcode == 0
     assert _the_queue().get(timeout=30) == "from a job"
+
+
+def test_a_started_server_speaks_xmlrpc_when_asked() -> None:
+    authkey = os.urandom(32)
+    manager = _QueueManager(address=("127.0.0.1", 0), authkey=authkey, serializer="xmlrpclib")
+    manager.start()
+    try:
+        p = mp.Process(target=_put_through, args=(manager.address, authkey, "xmlrpclib"))
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0
+        assert manager.get_queue().get(timeout=30) == "from a job"
+    finally:
+        manager.shutdown()

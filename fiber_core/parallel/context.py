@@ -21,6 +21,7 @@ from fiber_core.processes.process import (
     parent_process,
 )
 from fiber_core.runtime.config import config
+from fiber_core.runtime.run import runtime
 
 _METHODS = ("fiber", "spawn", "forkserver")
 
@@ -194,8 +195,20 @@ class FiberContext:
         """Nothing to do: connections and sockets can always be sent (as in the stdlib)."""
 
     def set_executable(self, executable: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> None:
-        """The interpreter jobs run: Fiber's ``python`` setting, as ``init(python=...)``."""
-        config.init(python=os.fsdecode(os.fspath(executable)))
+        """The interpreter jobs on this machine run: Fiber's ``python`` setting.
+
+        As in the stdlib, a path on this machine; so only for a backend whose jobs share
+        it (the local one). Elsewhere jobs run the interpreter of their image or host,
+        which the ``python`` setting names (``init(python=...)``, ``FIBER_PYTHON``).
+        """
+        path = os.fsdecode(os.fspath(executable))
+        backend = runtime().get_backend(None)
+        if not backend.shares_this_machine:
+            raise ValueError(
+                f"set_executable({path!r}) names an interpreter on this machine, but the "
+                f"{backend.name} backend's jobs run elsewhere; set the interpreter they run "
+                "with init(python=...) or FIBER_PYTHON")
+        config.init(python=path)
 
     def set_forkserver_preload(self, module_names: list[str]) -> None:
         """Accepted and ignored: Fiber starts no fork server (each job is a fresh interpreter)."""

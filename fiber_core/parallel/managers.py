@@ -28,6 +28,7 @@ the server. This is what drives N remote simulators from one policy::
 from __future__ import annotations
 
 import collections
+import multiprocessing.connection as _std_connection
 import multiprocessing.managers as _std
 import multiprocessing.process as _std_process
 import multiprocessing.resource_tracker as _resource_tracker
@@ -169,6 +170,15 @@ class _Handshaking:
         return getattr(self._conn, name)
 
 
+def _xml_connection(conn: Connection[Any, Any]) -> Any:
+    """``conn`` speaking XML-RPC, as the stdlib's ``XmlListener.accept`` returns it."""
+    import xmlrpc.client
+
+    std: Any = _std_connection
+    std.xmlrpclib = xmlrpc.client  # the module global that XmlListener.accept sets
+    return std.ConnectionWrapper(conn, std._xml_dumps, std._xml_loads)
+
+
 class _Server(_std.Server):
     """The stdlib's manager server, with a listener that no client can stop or fill."""
 
@@ -178,7 +188,10 @@ class _Server(_std.Server):
         while (sock := accept_retrying(lsock, handshakes, lambda: False, "the manager server")) is not None:
             sock.setblocking(True)
             token = handshakes.admit(_shut_descriptor(sock.fileno()))
-            conn = _Handshaking(Connection(sock.detach()), handshakes, token)
+            raw: Any = Connection(sock.detach())
+            if isinstance(self.listener, _std_connection.XmlListener):  # type: ignore[attr-defined]
+                raw = _xml_connection(raw)  # serializer="xmlrpclib", as XmlListener.accept wraps it
+            conn = _Handshaking(raw, handshakes, token)
             try:
                 threading.Thread(target=self.handle_request, args=(conn,), daemon=True).start()
             except RuntimeError:  # no thread to be had: this connection goes, the server stays

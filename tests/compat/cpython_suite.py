@@ -376,6 +376,14 @@ def run_suite(impl: str = "fiber", flavours: Iterable[str] = ("processes",), *, 
     # The suite's own waits end before the hang limit, as under regrtest --timeout, so a
     # test waiting for what never comes fails on its assertion rather than being killed.
     env.setdefault("CPYTHON_SUITE_TIMEOUT", f"{hang_after * 2 / 3:g}")
+    if impl == "fiber" and env.get("FIBER_BACKEND") == "docker":
+        # The suite's AF_UNIX listeners live in its temporary directory: mounted into
+        # every container at the same path, so a job can dial them as a child can.
+        shared = work / "shared-tmp"
+        shared.mkdir(parents=True, exist_ok=True)
+        env["CPYTHON_SUITE_SHARED_TMP"] = str(shared)
+        env["FIBER_DOCKER_VOLUMES"] = ",".join(
+            filter(None, [env.get("FIBER_DOCKER_VOLUMES"), f"{shared}:{shared}"]))
     began = time.monotonic()
     classes, adjustments = list_tests(impl, env, work / impl)
     wanted = set(flavours)

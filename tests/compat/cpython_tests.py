@@ -263,6 +263,40 @@ def _tolerant(what: str, original: Callable[[], None], steps: list[Callable[[], 
 suite = _load()
 suite.install_tests_in_module_dict(globals(), start_method)
 
+SHARED_TMP_VAR = "CPYTHON_SUITE_SHARED_TMP"
+
+
+def _share_temp_dir() -> None:
+    """Put the suite's own temporary directory under ``CPYTHON_SUITE_SHARED_TMP``.
+
+    The suite makes its ``AF_UNIX`` listeners there (``util.get_temp_dir()``); a job in a
+    container can reach them only when that directory is mounted into it, which the
+    runner does for Docker. Fiber's own run directory stays where it is.
+    """
+    shared = os.environ.get(SHARED_TMP_VAR)
+    if not shared:
+        return
+    import multiprocessing.process
+    import shutil
+    import tempfile
+
+    util = suite.util
+    config = multiprocessing.process.current_process()._config  # type: ignore[attr-defined]
+
+    def get_temp_dir() -> str:
+        tempdir = config.get("tempdir")
+        if tempdir is None:
+            tempdir = tempfile.mkdtemp(prefix="pymp-", dir=shared)
+            util.Finalize(None, shutil.rmtree, args=(tempdir, True), exitpriority=-100)
+            config["tempdir"] = tempdir
+        return tempdir
+
+    util.get_temp_dir = get_temp_dir
+    adjustments["stand-ins"].append(f"util.get_temp_dir under {SHARED_TMP_VAR}")
+
+
+_share_temp_dir()
+
 
 def _set_start_method() -> None:
     suite.multiprocessing.set_start_method(start_method, force=True)

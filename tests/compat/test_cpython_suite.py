@@ -19,10 +19,13 @@ from fiber_core.testing import service_missing
 
 pytestmark = pytest.mark.compat
 
-PASSING_FLOOR = {("local", (3, 11)): 131, ("docker", (3, 11)): 0}
+PASSING_FLOOR = {("local", (3, 11)): 131, ("docker", (3, 11)): 123}
 """Processes-flavour tests that pass, per backend and Python (of 144 on 3.11).
 
-The count measured when the floor was last set: raise it when a feature lands.
+The count measured when the floor was last set: raise it when a feature lands. On
+Docker one below the count measured (124): ``test_many_processes`` starts 100
+containers and, on a loaded machine, can miss the suite's own 30 s bound for joining
+them.
 """
 
 KNOWN_HANGS: dict[str, set[str]] = {"local": set(), "docker": set()}
