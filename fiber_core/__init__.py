@@ -68,6 +68,8 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
 _SYNCHRONIZE = frozenset({"Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock",
                           "Semaphore"})
 _SHAREDCTYPES = frozenset({"Array", "RawArray", "RawValue", "Value"})
+_SUBMODULES = frozenset({"connection", "context", "futures", "heap", "managers", "pool", "process",
+                         "queues", "sharedctypes", "synchronize"})
 
 
 def __getattr__(name: str) -> Any:
@@ -97,6 +99,10 @@ def __getattr__(name: str) -> Any:
         from fiber_core.parallel import sharedctypes
 
         return getattr(sharedctypes, name)
+    if name in _SUBMODULES:  # `fiber_core.managers` without its own import
+        import importlib
+
+        return importlib.import_module(f"fiber_core.{name}")
     if name == "reducer":
         return _context.reducer
     if name == "Ring":

@@ -127,3 +127,14 @@ def test_set_executable_is_refused_for_jobs_that_run_elsewhere(monkeypatch: pyte
     with pytest.raises(ValueError, match="docker backend's jobs run elsewhere.*FIBER_PYTHON"):
         fiber_core.set_executable("/nowhere/python")
     assert config.get("python") == before  # nothing set
+
+
+def test_submodules_are_reachable_as_attributes_without_their_own_import() -> None:
+    import subprocess
+    import sys
+
+    code = ("import fiber_core as mp; "
+            "print(mp.managers.SyncManager.__name__, mp.pool.Pool.__name__, mp.synchronize.Lock.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["SyncManager", "Pool", "Lock"]
