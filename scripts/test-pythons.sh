@@ -17,7 +17,7 @@ for v in 3.10 3.12 3.13; do
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q -e . pytest pytest-timeout
   echo "test-pythons: $("$venv/bin/python" --version)"
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_managers.py \
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_managers.py tests/test_context.py \
     tests/test_conformance_local.py -k "not torch"
   # the executor and the start method name lean on the stdlib's private parts
   "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_executor.py tests/test_clients.py \

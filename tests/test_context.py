@@ -107,6 +107,8 @@ def _put_wrapped(q) -> None:  # noqa: ANN001
 def test_set_executable_is_refused_for_jobs_that_run_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
+    pytest.importorskip("fiber_docker")
+
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "plugins" / "fiber_docker" / "tests"))
     try:
         from docker_service import docker_host
