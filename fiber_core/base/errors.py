@@ -63,6 +63,16 @@ class TaskLostError(FiberError):
     """
 
 
+class TaskExitError(FiberError):
+    """A pool task ended its worker's work instead of returning or raising an ``Exception``.
+
+    It called :func:`sys.exit` (:class:`SystemExit`), raised :class:`KeyboardInterrupt`,
+    or its arguments could not be unpickled in the worker. The message names the
+    task; the remote traceback is the ``__cause__``. Reported at the first occurrence:
+    the task is not run again (unless the call asked for retries).
+    """
+
+
 class PicklingError(FiberError, TypeError):
     """An object sent to another process cannot be pickled.
 

@@ -63,6 +63,7 @@ import itertools
 import os
 import queue as _queue
 import selectors
+import signal
 import socket
 import threading
 import time
@@ -70,23 +71,37 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from fiber_core.base.errors import FiberError, JobStartError, TaskLostError, TimeoutError
+from fiber_core.base.errors import (
+    BackendError,
+    FiberError,
+    JobStartError,
+    TaskExitError,
+    TaskLostError,
+    TimeoutError,
+)
 from fiber_core.base.log import log
+from fiber_core.contract.jobs import EndReason
 from fiber_core.processes.process import Process, cpu_count
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
+    POOL_DRAIN,
     POOL_QUIT,
     POOL_READY,
     POOL_RESULTS,
+    POOL_RUNNING,
     POOL_TASKS,
     MessageError,
+    decode_pool_drain,
     decode_pool_hello,
     decode_pool_results,
+    decode_pool_running,
     decode_pool_tasks,
+    encode_pool_drain,
     encode_pool_hello,
     encode_pool_results,
+    encode_pool_running,
     encode_pool_tasks,
     kind_of,
     unexpected,
@@ -126,6 +141,18 @@ MAX_START_FAILURES = 3
 MAX_START_KILLS = 10
 
 
+LOSS_LIMIT = 100
+
+
+LOSS_WINDOW = 600.0
+
+
+_OUTSIDE_KILLS = frozenset(int(s) for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+
+
+DRAIN_GRACE_SECONDS = 25.0
+
+
 _FUNC_CACHE = 64
 
 
@@ -133,6 +160,65 @@ _APPLY, _MAP, _STARMAP = 0, 1, 2
 
 
 _job_counter = itertools.count()
+
+
+def _check_retries(retries: int) -> int:
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"retries must be an int of 0 or more, not {retries!r}")
+    return retries
+
+
+def _call_name(method: str, func: Callable, args: tuple | None = None) -> str:
+    """How an error names a call: ``map(module.f)``, ``apply_async(f, (3,))``."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if name is None:
+        inner = getattr(func, "func", None)  # a functools.partial
+        name = getattr(inner, "__qualname__", None) or type(func).__name__
+    if args is None:
+        return f"{method}({name})"
+    shown = repr(args)
+    return f"{method}({name}, {shown if len(shown) <= 80 else shown[:77] + '...'})"
+
+
+def _end_of(w: _Worker) -> tuple[int | None, EndReason | None, str]:
+    """A lost worker's exit code, end reason and the platform's detail, as far as known."""
+    code = w.process.exitcode
+    run = w.process._run
+    job = run.job if run is not None else None
+    if job is None or not job.state.done():
+        return code, None, ""
+    return code, job.state.reason, job.state.detail
+
+
+def _describe_end(w: _Worker, code: int | None, reason: EndReason | None, detail: str) -> str:
+    """What happened to a worker, for people: "was killed by the system: out of memory, ..."."""
+    name = w.process.name
+    if reason is EndReason.OOM:
+        text = f"{name} was killed by the system: out of memory"
+        memory = w.process._resources.get("memory")
+        run = w.process._run
+        if run is not None and run.job is not None and run.job.spec.memory:
+            memory = run.job.spec.memory
+        if memory:
+            text += f", limit {memory} MiB"
+    elif reason is not None and reason is not EndReason.EXITED:
+        text = {EndReason.STOPPED: f"{name} was stopped",
+                EndReason.PREEMPTED: f"{name} was preempted or evicted",
+                EndReason.HOST_LOST: f"{name} lost its host",
+                EndReason.NEVER_STARTED: f"{name} could not be started"}[reason]
+    elif code is not None and code < 0:
+        try:
+            signame = signal.Signals(-code).name
+        except ValueError:
+            signame = f"signal {-code}"
+        text = f"{name} was killed by {signame}"
+        if code == -signal.SIGKILL:
+            text += " (not sent by Fiber; an out-of-memory kill looks the same where the platform does not say)"
+    elif code is not None:
+        text = f"{name} exited with code {code} (os._exit, or a crash)"
+    else:
+        text = f"{name} was lost"
+    return f"{text} ({detail})" if detail else text
 
 
 class RemoteTraceback(Exception):
@@ -162,15 +248,53 @@ def _rebuild_exc(exc: BaseException, tb: str) -> BaseException:
     return exc
 
 
-def _run_unit(func: Callable, kind: int, items: list) -> tuple[bool, Any]:
+def _task_error(unit: _Unit, ok: bool | None, value: Any) -> BaseException:
+    """The caller's exception for a unit that failed in its worker."""
+    if ok is None:  # its arguments could not be unpickled in the worker
+        message, tb = value
+        err: BaseException = TaskExitError(
+            f"{unit.name()}: its arguments cannot be unpickled in the worker: {message}")
+        return _rebuild_exc(err, tb)
+    exc, tb = value
+    if isinstance(exc, SystemExit):
+        err = TaskExitError(f"{unit.name()} called sys.exit({exc.code!r})")
+    elif isinstance(exc, KeyboardInterrupt):
+        err = TaskExitError(f"{unit.name()} was interrupted (KeyboardInterrupt in the worker)")
+    else:
+        return _rebuild_exc(exc, tb) if tb else exc
+    err.__context__ = exc
+    return _rebuild_exc(err, tb)
+
+
+def _run_unit(func: Callable, kind: int, data: bytes,
+              notify: Callable[[int], None] | None = None) -> tuple[bool | None, Any]:
+    """Run one unit: ``(True, results)``, ``(False, (exc, tb))`` if it raised, or
+    ``(None, (message, tb))`` if its arguments could not be unpickled here."""
     try:
+        items = loads(data)
+    except Exception as e:
+        return None, (repr(e), traceback.format_exc())
+    try:
+        if notify is not None:  # a watched batch: the master learns which item runs
+            out = []
+            for i, item in enumerate(items):
+                notify(i)
+                if kind == _MAP:
+                    out.append(func(item))
+                elif kind == _STARMAP:
+                    out.append(func(*item))
+                else:
+                    args, kwds = item
+                    out.append(func(*args, **kwds))
+            return True, out
         if kind == _MAP:
             return True, list(map(func, items))
         if kind == _STARMAP:
             return True, list(itertools.starmap(func, items))
         args, kwds = items[0]
         return True, [func(*args, **kwds)]
-    except Exception as e:
+    except (Exception, SystemExit, KeyboardInterrupt) as e:
+        # sys.exit() and Ctrl-C in a task are the task's result: the worker goes on.
         return False, (e, traceback.format_exc())
 
 
@@ -190,6 +314,56 @@ def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
         return encode_pool_results(batch_id, elapsed, fixed)
 
 
+def _load_func(data: bytes) -> Callable:
+    """The task's function, or one that raises why it could not be unpickled here."""
+    try:
+        return loads(data)
+    except Exception as e:
+        message = f"cannot unpickle the task's function in the worker: {e!r}"
+
+        def unloadable(*args: Any, **kwds: Any) -> Any:
+            raise FiberError(message)
+        return unloadable
+
+
+class _Drain:
+    """A pool worker's answer to SIGTERM (a preemption notice, ``docker stop``, a pod's end).
+
+    It tells the master which batch it still finishes (the master re-queues the
+    others at once), runs nothing else, and exits when the master says so, or
+    after :data:`DRAIN_GRACE_SECONDS` if the batch is not done by then (the master
+    then re-queues it too, uncharged).
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()  # every frame the worker sends, and the fields below
+        self.draining = False
+        self.current = -1  # the batch being run
+        self._asked = threading.Event()
+        try:
+            signal.signal(signal.SIGTERM, self._on_signal)
+        except ValueError:  # not the main thread: no draining, SIGTERM ends the worker
+            return
+        threading.Thread(target=self._run, daemon=True, name="fiber-pool-drain").start()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._asked.set()  # only that: the handler may interrupt a send holding the lock
+
+    def _run(self) -> None:
+        self._asked.wait()
+        with self.lock:
+            self.draining = True
+            busy = self.current >= 0
+            try:
+                self.conn.send_frame(encode_pool_drain(self.current))
+            except OSError:
+                pass
+        if busy:
+            time.sleep(DRAIN_GRACE_SECONDS)  # the grace period itself, not synchronisation
+            os._exit(128 + signal.SIGTERM)  # the batch is not done: the master re-queues it
+
+
 def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
                  initargs: tuple, maxtasks: int | None) -> None:
     sock = dial(hub, runtime().authkey, f"pool:{pool_id}")
@@ -197,6 +371,7 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
     conn.send_frame(encode_pool_hello(worker_id))
     if initializer is not None:
         initializer(*initargs)
+    drain = _Drain(conn)
     conn.send_frame(POOL_READY)
     # Read in this thread: no hand-off to wake up per message. The master only sends
     # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
@@ -212,17 +387,29 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
             break
         if op != POOL_TASKS:
             raise unexpected(msg, "a pool worker's connection")
-        batch_id, func_id, func_bytes, kind, units = decode_pool_tasks(msg)
+        batch_id, func_id, func_bytes, kind, units, watch = decode_pool_tasks(msg)
         if func_bytes is not None:
-            funcs[func_id] = loads(func_bytes)
+            funcs[func_id] = _load_func(func_bytes)
             if len(funcs) > _FUNC_CACHE:
                 funcs.popitem(last=False)
+        with drain.lock:
+            if drain.draining:
+                continue  # handed back: the master has re-queued it
+            drain.current = batch_id
         func = funcs[func_id]
+        notify = None
+        if watch:
+            def notify(item: int, batch_id: int = batch_id) -> None:
+                with drain.lock:
+                    conn.send_frame(encode_pool_running(batch_id, item))
         start = time.perf_counter()
-        results = [_run_unit(func, kind, loads(unit)) for unit in units]
+        results = [_run_unit(func, kind, unit, notify) for unit in units]
         done += len(units)
         elapsed = time.perf_counter() - start
-        conn.send_frame(POOL_RESULTS, _encode_results(batch_id, elapsed, results))
+        payload = _encode_results(batch_id, elapsed, results)
+        with drain.lock:
+            conn.send_frame(POOL_RESULTS, payload)
+            drain.current = -1
     conn.close()
 
 
@@ -237,6 +424,7 @@ class ApplyResult:
         self._success = False
         self._value: Any = None
         self._job_id = next(_job_counter)
+        self._call = "apply_async"  # how errors name the call
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -318,6 +506,7 @@ class IMapIterator:
         self._length: int | None = None  # units, known once the input is consumed
         self._yielded_units = 0
         self._job_id = next(_job_counter)
+        self._call = "imap"  # how errors name the call
 
     def __iter__(self) -> Iterator:
         return self
@@ -388,14 +577,29 @@ class IMapUnorderedIterator(IMapIterator):
 
 
 class _Unit:
-    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count")
+    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count",
+                 "start", "watch", "retries")
 
     def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
-                 kind: int, count: int = 1) -> None:
+                 kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
         self.job, self.index, self.data = job, index, data
         self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
         self.count = count  # items in the unit
-        self.attempts = 0
+        self.start = start  # the input position of its first item
+        self.attempts = 0  # worker deaths charged to it
+        self.watch = False  # a worker died while it may have run: it runs alone, watched
+        self.retries = retries  # runs left after it raised (an opt-in)
+
+    def name(self, item: int | None = None) -> str:
+        """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
+        call = getattr(self.job, "_call", "a task")
+        if type(self.job) is ApplyResult:
+            return call
+        if item is None and self.count == 1:
+            item = 0
+        if item is not None:
+            return f"item {self.start + item} of {call}"
+        return f"items {self.start}-{self.start + self.count - 1} of {call}"
 
 
 class _Worker:
@@ -408,6 +612,9 @@ class _Worker:
         self.retiring = False
         self.pending: dict[int, list[_Unit]] = {}
         self.assigned = 0
+        self.running: tuple[int, int] | None = None  # (batch, item) a watched batch runs
+        self.culprit: tuple[_Unit, int | None] | None = None  # what it ran when it died
+        self.draining = False  # it was told to stop (SIGTERM) and hands its work back
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
 
 
@@ -422,7 +629,9 @@ class Pool:
 
     def __init__(self, processes: int | None = None, initializer: Callable | None = None,
                  initargs: tuple = (), maxtasksperchild: int | None = None, context: Any = None,
-                 *, backend: str | None = None, **resources: Any) -> None:
+                 *, backend: str | None = None, retries: int = 0,
+                 task_losses: int = MAX_TASK_ATTEMPTS,
+                 loss_limit: tuple[int, float] | None = None, **resources: Any) -> None:
 
         if processes is None:
             processes = cpu_count()
@@ -433,6 +642,21 @@ class Pool:
             raise ValueError("maxtasksperchild must be a positive int or None")
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
+        self._retries = _check_retries(retries)
+        if not isinstance(task_losses, int) or isinstance(task_losses, bool) or task_losses < 1:
+            raise ValueError(f"task_losses must be an int of 1 or more, not {task_losses!r}")
+        self._task_losses = task_losses
+        if loss_limit is not None:
+            try:
+                count, window = loss_limit
+                ok = isinstance(count, int) and count >= 1 and float(window) > 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"loss_limit must be (losses, seconds), such as (100, 600.0); "
+                                 f"not {loss_limit!r}")
+        self._loss_limit = loss_limit
+        self._losses: collections.deque[float] = collections.deque()  # when workers were lost
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._maxtasks = maxtasksperchild
@@ -609,12 +833,22 @@ class Pool:
                 self._item_seconds.move_to_end(key)
                 if len(self._item_seconds) > _FUNC_CACHE:
                     self._item_seconds.popitem(last=False)
+            w.running = None
             for unit, (ok, value) in zip(units, results):
                 if not ok:
-                    exc, tb = value
-                    value = _rebuild_exc(exc, tb) if tb else exc
+                    if unit.retries > 0:  # the caller opted in: run it again
+                        unit.retries -= 1
+                        self._queue.appendleft(unit)
+                        self._requeued = True
+                        continue
+                    value = _task_error(unit, ok, value)
+                    ok = False
                 unit.job._set_unit(unit.index, ok, value)
             self._retire_if_done(w)
+        elif op == POOL_RUNNING:
+            w.running = decode_pool_running(msg)
+        elif op == POOL_DRAIN:
+            self._on_drain(w, decode_pool_drain(msg))
         elif op == POOL_READY:
             w.ready = True
             self._start_failures = self._start_kills = 0
@@ -627,6 +861,22 @@ class Pool:
             log.error("fiber: %s", unexpected(msg, f"the connection of {w.process.name}"))
             self._lose(w)
 
+    def _on_drain(self, w: _Worker, keep: int) -> None:
+        """The worker was told to stop: take back every batch but the one it finishes."""
+        w.draining = w.retiring = True
+        back = [units for batch, units in w.pending.items() if batch != keep]
+        w.pending = {batch: units for batch, units in w.pending.items() if batch == keep}
+        for units in reversed(back):
+            self._queue.extendleft(reversed(units))
+        if back:
+            self._requeued = True
+        log.info("fiber: pool worker %s is stopping (SIGTERM): %d batches handed back",
+                 w.process.name, len(back))
+        self._retire_if_done(w)
+        with self._lock:
+            if self._state == "RUN" or self._queue:
+                self._top_up()
+
     def _retire_if_done(self, w: _Worker) -> None:
         if w.retiring and not w.pending and w.conn is not None:
             try:
@@ -635,7 +885,15 @@ class Pool:
                 pass
 
     def _lose(self, w: _Worker) -> None:
-        """The worker's connection ended: put its tasks back at the front of the queue."""
+        """The worker's connection ended: put its tasks back at the front of the queue.
+
+        Only the task it was running may be charged for its death, once its exit
+        says why it died (:meth:`_on_exit`); until then it is held. A worker runs its
+        batches in order, so that task is in its oldest pending batch: the item a
+        watched batch said it started, or the batch's only unit. A batch of several
+        units does not say which one ran: none is charged, and each runs again
+        alone and watched, so that a unit that kills its worker is found.
+        """
         if w.lost:
             return
         w.lost = True
@@ -647,20 +905,45 @@ class Pool:
                     pass
             w.conn.close()
         with self._lock:
-            batches = list(w.pending.values())
+            batches = list(w.pending.items())
             w.pending.clear()
-            # A worker runs its batches in order: only the first was running when it
-            # died; the others were prefetched and are not charged an attempt.
-            for unit in batches[0] if batches else ():
-                unit.attempts += 1
-            for unit in reversed([u for units in batches for u in units]):
-                if unit.attempts >= MAX_TASK_ATTEMPTS:
-                    unit.job._set_unit(unit.index, False, TaskLostError(
-                        f"task lost: {unit.attempts} workers died while running it "
-                        f"(last: {w.process.name}); it is not retried again"))
+            if not batches:
+                return
+            if not w.draining:
+                batch_id, first = batches[0]
+                if len(first) == 1:
+                    item = None
+                    if w.running is not None and w.running[0] == batch_id:
+                        item = w.running[1]
+                    w.culprit = (first[0], item)
+                    first[0].watch = True
+                    batches[0] = (batch_id, [])
                 else:
-                    self._queue.appendleft(unit)
-                    self._requeued = True
+                    for unit in first:
+                        unit.watch = True
+            for unit in reversed([u for _, units in batches for u in units]):
+                self._queue.appendleft(unit)
+            self._requeued = True
+
+    def _count_loss(self, w: _Worker, what: str) -> bool:
+        """Count a worker lost to no task's fault; fail the pool past its limit (True)."""
+        now = time.monotonic()
+        limit, window = self._loss_limit or (max(LOSS_LIMIT, 10 * self._processes), LOSS_WINDOW)
+        self._losses.append(now)
+        while self._losses and self._losses[0] < now - window:
+            self._losses.popleft()
+        if len(self._losses) <= limit:
+            log.info("fiber: pool worker lost, not charged to a task: %s", what)
+            return False
+        err = BackendError(
+            f"pool workers were lost {len(self._losses)} times within {window:g} s, more than "
+            f"the pool's loss_limit ({limit} in {window:g} s); the last: {what}. The platform "
+            f"keeps taking workers: look at it, or allow more with Pool(loss_limit=(n, seconds))")
+        self._error = err
+        self._state = "TERMINATE"
+        self._fail_all_locked(err)
+        self._kill_workers()
+        return True
 
     def _on_exit(self, w: _Worker) -> None:
         self._lose(w)
@@ -669,15 +952,50 @@ class Pool:
         except (KeyError, ValueError):
             pass
         w.process.join()
-        code = w.process.exitcode
+        code, reason, detail = _end_of(w)
+        culprit, w.culprit = w.culprit, None
         with self._lock:
             self._workers.pop(w.id, None)
-            if self._state == "TERMINATE" or w.retiring:
+            if self._state == "TERMINATE":
+                return
+            what = _describe_end(w, code, reason, detail)
+            # Not the task's fault: the platform took the worker (preempted, host lost,
+            # stopped), or it was told to stop (SIGTERM, the polite stop of a preemption).
+            infrastructure = w.draining or (reason is not None and (
+                reason.infrastructure or reason is EndReason.NEVER_STARTED)) or (
+                code == -signal.SIGTERM and reason is not EndReason.OOM)
+            if culprit is not None:
+                unit, item = culprit
+                if infrastructure:
+                    self._queue.appendleft(unit)
+                    self._requeued = True
+                else:
+                    unit.attempts += 1
+                    limit = 1 if reason is EndReason.OOM else self._task_losses
+                    if unit.attempts >= limit:
+                        times = "once" if unit.attempts == 1 else f"{unit.attempts} times"
+                        unit.job._set_unit(unit.index, False, TaskLostError(
+                            f"task lost: {unit.name(item)}: its worker died {times} while "
+                            f"running it; the last, {what}. It is not run again"))
+                    else:
+                        log.warning("fiber: %s while running %s; it runs again", what, unit.name(item))
+                        self._queue.appendleft(unit)
+                        self._requeued = True
+            if w.retiring and not w.draining and culprit is None:
                 return
             if self._state == "CLOSE" and not self._queue and not self._jobs:
                 return  # closing, and nothing is left to do
-            if not w.ready:
-                if code is not None and code < 0:
+            if infrastructure and self._count_loss(w, what):
+                return
+            if not w.ready and not infrastructure:
+                signum = -code if code is not None and code < 0 else 0
+                killed = signum > 0 and reason is not EndReason.OOM
+                if killed and w.conn is None and signum in _OUTSIDE_KILLS:
+                    # Killed before it even connected: from outside (a reclaimed node, a
+                    # chaos test), not a broken image, which exits or crashes by itself.
+                    if self._count_loss(w, what + ", while starting"):
+                        return
+                elif killed:
                     self._start_kills += 1
                 else:
                     self._start_failures += 1
@@ -689,7 +1007,7 @@ class Pool:
                     err = JobStartError(
                         f"pool workers die before they are ready "
                         f"({max(self._start_failures, self._start_kills)} in a row); "
-                        f"the last, {w.process.name}, exited with code {code}"
+                        f"the last, {what}"
                         + (f"; the end of its log:\n{tail}" if tail else ""),
                         exitcode=code, logs=logs)
                     self._error = err
@@ -697,9 +1015,12 @@ class Pool:
                     self._fail_all_locked(err)
                     self._kill_workers()
                     return
-            elif code not in (0, None) and not w.retiring:
-                log.warning("fiber: pool worker %s died (exit code %s); its tasks were re-queued",
-                            w.process.name, code)
+            elif culprit is None and not infrastructure and code not in (0, None) and not w.retiring:
+                # Idle when it died, or its batch did not say which task ran: no task is
+                # charged, the pool-wide limit bounds how often this may happen.
+                log.warning("fiber: pool worker died: %s; its tasks were re-queued", what)
+                if self._count_loss(w, what):
+                    return
             self._top_up()
 
     def _top_up(self) -> None:
@@ -786,8 +1107,8 @@ class Pool:
             u = self._queue[0]
             if u.func_id != first.func_id:
                 break
-            if units and (u.attempts or first.attempts):
-                break  # a unit that was running when its worker died goes alone
+            if units and (u.watch or first.watch):
+                break  # a unit that may have killed its worker goes alone, watched
             nbytes += len(u.data)
             if units and max_bytes is not None and nbytes > max_bytes:
                 break
@@ -799,7 +1120,7 @@ class Pool:
             if len(w.funcs) > _FUNC_CACHE:
                 w.funcs.popitem(last=False)
         payload = encode_pool_tasks(batch_id, first.func_id, first.func_bytes if send_func else None,
-                                    first.kind, [u.data for u in units])
+                                    first.kind, [u.data for u in units], first.watch)
         w.pending[batch_id] = units
         w.assigned += len(units)
         assert w.conn is not None
@@ -846,14 +1167,19 @@ class Pool:
             raise ValueError("Pool not running")
 
     def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[list],
-                func_bytes: bytes | None = None) -> int:
+                func_bytes: bytes | None = None, retries: int | None = None) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
         chunks = list(chunks)
+        retries = self._retries if retries is None else _check_retries(retries)
         with sending_to(self._hub):
             if func_bytes is None:
                 func_bytes = dumps(func)
-            units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
-                     for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks)))]
+            units = []
+            start = 0
+            for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks))):
+                units.append(_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk),
+                                   start, retries))
+                start += len(chunk)
         with self._lock:
             self._check_running()
             self._jobs[job._job_id] = job
@@ -869,17 +1195,21 @@ class Pool:
         return len(units)
 
     def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
-                    callback: Callable | None = None, error_callback: Callable | None = None) -> ApplyResult:
+                    callback: Callable | None = None, error_callback: Callable | None = None,
+                    *, retries: int | None = None) -> ApplyResult:
         self._check_running()
         result = ApplyResult(self, callback, error_callback)
-        self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]])
+        result._call = _call_name("apply_async", func, tuple(args))
+        self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]], retries=retries)
         return result
 
-    def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None) -> Any:
-        return self.apply_async(func, args, kwds).get()
+    def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None,
+              *, retries: int | None = None) -> Any:
+        return self.apply_async(func, args, kwds, retries=retries).get()
 
     def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: int | None,
-                   callback: Callable | None, error_callback: Callable | None) -> MapResult:
+                   callback: Callable | None, error_callback: Callable | None,
+                   retries: int | None = None) -> MapResult:
         self._check_running()
         items = list(iterable)
         with sending_to(self._hub):
@@ -903,31 +1233,39 @@ class Pool:
         else:
             chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
         result = MapResult(self, len(chunks), callback, error_callback)
+        result._call = _call_name("starmap" if kind == _STARMAP else "map", func)
         if chunks:
-            self._submit(result, func, kind, chunks, func_bytes)
+            self._submit(result, func, kind, chunks, func_bytes, retries)
         return result
 
     def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-                  callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
-        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback)
+                  callback: Callable | None = None, error_callback: Callable | None = None,
+                  *, retries: int | None = None) -> MapResult:
+        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback, retries)
 
-    def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
-        return self._map_async(func, iterable, _MAP, chunksize, None, None).get()
+    def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+            *, retries: int | None = None) -> list:
+        return self._map_async(func, iterable, _MAP, chunksize, None, None, retries).get()
 
     def starmap_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-                      callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
-        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback)
+                      callback: Callable | None = None, error_callback: Callable | None = None,
+                      *, retries: int | None = None) -> MapResult:
+        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback, retries)
 
-    def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
-        return self._map_async(func, iterable, _STARMAP, chunksize, None, None).get()
+    def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+                *, retries: int | None = None) -> list:
+        return self._map_async(func, iterable, _STARMAP, chunksize, None, None, retries).get()
 
-    def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int) -> IMapIterator:
+    def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int,
+              retries: int | None = None) -> IMapIterator:
         self._check_running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        retries = self._retries if retries is None else _check_retries(retries)
         with sending_to(self._hub):
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self)
+        it._call = _call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func)
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
             self._jobs[it._job_id] = it
@@ -942,7 +1280,8 @@ class Pool:
                         break
                     with sending_to(self._hub):
                         data = dumps(chunk)
-                    unit = _Unit(it, n, data, it._job_id, func_bytes, _MAP, len(chunk))
+                    unit = _Unit(it, n, data, it._job_id, func_bytes, _MAP, len(chunk),
+                                 n * chunksize, retries)
                     with self._lock:
                         if self._state == "TERMINATE":
                             return
@@ -960,11 +1299,13 @@ class Pool:
         threading.Thread(target=feed, daemon=True, name="fiber-pool-feeder").start()
         return it
 
-    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
-        return self._imap(IMapIterator, func, iterable, chunksize)
+    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1,
+             *, retries: int | None = None) -> IMapIterator:
+        return self._imap(IMapIterator, func, iterable, chunksize, retries)
 
-    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
-        return self._imap(IMapUnorderedIterator, func, iterable, chunksize)
+    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1,
+                       *, retries: int | None = None) -> IMapIterator:
+        return self._imap(IMapUnorderedIterator, func, iterable, chunksize, retries)
 
     # -- lifecycle ----------------------------------------------------------------------
 
