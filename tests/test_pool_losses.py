@@ -93,6 +93,13 @@ def raise_until(x: int, where: str, fails: int) -> int:
     return x
 
 
+def gated(x: int, gate: fiber_core.Queue, started: fiber_core.Queue) -> int:
+    """Tell ``started`` this task runs (and where), then wait until the test opens ``gate``."""
+    started.put((x, os.getpid()))
+    gate.get(timeout=T)
+    return x
+
+
 def ms_task(x: int) -> int:
     time.sleep(0.001 + (x % 5) * 0.001)  # the work itself (1-5 ms), not synchronisation
     return x
@@ -260,6 +267,81 @@ def test_a_raising_task_is_not_retried_unless_asked() -> None:
         assert list(pool.imap(functools.partial(raise_until, where=where, fails=1), [1, 2])) == [1, 2]
     with pytest.raises(ValueError, match="retries"):
         Pool(1, retries=-1)
+
+
+# -- draining: a worker sent SIGTERM hands its work back ---------------------------------
+
+
+def test_a_worker_sent_sigterm_finishes_its_task_and_takes_no_other() -> None:
+    gate, started = fiber_core.Queue(), fiber_core.Queue()
+    with Pool(1) as pool:
+        held = pool.apply_async(gated, (1, gate, started))
+        _, pid = started.get(timeout=T)
+        (process,) = [p for p in pool._pool if p.pid == pid]
+        os.kill(pid, signal.SIGTERM)
+        # A replacement starts at once and takes new work while the first still runs its task.
+        assert pool.apply_async(os.getpid).get(timeout=T) != pid
+        assert Path(f"/proc/{pid}").exists() and not held.ready()
+        gate.put(None)
+        assert held.get(timeout=T) == 1  # finished where it ran, within the grace period
+        process.join(T)
+        assert process.exitcode == 0  # it left when told to, not killed after the grace period
+        assert started.empty()  # it ran once
+        assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
+
+
+def test_an_idle_worker_sent_sigterm_is_replaced() -> None:
+    with Pool(2) as pool:
+        pids = set(pool.map(_pid, range(200)))
+        assert pids
+        victim = next(iter(pids))
+        os.kill(victim, signal.SIGTERM)
+        wait_until(lambda: not Path(f"/proc/{victim}").exists() or _zombie(victim), "it exited")
+        assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
+
+
+def _pid(x: int) -> int:
+    return os.getpid()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _sigterm_chaos(pool: Pool, stop: threading.Event, seed: int, stops: list[int]) -> None:
+    rng = random.Random(seed)
+    while not stop.wait(rng.uniform(0.1, 0.3)):
+        with pool._lock:
+            pids = [w.process.pid for w in pool._workers.values()
+                    if not w.lost and not w.draining and w.process.pid is not None]
+        if pids:
+            pid = rng.choice(pids)
+            try:
+                os.kill(pid, signal.SIGTERM)
+                stops.append(pid)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_chaos_charges_no_task_and_runs_each_once() -> None:
+    """A random worker of Pool(8) sent SIGTERM every 0.1-0.3 s: every result exactly once."""
+    n = 10_000
+    stop = threading.Event()
+    stops: list[int] = []
+    with Pool(8, task_losses=1) as pool:  # a single charged death would fail the run
+        thread = threading.Thread(target=_sigterm_chaos, args=(pool, stop, 11, stops), daemon=True)
+        thread.start()
+        try:
+            out = sorted(pool.imap_unordered(ms_task, range(n), chunksize=4))
+        finally:
+            stop.set()
+            thread.join(T)
+        assert out == list(range(n))  # a batch handed back and also run would show twice
+        assert stops
 
 
 # -- chaos: a random worker SIGKILLed every 0.1-0.3 s --------------------------------
