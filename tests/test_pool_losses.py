@@ -9,6 +9,7 @@ it is a failure, never a measure of speed.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,14 @@ def gated(x: int, gate: fiber_core.Queue, started: fiber_core.Queue) -> int:
     """Tell ``started`` this task runs (and where), then wait until the test opens ``gate``."""
     started.put((x, os.getpid()))
     gate.get(timeout=T)
+    return x
+
+
+def recorded(x: int, where: str) -> int:
+    """~50 ms of work between a start and an end marker file (too long to be prefetched)."""
+    Path(where, f"{x}.start").touch()
+    time.sleep(0.05)  # the work itself, not synchronisation
+    Path(where, f"{x}.end").touch()
     return x
 
 
@@ -342,6 +352,50 @@ def test_sigterm_chaos_charges_no_task_and_runs_each_once() -> None:
             thread.join(T)
         assert out == list(range(n))  # a batch handed back and also run would show twice
         assert stops
+
+
+# -- cancellation ------------------------------------------------------------------------
+
+
+def _count(where: str, suffix: str) -> int:
+    return sum(1 for p in Path(where).iterdir() if p.name.endswith(suffix))
+
+
+@pytest.mark.parametrize("chunksize", [1, 3])
+def test_closing_an_imap_unordered_starts_none_of_its_other_tasks(chunksize: int) -> None:
+    n, k = 200, 6
+    with tempfile.TemporaryDirectory() as where, Pool(2) as pool:
+        it = pool.imap_unordered(functools.partial(recorded, where=where), range(n), chunksize)
+        first = list(itertools.islice(it, k))
+        assert len(first) == k
+        it.close()
+        # Whatever runs now started before close(): at most one unit per worker.
+        ended = _count(where, ".end")
+        bound = ended + 2 * chunksize
+        with pytest.raises(StopIteration):
+            next(it)
+        assert it._job_id not in pool._jobs  # the pool is free
+        assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
+        wait_until(lambda: _count(where, ".start") == _count(where, ".end"), "running tasks end")
+        assert _count(where, ".start") <= bound < n
+
+
+def test_cancelling_an_async_result_starts_none_of_its_other_tasks() -> None:
+    n = 200
+    with tempfile.TemporaryDirectory() as where, Pool(2) as pool:
+        res = pool.map_async(functools.partial(recorded, where=where), range(n), chunksize=1)
+        wait_until(lambda: _count(where, ".end") >= 4, "some tasks ran")
+        assert res.cancel()
+        bound = _count(where, ".end") + 2
+        assert res.cancelled() and res.ready() and not res.successful()
+        with pytest.raises(CancelledError):
+            res.get(timeout=T)
+        assert not res.cancel()  # ready already
+        assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
+        wait_until(lambda: _count(where, ".start") == _count(where, ".end"), "running tasks end")
+        assert _count(where, ".start") <= bound < n
+        done = pool.apply_async(sqr, (3,))
+        assert done.get(timeout=T) == 9 and not done.cancel()
 
 
 # -- chaos: a random worker SIGKILLed every 0.1-0.3 s --------------------------------

@@ -69,6 +69,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import CancelledError
 from typing import Any
 
 from fiber_core.base.errors import (
@@ -86,6 +87,7 @@ from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
+    POOL_CANCEL,
     POOL_DRAIN,
     POOL_QUIT,
     POOL_READY,
@@ -93,11 +95,13 @@ from fiber_core.wire.messages import (
     POOL_RUNNING,
     POOL_TASKS,
     MessageError,
+    decode_pool_cancel,
     decode_pool_drain,
     decode_pool_hello,
     decode_pool_results,
     decode_pool_running,
     decode_pool_tasks,
+    encode_pool_cancel,
     encode_pool_drain,
     encode_pool_hello,
     encode_pool_results,
@@ -151,6 +155,9 @@ _OUTSIDE_KILLS = frozenset(int(s) for s in (signal.SIGKILL, signal.SIGTERM, sign
 
 
 DRAIN_GRACE_SECONDS = 25.0
+
+
+CANCEL_CHECK_SECONDS = 0.005
 
 
 _FUNC_CACHE = 64
@@ -364,6 +371,19 @@ class _Drain:
             os._exit(128 + signal.SIGTERM)  # the batch is not done: the master re-queues it
 
 
+def _read_ahead(conn: Connection, inbox: collections.deque[bytes],
+                cancelled: collections.OrderedDict[int, None]) -> None:
+    """Take the frames that have arrived: cancels into ``cancelled``, the rest into ``inbox``."""
+    while conn.poll(0):
+        msg = conn.recv_bytes()
+        if kind_of(msg) == POOL_CANCEL:
+            cancelled[decode_pool_cancel(msg)] = None
+            if len(cancelled) > _FUNC_CACHE:
+                cancelled.popitem(last=False)
+        else:
+            inbox.append(msg)
+
+
 def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
                  initargs: tuple, maxtasks: int | None) -> None:
     sock = dial(hub, runtime().authkey, f"pool:{pool_id}")
@@ -376,15 +396,23 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
     # Read in this thread: no hand-off to wake up per message. The master only sends
     # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
     funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+    inbox: collections.deque[bytes] = collections.deque()
+    cancelled: collections.OrderedDict[int, None] = collections.OrderedDict()
     done = 0
     while maxtasks is None or done < maxtasks:
         try:
-            msg = conn.recv_bytes()
+            if not inbox:
+                inbox.append(conn.recv_bytes())
+            _read_ahead(conn, inbox, cancelled)  # a cancel may have come after this batch
         except (EOFError, OSError):
             break
+        msg = inbox.popleft()
         op = kind_of(msg)
         if op == POOL_QUIT:
             break
+        if op == POOL_CANCEL:
+            cancelled[decode_pool_cancel(msg)] = None
+            continue
         if op != POOL_TASKS:
             raise unexpected(msg, "a pool worker's connection")
         batch_id, func_id, func_bytes, kind, units, watch = decode_pool_tasks(msg)
@@ -395,6 +423,9 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
         with drain.lock:
             if drain.draining:
                 continue  # handed back: the master has re-queued it
+            if func_id in cancelled:  # not started: say so, with no results
+                conn.send_frame(POOL_RESULTS, _encode_results(batch_id, 0.0, []))
+                continue
             drain.current = batch_id
         func = funcs[func_id]
         notify = None
@@ -402,8 +433,19 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
             def notify(item: int, batch_id: int = batch_id) -> None:
                 with drain.lock:
                     conn.send_frame(encode_pool_running(batch_id, item))
-        start = time.perf_counter()
-        results = [_run_unit(func, kind, unit, notify) for unit in units]
+        start = checked = time.perf_counter()
+        results = []
+        for unit in units:
+            results.append(_run_unit(func, kind, unit, notify))
+            now = time.perf_counter()
+            if now - checked > CANCEL_CHECK_SECONDS:  # between units: was the call cancelled?
+                checked = now
+                try:
+                    _read_ahead(conn, inbox, cancelled)
+                except (EOFError, OSError):
+                    pass
+                if func_id in cancelled:
+                    break  # the master drops this call's results: the rest are not started
         done += len(units)
         elapsed = time.perf_counter() - start
         payload = _encode_results(batch_id, elapsed, results)
@@ -444,6 +486,26 @@ class ApplyResult:
         if self._success:
             return self._value
         raise self._value
+
+    def cancel(self) -> bool:
+        """Cancel the call's tasks not started yet and stop waiting for running ones (Fiber extension).
+
+        Returns ``False`` if the result was ready already; else ``get()`` then raises
+        :class:`concurrent.futures.CancelledError` (no callback is called) and the
+        pool no longer counts the call as outstanding.
+        """
+        if self._event.is_set():
+            return False
+        self._pool._cancel(self)
+        with self._pool._lock:
+            if self._event.is_set():
+                return False
+            self._success, self._value = False, CancelledError()
+            self._event.set()
+        return True
+
+    def cancelled(self) -> bool:
+        return self._event.is_set() and isinstance(self._value, CancelledError)
 
     # Called by the master thread.
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
@@ -507,9 +569,33 @@ class IMapIterator:
         self._yielded_units = 0
         self._job_id = next(_job_counter)
         self._call = "imap"  # how errors name the call
+        self._closed = False
 
     def __iter__(self) -> Iterator:
         return self
+
+    def close(self) -> None:
+        """Stop the call, as closing a generator does (Fiber extension).
+
+        Its tasks not started yet never start, running ones are not waited for,
+        and the input is read no further: ``islice(it, k)`` then ``close()`` takes
+        the first k results of n. ``next()`` raises :class:`StopIteration` after.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._items.clear()
+            self._ready.clear()
+            self._length = self._yielded_units = max(self._yielded_units, self._length or 0)
+            self._cond.notify_all()
+        self._pool._cancel(self)
+
+    def __enter__(self) -> IMapIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def next(self, timeout: float | None = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -540,6 +626,8 @@ class IMapIterator:
 
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
         with self._cond:
+            if self._closed:
+                return
             self._ready[unit] = (ok, values)
             while self._next_unit in self._ready:
                 self._push(*self._ready.pop(self._next_unit))
@@ -549,6 +637,8 @@ class IMapIterator:
 
     def _set_length(self, nunits: int) -> None:
         with self._cond:
+            if self._closed:
+                return
             self._length = nunits
             self._cond.notify_all()
             self._maybe_done()
@@ -571,6 +661,8 @@ class IMapUnorderedIterator(IMapIterator):
 
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
         with self._cond:
+            if self._closed:
+                return
             self._push(ok, values)
             self._cond.notify_all()
             self._maybe_done()
@@ -824,6 +916,9 @@ class Pool:
                 return
             units = w.pending.pop(batch_id)
             job_id = units[0].func_id
+            if not results:  # skipped: its job was cancelled
+                self._retire_if_done(w)
+                return
             if job_id in self._jobs:
                 per_unit = elapsed / len(units)
                 est = self._unit_seconds.get(job_id)
@@ -838,8 +933,7 @@ class Pool:
                 if not ok:
                     if unit.retries > 0:  # the caller opted in: run it again
                         unit.retries -= 1
-                        self._queue.appendleft(unit)
-                        self._requeued = True
+                        self._requeue([unit])
                         continue
                     value = _task_error(unit, ok, value)
                     ok = False
@@ -866,10 +960,7 @@ class Pool:
         w.draining = w.retiring = True
         back = [units for batch, units in w.pending.items() if batch != keep]
         w.pending = {batch: units for batch, units in w.pending.items() if batch == keep}
-        for units in reversed(back):
-            self._queue.extendleft(reversed(units))
-        if back:
-            self._requeued = True
+        self._requeue([u for units in back for u in units])
         log.info("fiber: pool worker %s is stopping (SIGTERM): %d batches handed back",
                  w.process.name, len(back))
         self._retire_if_done(w)
@@ -921,9 +1012,7 @@ class Pool:
                 else:
                     for unit in first:
                         unit.watch = True
-            for unit in reversed([u for _, units in batches for u in units]):
-                self._queue.appendleft(unit)
-            self._requeued = True
+            self._requeue([u for _, units in batches for u in units])
 
     def _count_loss(self, w: _Worker, what: str) -> bool:
         """Count a worker lost to no task's fault; fail the pool past its limit (True)."""
@@ -967,8 +1056,7 @@ class Pool:
             if culprit is not None:
                 unit, item = culprit
                 if infrastructure:
-                    self._queue.appendleft(unit)
-                    self._requeued = True
+                    self._requeue([unit])
                 else:
                     unit.attempts += 1
                     limit = 1 if reason is EndReason.OOM else self._task_losses
@@ -979,8 +1067,7 @@ class Pool:
                             f"running it; the last, {what}. It is not run again"))
                     else:
                         log.warning("fiber: %s while running %s; it runs again", what, unit.name(item))
-                        self._queue.appendleft(unit)
-                        self._requeued = True
+                        self._requeue([unit])
             if w.retiring and not w.draining and culprit is None:
                 return
             if self._state == "CLOSE" and not self._queue and not self._jobs:
@@ -1154,6 +1241,32 @@ class Pool:
         with self._lock:
             self._fail_all_locked(exc)
 
+    def _requeue(self, units: list[_Unit]) -> None:
+        """Put units back at the front of the queue, in their order (those of live calls)."""
+        with self._lock:
+            live = [u for u in units if u.job._job_id in self._jobs]
+            if live:
+                self._queue.extendleft(reversed(live))
+                self._requeued = True
+
+    def _cancel(self, job: Any) -> None:
+        """Drop a call's queued tasks; tell the workers that hold some to skip them."""
+        with self._lock:
+            if self._jobs.pop(job._job_id, None) is None:
+                return
+            self._unit_seconds.pop(job._job_id, None)
+            if any(u.job is job for u in self._queue):
+                self._queue = collections.deque(u for u in self._queue if u.job is not job)
+            for w in self._workers.values():
+                if w.conn is None or w.lost:
+                    continue
+                if any(units[0].job is job for units in w.pending.values()):
+                    try:
+                        w.conn.send_frame(encode_pool_cancel(job._job_id))
+                    except OSError:
+                        pass
+        self._wake()
+
     def _job_done(self, job: Any) -> None:
         self._jobs.pop(job._job_id, None)
         self._unit_seconds.pop(job._job_id, None)
@@ -1283,7 +1396,7 @@ class Pool:
                     unit = _Unit(it, n, data, it._job_id, func_bytes, _MAP, len(chunk),
                                  n * chunksize, retries)
                     with self._lock:
-                        if self._state == "TERMINATE":
+                        if self._state == "TERMINATE" or it._closed:
                             return
                         self._queue.append(unit)
                     n += 1

@@ -46,6 +46,7 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `Q` | POOL_QUIT | pool → worker | — | exit once the batches already sent are done |
 | `G` | POOL_RUNNING | worker → pool | batch:Q item:I | the item of a watched batch that starts now |
 | `M` | POOL_DRAIN | worker → pool | batch:q | the worker is told to stop: it finishes batch (-1: none), runs no other, and waits for POOL_QUIT |
+| `B` | POOL_CANCEL | pool → worker | job:Q | the job was cancelled: skip its batches not started yet (answered with empty POOL_RESULTS) |
 | `p` | QUEUE_PUT | handle → owner | block:? timeout:d, item | put; answered by QUEUE_OK or QUEUE_FULL only if the queue is bounded |
 | `g` | QUEUE_GET | handle → owner | block:? timeout:d [window:I] | get one item (QUEUE_ITEM or QUEUE_EMPTY); with a window, on a loan, up to window (QUEUE_BATCH) |
 | `a` | QUEUE_GOT | handle → owner | — | the item of a plain get arrived (else it goes back in front) |
@@ -186,6 +187,9 @@ POOL_RUNNING = _kind(b"G", "POOL_RUNNING", "worker", "pool", "batch:Q item:I", "
 POOL_DRAIN = _kind(b"M", "POOL_DRAIN", "worker", "pool", "batch:q", "",
                    "the worker is told to stop: it finishes batch (-1: none), runs no other, "
                    "and waits for POOL_QUIT")
+POOL_CANCEL = _kind(b"B", "POOL_CANCEL", "pool", "worker", "job:Q", "",
+                    "the job was cancelled: skip its batches not started yet "
+                    "(answered with empty POOL_RESULTS)")
 
 # -- queue: a handle in another process and the queue's owner --------------------------
 
@@ -451,6 +455,21 @@ def decode_pool_running(frame: bytes | bytearray) -> tuple[int, int]:
         raise _truncated(POOL_RUNNING, frame, f"{_POOL_RUNNING.size} bytes")
     _, batch, item = _POOL_RUNNING.unpack(frame)
     return batch, item
+
+
+_POOL_CANCEL = BY_CODE[POOL_CANCEL].struct()
+
+
+def encode_pool_cancel(job: int) -> bytes:
+    return _POOL_CANCEL.pack(POOL_CANCEL, job)
+
+
+def decode_pool_cancel(frame: bytes | bytearray) -> int:
+    """The cancelled job of a POOL_CANCEL frame."""
+    _expect(POOL_CANCEL, frame)
+    if len(frame) != _POOL_CANCEL.size:
+        raise _truncated(POOL_CANCEL, frame, f"{_POOL_CANCEL.size} bytes")
+    return _POOL_CANCEL.unpack(frame)[1]
 
 
 def encode_pool_drain(batch: int) -> bytes:
