@@ -354,6 +354,30 @@ def test_sigterm_chaos_charges_no_task_and_runs_each_once() -> None:
         assert stops
 
 
+# -- a backend that refuses new jobs for a while ----------------------------------------
+
+
+def test_replacements_wait_for_a_backend_that_refuses_for_a_while(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The worker python vanishes (as a daemon that restarts): replacements wait for it."""
+    with tempfile.TemporaryDirectory() as where:
+        python = Path(where, "python")
+        python.symlink_to(sys.executable)
+        fiber_core.init(python=str(python))
+        with Pool(2) as pool:
+            assert pool.map(sqr, range(10)) == [x * x for x in range(10)]
+            python.unlink()  # every start is refused from now on
+            for p in pool._pool:
+                if p.pid is not None:
+                    os.kill(p.pid, signal.SIGKILL)
+            res = pool.map_async(sqr, range(50))
+            wait_until(lambda: "waiting for the backend" in caplog.text, "the pool says it waits")
+            assert not res.ready() and pool._error is None
+            python.symlink_to(sys.executable)  # back
+            assert res.get(timeout=T) == [x * x for x in range(50)]
+        assert "cannot start" in caplog.text
+
+
 # -- cancellation ------------------------------------------------------------------------
 
 

@@ -160,6 +160,15 @@ DRAIN_GRACE_SECONDS = 25.0
 CANCEL_CHECK_SECONDS = 0.005
 
 
+START_RETRY_SECONDS = 300.0
+
+
+START_BACKOFF_SECONDS = 0.5
+
+
+START_BACKOFF_MAX_SECONDS = 15.0
+
+
 _FUNC_CACHE = 64
 
 
@@ -749,6 +758,10 @@ class Pool:
                                  f"not {loss_limit!r}")
         self._loss_limit = loss_limit
         self._losses: collections.deque[float] = collections.deque()  # when workers were lost
+        self._started = False  # the first workers started: later start errors are retried
+        self._start_retry_at: float | None = None  # starts are refused: the next try
+        self._start_failing_since: float | None = None
+        self._start_backoff = START_BACKOFF_SECONDS
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._maxtasks = maxtasksperchild
@@ -787,6 +800,7 @@ class Pool:
         try:
             with self._lock:
                 self._top_up()
+                self._started = True
         except BaseException:
             self._state = "TERMINATE"
             for w in self._workers.values():
@@ -870,6 +884,8 @@ class Pool:
                 with self._lock:
                     if self._state == "TERMINATE":
                         break
+                    if self._start_retry_at is not None and time.monotonic() >= self._start_retry_at:
+                        self._top_up()
                     self._dispatch(touched)
                     if self._state == "CLOSE" and not self._jobs and not self._queue:
                         self._retire_all()
@@ -1050,8 +1066,7 @@ class Pool:
             what = _describe_end(w, code, reason, detail)
             # Not the task's fault: the platform took the worker (preempted, host lost,
             # stopped), or it was told to stop (SIGTERM, the polite stop of a preemption).
-            infrastructure = w.draining or (reason is not None and (
-                reason.infrastructure or reason is EndReason.NEVER_STARTED)) or (
+            infrastructure = w.draining or (reason is not None and reason.infrastructure) or (
                 code == -signal.SIGTERM and reason is not EndReason.OOM)
             if culprit is not None:
                 unit, item = culprit
@@ -1116,14 +1131,47 @@ class Pool:
         On a backend whose jobs share this machine's CPUs, at most one worker per
         CPU is starting at any time: the rest start as those become ready, so the
         first result comes after one start, not after all of them shared the CPUs.
+
+        The first workers' start fails :class:`Pool` at once; after that, a backend
+        that refuses (a daemon restarting, an API briefly unreachable) is retried
+        with a backoff for :data:`START_RETRY_SECONDS`, then the pool fails.
         """
+        if self._start_retry_at is not None and time.monotonic() < self._start_retry_at:
+            return
         active = [w for w in self._workers.values() if not w.retiring and not w.lost]
         starting = sum(1 for w in active if not w.ready)
         for _ in range(self._processes - len(active)):
             if self._burst is not None and starting >= self._burst:
                 break
-            self._start_worker()
+            try:
+                self._start_worker()
+            except Exception as e:
+                if not self._started:
+                    raise
+                self._start_failed(e)
+                return
+            self._start_retry_at = self._start_failing_since = None
             starting += 1
+
+    def _start_failed(self, e: Exception) -> None:
+        now = time.monotonic()
+        if self._start_failing_since is None:
+            self._start_failing_since, self._start_backoff = now, START_BACKOFF_SECONDS
+        failing = now - self._start_failing_since
+        if failing >= START_RETRY_SECONDS:
+            err = BackendError(f"cannot start pool workers: the backend has refused for "
+                               f"{failing:.0f} s (START_RETRY_SECONDS); the last error: {e}")
+            err.__cause__ = e
+            self._error = err
+            self._state = "TERMINATE"
+            self._fail_all_locked(err)
+            self._kill_workers()
+            return
+        log.warning("fiber: cannot start a pool worker, waiting for the backend (again in %.1f s, "
+                    "for up to %.0f s more): %s", self._start_backoff,
+                    START_RETRY_SECONDS - failing, e)
+        self._start_retry_at = now + self._start_backoff
+        self._start_backoff = min(2 * self._start_backoff, START_BACKOFF_MAX_SECONDS)
 
     def _dispatch(self, only: list[_Worker] | None = None) -> None:
         """Hand batches to ready workers (all, or ``only``) that have room. Called with the lock held."""
