@@ -11,15 +11,26 @@ The master thread keeps a *pending table*: which batch each worker holds. When
 a worker dies (killed, out of memory, node lost), its batches go back to the
 front of the queue and a replacement job is started; a result is accepted once
 per task, so every result reaches the caller exactly once, and ``map`` keeps
-its order. A task that raises is not retried: its exception is re-raised in the
-caller with the remote traceback as ``__cause__``. A task that kills every
-worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts
-(:class:`~fiber_core.base.errors.TaskLostError`), and
-workers that die before they are ready (bad image, failing initializer) fail
-the pool after :data:`MAX_START_FAILURES` in a row (:data:`MAX_START_KILLS` in
-a row when a signal ended them, which may be a lost host rather than a broken
-worker), with the exit code and the tail of the worker's log: the pool never
-retries forever.
+its order. A task that raises is not retried (unless the call asks, ``retries=``):
+its exception is re-raised in the caller with the remote traceback as
+``__cause__``.
+
+A death is charged only to the task that was running, and only when the job's
+end reason (:class:`~fiber_core.contract.jobs.EndReason`) says it may be the
+task's fault: the batches not started go back uncharged; a batch of several
+units does not say which ran, so each of them runs again alone and *watched*
+(the worker names each item as it starts). An out-of-memory kill fails the task
+at once, other deaths after ``task_losses`` (:data:`MAX_TASK_ATTEMPTS`)
+(:class:`~fiber_core.base.errors.TaskLostError`, naming the item). Losses that
+are no task's fault (preempted, host lost, stopped, SIGTERM, killed before it
+connected, died idle) are bounded pool-wide by ``loss_limit``. A worker sent
+SIGTERM *drains*: it finishes its batch and hands back the rest
+(:class:`_Drain`). Workers that die before they are ready (bad image, failing
+initializer) fail the pool after :data:`MAX_START_FAILURES` in a row
+(:data:`MAX_START_KILLS` in a row when a signal ended them after they connected),
+with the exit code and the tail of the worker's log: the pool never retries
+forever. A backend that refuses to start replacements is retried with a backoff
+for :data:`START_RETRY_SECONDS`.
 
 Batching defaults
 -----------------
@@ -53,7 +64,9 @@ prefetch waits in the socket buffer. The caller's thread sends the first batches
 of new work itself; after that the master sends a worker its next batch when its
 results come in, looking at that worker only.
 
-Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool.
+Extensions to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool;
+``close()`` on an ``imap`` iterator and ``cancel()`` on a result cancel a call;
+``retries=``, ``task_losses=`` and ``loss_limit=`` (see the README).
 """
 
 from __future__ import annotations
@@ -62,6 +75,7 @@ import collections
 import itertools
 import os
 import queue as _queue
+import select
 import selectors
 import signal
 import socket
@@ -380,10 +394,10 @@ class _Drain:
             os._exit(128 + signal.SIGTERM)  # the batch is not done: the master re-queues it
 
 
-def _read_ahead(conn: Connection, inbox: collections.deque[bytes],
+def _read_ahead(conn: Connection, poller: select.poll, inbox: collections.deque[bytes],
                 cancelled: collections.OrderedDict[int, None]) -> None:
     """Take the frames that have arrived: cancels into ``cancelled``, the rest into ``inbox``."""
-    while conn.poll(0):
+    while poller.poll(0):  # one syscall: this runs before every batch
         msg = conn.recv_bytes()
         if kind_of(msg) == POOL_CANCEL:
             cancelled[decode_pool_cancel(msg)] = None
@@ -406,13 +420,15 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
     # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
     funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
     inbox: collections.deque[bytes] = collections.deque()
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
     cancelled: collections.OrderedDict[int, None] = collections.OrderedDict()
     done = 0
     while maxtasks is None or done < maxtasks:
         try:
             if not inbox:
                 inbox.append(conn.recv_bytes())
-            _read_ahead(conn, inbox, cancelled)  # a cancel may have come after this batch
+            _read_ahead(conn, poller, inbox, cancelled)  # a cancel may have come after this batch
         except (EOFError, OSError):
             break
         msg = inbox.popleft()
@@ -450,7 +466,7 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
             if now - checked > CANCEL_CHECK_SECONDS:  # between units: was the call cancelled?
                 checked = now
                 try:
-                    _read_ahead(conn, inbox, cancelled)
+                    _read_ahead(conn, poller, inbox, cancelled)
                 except (EOFError, OSError):
                     pass
                 if func_id in cancelled:
@@ -725,7 +741,12 @@ class Pool:
     Fiber adds keyword-only arguments: ``backend`` (a backend for the workers),
     resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` and ``image``
     for each worker's job (defaulting to what :func:`fiber_core.meta` put on the
-    ``initializer``, then to configuration), and :meth:`resize`.
+    ``initializer``, then to configuration), and :meth:`resize`. How lost workers
+    are charged: ``retries`` (runs again of a task that raised; default 0, also per
+    call), ``task_losses`` (worker deaths a task may cause before it fails; an
+    out-of-memory kill fails it at once), ``loss_limit`` (``(losses, seconds)``: workers
+    lost to no task's fault before the pool fails; default ``(max(100, 10 *
+    processes), 600)``).
     """
 
     def __init__(self, processes: int | None = None, initializer: Callable | None = None,
