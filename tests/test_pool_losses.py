@@ -110,6 +110,19 @@ def recorded(x: int, where: str) -> int:
     return x
 
 
+def stuck_once_at(x: int, bad: int, where: str, gate: fiber_core.Queue) -> int:
+    """Item ``bad`` hangs the first time it runs (until ``gate`` opens): a straggler."""
+    time.sleep(0.002)  # the work itself, not synchronisation
+    if x == bad:
+        try:
+            fd = os.open(os.path.join(where, "stuck"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return x  # the backup copy
+        os.close(fd)
+        gate.get(timeout=4 * T)
+    return x
+
+
 def ms_task(x: int) -> int:
     time.sleep(0.001 + (x % 5) * 0.001)  # the work itself (1-5 ms), not synchronisation
     return x
@@ -376,6 +389,28 @@ def test_replacements_wait_for_a_backend_that_refuses_for_a_while(
             python.symlink_to(sys.executable)  # back
             assert res.get(timeout=T) == [x * x for x in range(50)]
         assert "cannot start" in caplog.text
+
+
+# -- backup tasks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["map", "imap"])
+def test_a_backup_copy_finishes_a_call_that_a_straggler_holds(api: str) -> None:
+    gate = fiber_core.Queue()
+    with tempfile.TemporaryDirectory() as where, Pool(3, backup=True) as pool:
+        task = functools.partial(stuck_once_at, bad=150, where=where, gate=gate)
+        try:
+            if api == "map":
+                out = pool.map_async(task, range(200)).get(timeout=2 * T)
+            else:
+                out = list(pool.imap(task, range(200)))
+            assert out == list(range(200))  # once each: the straggler is still stuck
+            assert Path(where, "stuck").exists()
+        finally:
+            gate.put(None)
+        assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
+    with pytest.raises(ValueError, match="backup"):
+        Pool(1, backup=0.5)
 
 
 # -- cancellation ------------------------------------------------------------------------

@@ -177,6 +177,15 @@ CANCEL_CHECK_SECONDS = 0.005
 START_RETRY_SECONDS = 300.0
 
 
+BACKUP_FACTOR = 3.0
+
+
+BACKUP_CHECK_SECONDS = 0.02
+
+
+BACKUP_MIN_SECONDS = 0.01
+
+
 START_BACKOFF_SECONDS = 0.5
 
 
@@ -695,7 +704,7 @@ class IMapUnorderedIterator(IMapIterator):
 
 class _Unit:
     __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count",
-                 "start", "watch", "retries")
+                 "start", "watch", "retries", "done", "copies")
 
     def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
@@ -706,6 +715,8 @@ class _Unit:
         self.attempts = 0  # worker deaths charged to it
         self.watch = False  # a worker died while it may have run: it runs alone, watched
         self.retries = retries  # runs left after it raised (an opt-in)
+        self.done = False  # its result was delivered: another copy's is dropped
+        self.copies = 0  # workers that hold it (two while a backup copy runs)
 
     def name(self, item: int | None = None) -> str:
         """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
@@ -732,6 +743,7 @@ class _Worker:
         self.running: tuple[int, int] | None = None  # (batch, item) a watched batch runs
         self.culprit: tuple[_Unit, int | None] | None = None  # what it ran when it died
         self.draining = False  # it was told to stop (SIGTERM) and hands its work back
+        self.sent: dict[int, float] = {}  # when each pending batch was sent (for backups)
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
 
 
@@ -753,7 +765,8 @@ class Pool:
                  initargs: tuple = (), maxtasksperchild: int | None = None, context: Any = None,
                  *, backend: str | None = None, retries: int = 0,
                  task_losses: int = MAX_TASK_ATTEMPTS,
-                 loss_limit: tuple[int, float] | None = None, **resources: Any) -> None:
+                 loss_limit: tuple[int, float] | None = None, backup: bool | float = False,
+                 **resources: Any) -> None:
 
         if processes is None:
             processes = cpu_count()
@@ -778,6 +791,14 @@ class Pool:
                 raise ValueError(f"loss_limit must be (losses, seconds), such as (100, 600.0); "
                                  f"not {loss_limit!r}")
         self._loss_limit = loss_limit
+        if backup is True:
+            backup = BACKUP_FACTOR
+        if backup is False or backup is None:
+            self._backup: float | None = None
+        elif isinstance(backup, (int, float)) and backup > 1:
+            self._backup = float(backup)
+        else:
+            raise ValueError(f"backup must be True, False or a factor over 1 (such as 3.0), not {backup!r}")
         self._losses: collections.deque[float] = collections.deque()  # when workers were lost
         self._started = False  # the first workers started: later start errors are retried
         self._start_retry_at: float | None = None  # starts are refused: the next try
@@ -880,7 +901,8 @@ class Pool:
                 # A result or a ready message gives room to its worker only: dispatching to
                 # it alone keeps a message's cost independent of the pool's size. Anything
                 # else (new work, re-queued work, a resize, a quiet second) looks at all.
-                events = self._sel.select(1.0)
+                events = self._sel.select(
+                    BACKUP_CHECK_SECONDS if self._backup is not None and self._jobs else 1.0)
                 touched: list[_Worker] | None = [] if events else None
                 for key, _ in events:
                     kind, w = key.data
@@ -908,6 +930,8 @@ class Pool:
                     if self._start_retry_at is not None and time.monotonic() >= self._start_retry_at:
                         self._top_up()
                     self._dispatch(touched)
+                    if self._backup is not None and not self._queue:
+                        self._start_backups()
                     if self._state == "CLOSE" and not self._jobs and not self._queue:
                         self._retire_all()
                         if not self._workers:
@@ -952,6 +976,9 @@ class Pool:
                 self._retire_if_done(w)
                 return
             units = w.pending.pop(batch_id)
+            w.sent.pop(batch_id, None)
+            for unit in units:
+                unit.copies -= 1
             job_id = units[0].func_id
             if not results:  # skipped: its job was cancelled
                 self._retire_if_done(w)
@@ -967,6 +994,8 @@ class Pool:
                     self._item_seconds.popitem(last=False)
             w.running = None
             for unit, (ok, value) in zip(units, results):
+                if unit.done:
+                    continue  # a backup copy's result came first
                 if not ok:
                     if unit.retries > 0:  # the caller opted in: run it again
                         unit.retries -= 1
@@ -974,6 +1003,7 @@ class Pool:
                         continue
                     value = _task_error(unit, ok, value)
                     ok = False
+                unit.done = True
                 unit.job._set_unit(unit.index, ok, value)
             self._retire_if_done(w)
         elif op == POOL_RUNNING:
@@ -997,6 +1027,9 @@ class Pool:
         w.draining = w.retiring = True
         back = [units for batch, units in w.pending.items() if batch != keep]
         w.pending = {batch: units for batch, units in w.pending.items() if batch == keep}
+        for units in back:
+            for unit in units:
+                unit.copies -= 1
         self._requeue([u for units in back for u in units])
         log.info("fiber: pool worker %s is stopping (SIGTERM): %d batches handed back",
                  w.process.name, len(back))
@@ -1035,6 +1068,10 @@ class Pool:
         with self._lock:
             batches = list(w.pending.items())
             w.pending.clear()
+            w.sent.clear()
+            for _, units in batches:
+                for unit in units:
+                    unit.copies -= 1
             if not batches:
                 return
             if not w.draining:
@@ -1080,6 +1117,8 @@ class Pool:
         w.process.join()
         code, reason, detail = _end_of(w)
         culprit, w.culprit = w.culprit, None
+        if culprit is not None and culprit[0].done:
+            culprit = None  # a backup copy delivered it
         with self._lock:
             self._workers.pop(w.id, None)
             if self._state == "TERMINATE":
@@ -1248,6 +1287,35 @@ class Pool:
                     size = min(size, room)
                 self._send_batch(w, size, PREFETCH_MAX_BYTES if level else None)
 
+    def _start_backups(self) -> None:
+        """Idle workers and nothing queued: run again the batches that take far too long.
+
+        A batch is late when it has run ``backup`` times as long as its job's
+        measured time for that many units. Its copy goes to an idle worker; the
+        first result is delivered, the other dropped. Called with the lock held.
+        """
+        idle = [w for w in self._workers.values()
+                if w.conn is not None and w.ready and not w.lost and not w.retiring and not w.pending]
+        if not idle:
+            return
+        now = time.monotonic()
+        late: list[tuple[float, _Worker, int]] = []
+        assert self._backup is not None
+        for w in self._workers.values():
+            for batch_id, units in w.pending.items():
+                est = self._unit_seconds.get(units[0].func_id)
+                if est is None or units[0].watch or any(u.copies > 1 or u.done for u in units):
+                    continue
+                age = now - w.sent.get(batch_id, now)
+                if age > max(BACKUP_MIN_SECONDS, self._backup * est * len(units)):
+                    late.append((age, w, batch_id))
+        late.sort(key=lambda t: -t[0])
+        for (_, _, batch_id), spare in zip(late, idle):
+            units = [u for w in self._workers.values() for u in w.pending.get(batch_id, ())]
+            log.debug("fiber: a backup copy of a late batch (%d units) goes to %s",
+                      len(units), spare.process.name)
+            self._send_units(spare, units)
+
     def _prefetch_too_big(self, w: _Worker, front: _Unit) -> bool:
         """A prefetch waits in the socket until the worker is done: it must fit there."""
         size = len(front.data)
@@ -1269,7 +1337,15 @@ class Pool:
             if units and max_bytes is not None and nbytes > max_bytes:
                 break
             units.append(self._queue.popleft())
+        self._send_units(w, units)
+
+    def _send_units(self, w: _Worker, units: list[_Unit]) -> None:
+        first = units[0]
         batch_id = next(_job_counter)
+        for u in units:
+            u.copies += 1
+        if self._backup is not None:
+            w.sent[batch_id] = time.monotonic()
         send_func = first.func_id not in w.funcs
         if send_func:
             w.funcs[first.func_id] = None
@@ -1313,7 +1389,7 @@ class Pool:
     def _requeue(self, units: list[_Unit]) -> None:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
-            live = [u for u in units if u.job._job_id in self._jobs]
+            live = [u for u in units if u.job._job_id in self._jobs and not u.done and not u.copies]
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
