@@ -23,7 +23,13 @@ from pathlib import Path
 import pytest
 
 import fiber_core
-from fiber_core.base.errors import BackendError, TaskExitError, TaskLostError
+from fiber_core.base.errors import (
+    BackendError,
+    DeadlineError,
+    TaskExitError,
+    TaskLostError,
+    TimeoutError,
+)
 from fiber_core.parallel.pool import MAX_TASK_ATTEMPTS, Pool
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
@@ -119,6 +125,13 @@ def stuck_once_at(x: int, bad: int, where: str, gate: fiber_core.Queue) -> int:
         except FileExistsError:
             return x  # the backup copy
         os.close(fd)
+        gate.get(timeout=4 * T)
+    return x
+
+
+def hang_at(x: int, bad: frozenset[int], gate: fiber_core.Queue) -> int:
+    """Items in ``bad`` wait until the test opens ``gate``; the others return at once."""
+    if x in bad:
         gate.get(timeout=4 * T)
     return x
 
@@ -411,6 +424,47 @@ def test_a_backup_copy_finishes_a_call_that_a_straggler_holds(api: str) -> None:
         assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
     with pytest.raises(ValueError, match="backup"):
         Pool(1, backup=0.5)
+
+
+# -- deadlines ----------------------------------------------------------------------------
+
+
+def test_a_call_past_its_deadline_is_cancelled_with_what_finished() -> None:
+    gate = fiber_core.Queue()
+    bad = frozenset({3, 7})
+    task = functools.partial(hang_at, bad=bad, gate=gate)
+    # A pool per case: tasks stuck in one case would hold workers (and what they prefetched).
+    try:
+        with Pool(3) as pool:
+            with pytest.raises(DeadlineError, match=r"map\(hang_at\): its deadline of 1 s passed "
+                                                    r"with \d+ of 10 tasks finished") as info:
+                pool.map(task, range(10), chunksize=1, deadline=1.0)
+            results = info.value.results
+            assert len(results) == 10 and all(r in (None, x) for x, r in enumerate(results))
+            assert results[3] is None and results[7] is None
+            assert info.value.done == sum(r is not None for r in results)
+            assert info.value.total == 10
+            assert isinstance(info.value, TimeoutError)
+        with Pool(3) as pool:
+            assert pool.map(sqr, range(3), chunksize=1) == [0, 1, 4]  # every worker up
+            # The first units of a function not timed yet go one per batch: 3 waits alone.
+            it = pool.imap(functools.partial(hang_at, bad=frozenset({3}), gate=gate), range(4),
+                           deadline=3.0)
+            assert [next(it) for _ in range(3)] == [0, 1, 2]
+            with pytest.raises(DeadlineError, match=r"imap\(hang_at\)"):
+                next(it)
+            with pytest.raises(StopIteration):
+                next(it)
+        with Pool(1) as pool:
+            with pytest.raises(DeadlineError, match=r"apply_async\(hang_at, \(3,\)\)"):
+                pool.apply(task, (3,), deadline=0.5)
+        with Pool(2) as pool:
+            assert pool.map(sqr, range(8), deadline=T) == [x * x for x in range(8)]  # not hit
+            with pytest.raises(ValueError, match="deadline"):
+                pool.map(sqr, [1], deadline=0)
+    finally:
+        for _ in range(6):
+            gate.put(None)
 
 
 # -- cancellation ------------------------------------------------------------------------

@@ -73,6 +73,23 @@ class TaskExitError(FiberError):
     """
 
 
+class DeadlineError(FiberError, TimeoutError):
+    """A pool call's deadline passed: its unfinished tasks were cancelled.
+
+    For ``map``/``starmap``/``apply``: ``results`` holds what finished, in input
+    order, with ``None`` for what did not; ``done`` and ``total`` count tasks. An
+    ``imap`` iterator yields what finished before it raises this error (and its
+    ``results`` is empty).
+    """
+
+    def __init__(self, message: str, results: list | None = None, done: int = 0,
+                 total: int | None = None) -> None:
+        super().__init__(message)
+        self.results = results if results is not None else []
+        self.done = done
+        self.total = total
+
+
 class PicklingError(FiberError, TypeError):
     """An object sent to another process cannot be pickled.
 

@@ -72,6 +72,7 @@ Extensions to the stdlib API: :meth:`Pool.resize` grows or shrinks a running poo
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import os
 import queue as _queue
@@ -88,6 +89,7 @@ from typing import Any
 
 from fiber_core.base.errors import (
     BackendError,
+    DeadlineError,
     FiberError,
     JobStartError,
     TaskExitError,
@@ -199,6 +201,12 @@ _APPLY, _MAP, _STARMAP = 0, 1, 2
 
 
 _job_counter = itertools.count()
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or deadline <= 0):
+        raise ValueError(f"deadline must be a number of seconds over 0, or None; not {deadline!r}")
 
 
 def _check_retries(retries: int) -> int:
@@ -541,6 +549,11 @@ class ApplyResult:
     def cancelled(self) -> bool:
         return self._event.is_set() and isinstance(self._value, CancelledError)
 
+    def _expire(self, seconds: float) -> None:
+        """The deadline passed (master thread, lock held, the call already cancelled)."""
+        self._finish(False, DeadlineError(f"{self._call}: its deadline of {seconds:g} s passed "
+                                          "before it finished; it was cancelled", [None], 0, 1))
+
     # Called by the master thread.
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
         self._finish(ok, values[0] if ok else values)
@@ -572,10 +585,25 @@ class MapResult(ApplyResult):
                  callback: Callable | None, error_callback: Callable | None) -> None:
         super().__init__(pool, callback, error_callback)
         self._chunks: list[Any] = [None] * nunits
+        self._sizes: list[int] = []  # items per unit, for a partial result at a deadline
         self._left = nunits
         if nunits == 0:
             self._success, self._value = True, []
             self._event.set()
+
+    def _expire(self, seconds: float) -> None:
+        results: list = []
+        done = 0
+        for chunk, size in zip(self._chunks, self._sizes):
+            if chunk is None:
+                results.extend([None] * size)
+            else:
+                results.extend(chunk)
+                done += size
+        self._finish(False, DeadlineError(
+            f"{self._call}: its deadline of {seconds:g} s passed with {done} of {len(results)} "
+            f"tasks finished; the others were cancelled (their results are None in .results)",
+            results, done, len(results)))
 
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
         if self._event.is_set():
@@ -627,6 +655,13 @@ class IMapIterator:
 
     def __enter__(self) -> IMapIterator:
         return self
+
+    def _expire(self, seconds: float) -> None:
+        self._fail(DeadlineError(
+            f"{self._call}: its deadline of {seconds:g} s passed; the results before this "
+            f"error are what finished, the other tasks were cancelled"))
+        with self._cond:
+            self._closed = True  # results that come later are dropped
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -800,6 +835,7 @@ class Pool:
         else:
             raise ValueError(f"backup must be True, False or a factor over 1 (such as 3.0), not {backup!r}")
         self._losses: collections.deque[float] = collections.deque()  # when workers were lost
+        self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, job id, s, job)
         self._started = False  # the first workers started: later start errors are retried
         self._start_retry_at: float | None = None  # starts are refused: the next try
         self._start_failing_since: float | None = None
@@ -901,8 +937,13 @@ class Pool:
                 # A result or a ready message gives room to its worker only: dispatching to
                 # it alone keeps a message's cost independent of the pool's size. Anything
                 # else (new work, re-queued work, a resize, a quiet second) looks at all.
-                events = self._sel.select(
-                    BACKUP_CHECK_SECONDS if self._backup is not None and self._jobs else 1.0)
+                timeout = BACKUP_CHECK_SECONDS if self._backup is not None and self._jobs else 1.0
+                if self._deadlines:
+                    with self._lock:
+                        left = self._expire_deadlines()
+                    if left is not None:
+                        timeout = min(timeout, left)
+                events = self._sel.select(timeout)
                 touched: list[_Worker] | None = [] if events else None
                 for key, _ in events:
                     kind, w = key.data
@@ -1454,21 +1495,24 @@ class Pool:
 
     def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
                     callback: Callable | None = None, error_callback: Callable | None = None,
-                    *, retries: int | None = None) -> ApplyResult:
+                    *, retries: int | None = None, deadline: float | None = None) -> ApplyResult:
         self._check_running()
+        _check_deadline(deadline)
         result = ApplyResult(self, callback, error_callback)
         result._call = _call_name("apply_async", func, tuple(args))
         self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]], retries=retries)
+        self._set_deadline(result, deadline)
         return result
 
     def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None,
-              *, retries: int | None = None) -> Any:
-        return self.apply_async(func, args, kwds, retries=retries).get()
+              *, retries: int | None = None, deadline: float | None = None) -> Any:
+        return self.apply_async(func, args, kwds, retries=retries, deadline=deadline).get()
 
     def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: int | None,
                    callback: Callable | None, error_callback: Callable | None,
-                   retries: int | None = None) -> MapResult:
+                   retries: int | None = None, deadline: float | None = None) -> MapResult:
         self._check_running()
+        _check_deadline(deadline)
         items = list(iterable)
         with sending_to(self._hub):
             func_bytes = dumps(func)
@@ -1491,32 +1535,38 @@ class Pool:
         else:
             chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
         result = MapResult(self, len(chunks), callback, error_callback)
+        result._sizes = [len(c) for c in chunks] if deadline is not None else []
         result._call = _call_name("starmap" if kind == _STARMAP else "map", func)
         if chunks:
             self._submit(result, func, kind, chunks, func_bytes, retries)
+            self._set_deadline(result, deadline)
         return result
 
     def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
                   callback: Callable | None = None, error_callback: Callable | None = None,
-                  *, retries: int | None = None) -> MapResult:
-        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback, retries)
+                  *, retries: int | None = None, deadline: float | None = None) -> MapResult:
+        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback, retries,
+                               deadline)
 
     def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-            *, retries: int | None = None) -> list:
-        return self._map_async(func, iterable, _MAP, chunksize, None, None, retries).get()
+            *, retries: int | None = None, deadline: float | None = None) -> list:
+        return self._map_async(func, iterable, _MAP, chunksize, None, None, retries, deadline).get()
 
     def starmap_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
                       callback: Callable | None = None, error_callback: Callable | None = None,
-                      *, retries: int | None = None) -> MapResult:
-        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback, retries)
+                      *, retries: int | None = None, deadline: float | None = None) -> MapResult:
+        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback, retries,
+                               deadline)
 
     def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-                *, retries: int | None = None) -> list:
-        return self._map_async(func, iterable, _STARMAP, chunksize, None, None, retries).get()
+                *, retries: int | None = None, deadline: float | None = None) -> list:
+        return self._map_async(func, iterable, _STARMAP, chunksize, None, None, retries,
+                               deadline).get()
 
     def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int,
-              retries: int | None = None) -> IMapIterator:
+              retries: int | None = None, deadline: float | None = None) -> IMapIterator:
         self._check_running()
+        _check_deadline(deadline)
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
         retries = self._retries if retries is None else _check_retries(retries)
@@ -1555,15 +1605,36 @@ class Pool:
             it._set_length(n)
 
         threading.Thread(target=feed, daemon=True, name="fiber-pool-feeder").start()
+        self._set_deadline(it, deadline)
         return it
 
     def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1,
-             *, retries: int | None = None) -> IMapIterator:
-        return self._imap(IMapIterator, func, iterable, chunksize, retries)
+             *, retries: int | None = None, deadline: float | None = None) -> IMapIterator:
+        return self._imap(IMapIterator, func, iterable, chunksize, retries, deadline)
 
     def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1,
-                       *, retries: int | None = None) -> IMapIterator:
-        return self._imap(IMapUnorderedIterator, func, iterable, chunksize, retries)
+                       *, retries: int | None = None, deadline: float | None = None) -> IMapIterator:
+        return self._imap(IMapUnorderedIterator, func, iterable, chunksize, retries, deadline)
+
+    def _set_deadline(self, job: Any, deadline: float | None) -> None:
+        if deadline is None:
+            return
+        with self._lock:
+            heapq.heappush(self._deadlines, (time.monotonic() + deadline, job._job_id, deadline, job))
+        self._wake()
+
+    def _expire_deadlines(self) -> float | None:
+        """Fail the calls whose deadline passed; return the seconds to the next one. Lock held."""
+        now = time.monotonic()
+        while self._deadlines:
+            at, job_id, seconds, job = self._deadlines[0]
+            if at > now:
+                return at - now
+            heapq.heappop(self._deadlines)
+            if job_id in self._jobs:
+                self._cancel(job)
+                job._expire(seconds)
+        return None
 
     # -- lifecycle ----------------------------------------------------------------------
 
