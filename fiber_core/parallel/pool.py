@@ -1351,8 +1351,8 @@ class Pool:
                 if age > max(BACKUP_MIN_SECONDS, self._backup * est * len(units)):
                     late.append((age, w, batch_id))
         late.sort(key=lambda t: -t[0])
-        for (_, _, batch_id), spare in zip(late, idle):
-            units = [u for w in self._workers.values() for u in w.pending.get(batch_id, ())]
+        for (_, slow, batch_id), spare in zip(late, idle):
+            units = list(slow.pending[batch_id])
             log.debug("fiber: a backup copy of a late batch (%d units) goes to %s",
                       len(units), spare.process.name)
             self._send_units(spare, units)
