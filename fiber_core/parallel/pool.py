@@ -779,6 +779,7 @@ class _Worker:
         self.culprit: tuple[_Unit, int | None] | None = None  # what it ran when it died
         self.draining = False  # it was told to stop (SIGTERM) and hands its work back
         self.sent: dict[int, float] = {}  # when each pending batch was sent (for backups)
+        self.held_work = False  # it held batches when it was lost
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
 
 
@@ -1115,6 +1116,7 @@ class Pool:
                     unit.copies -= 1
             if not batches:
                 return
+            w.held_work = True
             if not w.draining:
                 batch_id, first = batches[0]
                 if len(first) == 1:
@@ -1219,10 +1221,11 @@ class Pool:
                     self._kill_workers()
                     return
             elif culprit is None and not infrastructure and code not in (0, None) and not w.retiring:
-                # Idle when it died, or its batch did not say which task ran: no task is
-                # charged, the pool-wide limit bounds how often this may happen.
                 log.warning("fiber: pool worker died: %s; its tasks were re-queued", what)
-                if self._count_loss(w, what):
+                # Idle when it died: no task to charge, so the pool-wide limit bounds how often
+                # this may happen. (A batch of several tasks runs again watched instead: a task
+                # that kills its worker is then found and charged.)
+                if not w.held_work and self._count_loss(w, what):
                     return
             self._top_up()
 
