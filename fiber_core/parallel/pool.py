@@ -262,7 +262,7 @@ def _describe_end(w: _Worker, code: int | None, reason: EndReason | None, detail
         if code == -signal.SIGKILL:
             text += " (not sent by Fiber; an out-of-memory kill looks the same where the platform does not say)"
     elif code is not None:
-        text = f"{name} exited with code {code} (os._exit, or a crash)"
+        text = f"{name} exited with code {code}"
     else:
         text = f"{name} was lost"
     return f"{text} ({detail})" if detail else text
