@@ -215,16 +215,13 @@ def _check_retries(retries: int) -> int:
     return retries
 
 
-def _call_name(method: str, func: Callable, args: tuple | None = None) -> str:
-    """How an error names a call: ``map(module.f)``, ``apply_async(f, (3,))``."""
+def _call_name(method: str, func: Callable) -> str:
+    """How an error names a call: ``map(f)`` (:meth:`_Unit.name` adds an item or arguments)."""
     name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
     if name is None:
         inner = getattr(func, "func", None)  # a functools.partial
         name = getattr(inner, "__qualname__", None) or type(func).__name__
-    if args is None:
-        return f"{method}({name})"
-    shown = repr(args)
-    return f"{method}({name}, {shown if len(shown) <= 80 else shown[:77] + '...'})"
+    return f"{method}({name})"
 
 
 def _end_of(w: _Worker) -> tuple[int | None, EndReason | None, str]:
@@ -757,7 +754,12 @@ class _Unit:
         """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
         call = getattr(self.job, "_call", "a task")
         if type(self.job) is ApplyResult:
-            return call
+            try:  # only for an error: the arguments are shown from this process's own pickle
+                args = loads(self.data)[0][0]
+            except Exception:
+                return call
+            shown = repr(args)
+            return f"{call[:-1]}, {shown if len(shown) <= 80 else shown[:77] + '...'})"
         if item is None and self.count == 1:
             item = 0
         if item is not None:
@@ -1014,15 +1016,18 @@ class Pool:
                 # batches in order, so this answers its oldest pending one.
                 err = FiberError(f"cannot unpickle a result sent by {w.process.name}: {e!r}")
                 for unit in w.pending.pop(next(iter(w.pending))):
+                    unit.copies -= 1
+                    unit.done = True
                     unit.job._set_unit(unit.index, False, err)
                 self._retire_if_done(w)
                 return
             units = w.pending.pop(batch_id)
-            w.sent.pop(batch_id, None)
-            for unit in units:
-                unit.copies -= 1
+            if w.sent:
+                w.sent.pop(batch_id, None)
             job_id = units[0].func_id
             if not results:  # skipped: its job was cancelled
+                for unit in units:
+                    unit.copies -= 1
                 self._retire_if_done(w)
                 return
             if job_id in self._jobs:
@@ -1036,6 +1041,7 @@ class Pool:
                     self._item_seconds.popitem(last=False)
             w.running = None
             for unit, (ok, value) in zip(units, results):
+                unit.copies -= 1
                 if unit.done:
                     continue  # a backup copy's result came first
                 if not ok:
@@ -1502,7 +1508,7 @@ class Pool:
         self._check_running()
         _check_deadline(deadline)
         result = ApplyResult(self, callback, error_callback)
-        result._call = _call_name("apply_async", func, tuple(args))
+        result._call = _call_name("apply_async", func)  # the arguments: from the unit, if needed
         self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]], retries=retries)
         self._set_deadline(result, deadline)
         return result
