@@ -749,6 +749,8 @@ class _Unit:
         self.retries = retries  # runs left after it raised (an opt-in)
         self.done = False  # its result was delivered: another copy's is dropped
         self.copies = 0  # workers that hold it (two while a backup copy runs)
+        # (done and copies are kept only in a pool with backup tasks: elsewhere a unit is
+        # never in two places, and the pool's hot path does not pay for them)
 
     def name(self, item: int | None = None) -> str:
         """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
@@ -1016,8 +1018,9 @@ class Pool:
                 # batches in order, so this answers its oldest pending one.
                 err = FiberError(f"cannot unpickle a result sent by {w.process.name}: {e!r}")
                 for unit in w.pending.pop(next(iter(w.pending))):
-                    unit.copies -= 1
-                    unit.done = True
+                    if self._backup is not None:
+                        unit.copies -= 1
+                        unit.done = True
                     unit.job._set_unit(unit.index, False, err)
                 self._retire_if_done(w)
                 return
@@ -1025,8 +1028,9 @@ class Pool:
             if w.sent:
                 w.sent.pop(batch_id, None)
             job_id = units[0].func_id
+            backup = self._backup is not None
             if not results:  # skipped: its job was cancelled
-                for unit in units:
+                for unit in units if backup else ():
                     unit.copies -= 1
                 self._retire_if_done(w)
                 return
@@ -1041,9 +1045,10 @@ class Pool:
                     self._item_seconds.popitem(last=False)
             w.running = None
             for unit, (ok, value) in zip(units, results):
-                unit.copies -= 1
-                if unit.done:
-                    continue  # a backup copy's result came first
+                if backup:
+                    unit.copies -= 1
+                    if unit.done:
+                        continue  # a backup copy's result came first
                 if not ok:
                     if unit.retries > 0:  # the caller opted in: run it again
                         unit.retries -= 1
@@ -1051,7 +1056,8 @@ class Pool:
                         continue
                     value = _task_error(unit, ok, value)
                     ok = False
-                unit.done = True
+                if backup:
+                    unit.done = True
                 unit.job._set_unit(unit.index, ok, value)
             self._retire_if_done(w)
         elif op == POOL_RUNNING:
@@ -1075,7 +1081,7 @@ class Pool:
         w.draining = w.retiring = True
         back = [units for batch, units in w.pending.items() if batch != keep]
         w.pending = {batch: units for batch, units in w.pending.items() if batch == keep}
-        for units in back:
+        for units in back if self._backup is not None else ():
             for unit in units:
                 unit.copies -= 1
         self._requeue([u for units in back for u in units])
@@ -1117,7 +1123,7 @@ class Pool:
             batches = list(w.pending.items())
             w.pending.clear()
             w.sent.clear()
-            for _, units in batches:
+            for _, units in batches if self._backup is not None else ():
                 for unit in units:
                     unit.copies -= 1
             if not batches:
@@ -1392,9 +1398,9 @@ class Pool:
     def _send_units(self, w: _Worker, units: list[_Unit]) -> None:
         first = units[0]
         batch_id = next(_job_counter)
-        for u in units:
-            u.copies += 1
         if self._backup is not None:
+            for u in units:
+                u.copies += 1
             w.sent[batch_id] = time.monotonic()
         send_func = first.func_id not in w.funcs
         if send_func:
