@@ -29,7 +29,7 @@ def _frame(head: bytes, body: bytes = b"") -> bytes:
 
 
 # kind -> (frame, what decoding it must give, the decoder). Every kind appears once.
-_PICKLED_TASKS = (7, 3, b"func", 1, [b"unit-a", b"unit-b"])
+_PICKLED_TASKS = (7, 3, b"func", 1, [b"unit-a", b"unit-b"], True)
 _PICKLED_RESULTS = (7, 0.25, [(True, [1, 2]), (False, (ValueError("no"), "tb"))])
 _PRELUDE = {"sys_path": ["/x"], "main": None, "config": {}, "forward_output": True,
             "parent": ("MainProcess", 1)}
@@ -52,6 +52,9 @@ def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
         m.POOL_RESULTS: (_frame(m.POOL_RESULTS, m.encode_pool_results(*_PICKLED_RESULTS)),
                          _PICKLED_RESULTS, m.decode_pool_results),
         m.POOL_QUIT: (_frame(m.POOL_QUIT), b"", m.body),
+        m.POOL_RUNNING: (m.encode_pool_running(2**40, 7), (2**40, 7), m.decode_pool_running),
+        m.POOL_DRAIN: (m.encode_pool_drain(-1), -1, m.decode_pool_drain),
+        m.POOL_CANCEL: (m.encode_pool_cancel(2**40), 2**40, m.decode_pool_cancel),
         m.QUEUE_PUT: (_frame(m.encode_queue_put(False, 2.5), b"item"), (False, 2.5, b"item"),
                       m.decode_queue_put),
         m.QUEUE_GET: (m.encode_queue_get(True, None, 64), (True, None, 64), m.decode_queue_get),

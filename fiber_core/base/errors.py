@@ -63,6 +63,33 @@ class TaskLostError(FiberError):
     """
 
 
+class TaskExitError(FiberError):
+    """A pool task ended its worker's work instead of returning or raising an ``Exception``.
+
+    It called :func:`sys.exit` (:class:`SystemExit`), raised :class:`KeyboardInterrupt`,
+    or its arguments could not be unpickled in the worker. The message names the
+    task; the remote traceback is the ``__cause__``. Reported at the first occurrence:
+    the task is not run again (unless the call asked for retries).
+    """
+
+
+class DeadlineError(FiberError, TimeoutError):
+    """A pool call's deadline passed: its unfinished tasks were cancelled.
+
+    For ``map``/``starmap``/``apply``: ``results`` holds what finished, in input
+    order, with ``None`` for what did not; ``done`` and ``total`` count tasks. An
+    ``imap`` iterator yields what finished before it raises this error (and its
+    ``results`` is empty).
+    """
+
+    def __init__(self, message: str, results: list | None = None, done: int = 0,
+                 total: int | None = None) -> None:
+        super().__init__(message)
+        self.results = results if results is not None else []
+        self.done = done
+        self.total = total
+
+
 class PicklingError(FiberError, TypeError):
     """An object sent to another process cannot be pickled.
 

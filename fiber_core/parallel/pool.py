@@ -11,15 +11,26 @@ The master thread keeps a *pending table*: which batch each worker holds. When
 a worker dies (killed, out of memory, node lost), its batches go back to the
 front of the queue and a replacement job is started; a result is accepted once
 per task, so every result reaches the caller exactly once, and ``map`` keeps
-its order. A task that raises is not retried: its exception is re-raised in the
-caller with the remote traceback as ``__cause__``. A task that kills every
-worker that runs it is failed after :data:`MAX_TASK_ATTEMPTS` attempts
-(:class:`~fiber_core.base.errors.TaskLostError`), and
-workers that die before they are ready (bad image, failing initializer) fail
-the pool after :data:`MAX_START_FAILURES` in a row (:data:`MAX_START_KILLS` in
-a row when a signal ended them, which may be a lost host rather than a broken
-worker), with the exit code and the tail of the worker's log: the pool never
-retries forever.
+its order. A task that raises is not retried (unless the call asks, ``retries=``):
+its exception is re-raised in the caller with the remote traceback as
+``__cause__``.
+
+A death is charged only to the task that was running, and only when the job's
+end reason (:class:`~fiber_core.contract.jobs.EndReason`) says it may be the
+task's fault: the batches not started go back uncharged; a batch of several
+units does not say which ran, so each of them runs again alone and *watched*
+(the worker names each item as it starts). An out-of-memory kill fails the task
+at once, other deaths after ``task_losses`` (:data:`MAX_TASK_ATTEMPTS`)
+(:class:`~fiber_core.base.errors.TaskLostError`, naming the item). Losses that
+are no task's fault (preempted, host lost, stopped, SIGTERM, killed before it
+connected, died idle) are bounded pool-wide by ``loss_limit``. A worker sent
+SIGTERM *drains*: it finishes its batch and hands back the rest
+(:class:`_Drain`). Workers that die before they are ready (bad image, failing
+initializer) fail the pool after :data:`MAX_START_FAILURES` in a row
+(:data:`MAX_START_KILLS` in a row when a signal ended them after they connected),
+with the exit code and the tail of the worker's log: the pool never retries
+forever. A backend that refuses to start replacements is retried with a backoff
+for :data:`START_RETRY_SECONDS`.
 
 Batching defaults
 -----------------
@@ -53,41 +64,65 @@ prefetch waits in the socket buffer. The caller's thread sends the first batches
 of new work itself; after that the master sends a worker its next batch when its
 results come in, looking at that worker only.
 
-Extension to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool.
+Extensions to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool;
+``close()`` on an ``imap`` iterator and ``cancel()`` on a result cancel a call;
+``retries=``, ``task_losses=`` and ``loss_limit=`` (see the README).
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import os
 import queue as _queue
+import select
 import selectors
+import signal
 import socket
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import CancelledError
 from typing import Any
 
-from fiber_core.base.errors import FiberError, JobStartError, TaskLostError, TimeoutError
+from fiber_core.base.errors import (
+    BackendError,
+    DeadlineError,
+    FiberError,
+    JobStartError,
+    TaskExitError,
+    TaskLostError,
+    TimeoutError,
+)
 from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
+from fiber_core.contract.jobs import EndReason
 from fiber_core.processes.process import Process, cpu_count
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
+    POOL_CANCEL,
+    POOL_DRAIN,
     POOL_QUIT,
     POOL_READY,
     POOL_RESULTS,
+    POOL_RUNNING,
     POOL_TASKS,
     MessageError,
+    decode_pool_cancel,
+    decode_pool_drain,
     decode_pool_hello,
     decode_pool_results,
+    decode_pool_running,
     decode_pool_tasks,
+    encode_pool_cancel,
+    encode_pool_drain,
     encode_pool_hello,
     encode_pool_results,
+    encode_pool_running,
     encode_pool_tasks,
     kind_of,
     unexpected,
@@ -127,6 +162,39 @@ MAX_START_FAILURES = 3
 MAX_START_KILLS = 10
 
 
+LOSS_LIMIT = 100
+
+
+LOSS_WINDOW = 600.0
+
+
+_OUTSIDE_KILLS = frozenset(int(s) for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+
+
+DRAIN_GRACE_SECONDS = 25.0
+
+
+CANCEL_CHECK_SECONDS = 0.005
+
+
+START_RETRY_SECONDS = 300.0
+
+
+BACKUP_FACTOR = 3.0
+
+
+BACKUP_CHECK_SECONDS = 0.02
+
+
+BACKUP_MIN_SECONDS = 0.01
+
+
+START_BACKOFF_SECONDS = 0.5
+
+
+START_BACKOFF_MAX_SECONDS = 15.0
+
+
 _FUNC_CACHE = 64
 
 
@@ -138,6 +206,68 @@ _APPLY, _MAP, _STARMAP = 0, 1, 2
 
 
 _job_counter = itertools.count()
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or deadline <= 0):
+        raise ValueError(f"deadline must be a number of seconds over 0, or None; not {deadline!r}")
+
+
+def _check_retries(retries: int) -> int:
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"retries must be an int of 0 or more, not {retries!r}")
+    return retries
+
+
+def _call_name(method: str, func: Callable) -> str:
+    """How an error names a call: ``map(f)`` (:meth:`_Unit.name` adds an item or arguments)."""
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    if name is None:
+        inner = getattr(func, "func", None)  # a functools.partial
+        name = getattr(inner, "__qualname__", None) or type(func).__name__
+    return f"{method}({name})"
+
+
+def _end_of(w: _Worker) -> tuple[int | None, EndReason | None, str]:
+    """A lost worker's exit code, end reason and the platform's detail, as far as known."""
+    code = w.process.exitcode
+    run = w.process._run
+    job = run.job if run is not None else None
+    if job is None or not job.state.done():
+        return code, None, ""
+    return code, job.state.reason, job.state.detail
+
+
+def _describe_end(w: _Worker, code: int | None, reason: EndReason | None, detail: str) -> str:
+    """What happened to a worker, for people: "was killed by the system: out of memory, ..."."""
+    name = w.process.name
+    if reason is EndReason.OOM:
+        text = f"{name} was killed by the system: out of memory"
+        memory = w.process._resources.get("memory")
+        run = w.process._run
+        if run is not None and run.job is not None and run.job.spec.memory:
+            memory = run.job.spec.memory
+        if memory:
+            text += f", limit {memory} MiB"
+    elif reason is not None and reason is not EndReason.EXITED:
+        text = {EndReason.STOPPED: f"{name} was stopped",
+                EndReason.PREEMPTED: f"{name} was preempted or evicted",
+                EndReason.HOST_LOST: f"{name} lost its host",
+                EndReason.NEVER_STARTED: f"{name} could not be started"}[reason]
+    elif code is not None and code < 0:
+        try:
+            signame = signal.Signals(-code).name
+        except ValueError:
+            signame = f"signal {-code}"
+        text = f"{name} was killed by {signame}"
+        if code == -signal.SIGKILL:
+            text += " (not sent by Fiber; an out-of-memory kill looks the same where the platform does not say)"
+    elif code is not None:
+        text = f"{name} exited with code {code}"
+    else:
+        text = f"{name} was lost"
+    return f"{text} ({detail})" if detail else text
 
 
 class RemoteTraceback(Exception):
@@ -167,15 +297,53 @@ def _rebuild_exc(exc: BaseException, tb: str) -> BaseException:
     return exc
 
 
-def _run_unit(func: Callable, kind: int, items: list) -> tuple[bool, Any]:
+def _task_error(unit: _Unit, ok: bool | None, value: Any) -> BaseException:
+    """The caller's exception for a unit that failed in its worker."""
+    if ok is None:  # its arguments could not be unpickled in the worker
+        message, tb = value
+        err: BaseException = TaskExitError(
+            f"{unit.name()}: its arguments cannot be unpickled in the worker: {message}")
+        return _rebuild_exc(err, tb)
+    exc, tb = value
+    if isinstance(exc, SystemExit):
+        err = TaskExitError(f"{unit.name()} called sys.exit({exc.code!r})")
+    elif isinstance(exc, KeyboardInterrupt):
+        err = TaskExitError(f"{unit.name()} was interrupted (KeyboardInterrupt in the worker)")
+    else:
+        return _rebuild_exc(exc, tb) if tb else exc
+    err.__context__ = exc
+    return _rebuild_exc(err, tb)
+
+
+def _run_unit(func: Callable, kind: int, data: bytes,
+              notify: Callable[[int], None] | None = None) -> tuple[bool | None, Any]:
+    """Run one unit: ``(True, results)``, ``(False, (exc, tb))`` if it raised, or
+    ``(None, (message, tb))`` if its arguments could not be unpickled here."""
     try:
+        items = loads(data)
+    except Exception as e:
+        return None, (repr(e), traceback.format_exc())
+    try:
+        if notify is not None:  # a watched batch: the master learns which item runs
+            out = []
+            for i, item in enumerate(items):
+                notify(i)
+                if kind == _MAP:
+                    out.append(func(item))
+                elif kind == _STARMAP:
+                    out.append(func(*item))
+                else:
+                    args, kwds = item
+                    out.append(func(*args, **kwds))
+            return True, out
         if kind == _MAP:
             return True, list(map(func, items))
         if kind == _STARMAP:
             return True, list(itertools.starmap(func, items))
         args, kwds = items[0]
         return True, [func(*args, **kwds)]
-    except Exception as e:
+    except (Exception, SystemExit, KeyboardInterrupt) as e:
+        # sys.exit() and Ctrl-C in a task are the task's result: the worker goes on.
         return False, (e, traceback.format_exc())
 
 
@@ -195,6 +363,69 @@ def _encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
         return encode_pool_results(batch_id, elapsed, fixed)
 
 
+def _load_func(data: bytes) -> Callable:
+    """The task's function, or one that raises why it could not be unpickled here."""
+    try:
+        return loads(data)
+    except Exception as e:
+        message = f"cannot unpickle the task's function in the worker: {e!r}"
+
+        def unloadable(*args: Any, **kwds: Any) -> Any:
+            raise FiberError(message)
+        return unloadable
+
+
+class _Drain:
+    """A pool worker's answer to SIGTERM (a preemption notice, ``docker stop``, a pod's end).
+
+    It tells the master which batch it still finishes (the master re-queues the
+    others at once), runs nothing else, and exits when the master says so, or
+    after :data:`DRAIN_GRACE_SECONDS` if the batch is not done by then (the master
+    then re-queues it too, uncharged).
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()  # every frame the worker sends, and the fields below
+        self.draining = False
+        self.current = -1  # the batch being run
+        self._asked = threading.Event()
+        try:
+            signal.signal(signal.SIGTERM, self._on_signal)
+        except ValueError:  # not the main thread: no draining, SIGTERM ends the worker
+            return
+        threading.Thread(target=self._run, daemon=True, name="fiber-pool-drain").start()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._asked.set()  # only that: the handler may interrupt a send holding the lock
+
+    def _run(self) -> None:
+        self._asked.wait()
+        with self.lock:
+            self.draining = True
+            busy = self.current >= 0
+            try:
+                self.conn.send_frame(encode_pool_drain(self.current))
+            except OSError:
+                pass
+        if busy:
+            time.sleep(DRAIN_GRACE_SECONDS)  # the grace period itself, not synchronisation
+            os._exit(128 + signal.SIGTERM)  # the batch is not done: the master re-queues it
+
+
+def _read_ahead(conn: Connection, poller: select.poll, inbox: collections.deque[bytes],
+                cancelled: collections.OrderedDict[int, None]) -> None:
+    """Take the frames that have arrived: cancels into ``cancelled``, the rest into ``inbox``."""
+    while poller.poll(0):  # one syscall: this runs before every batch
+        msg = conn.recv_bytes()
+        if kind_of(msg) == POOL_CANCEL:
+            cancelled[decode_pool_cancel(msg)] = None
+            if len(cancelled) > _FUNC_CACHE:
+                cancelled.popitem(last=False)
+        else:
+            inbox.append(msg)
+
+
 def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
                  initargs: tuple, maxtasks: int | None) -> None:
     sock = dial(hub, runtime().authkey, f"pool:{pool_id}")
@@ -202,32 +433,69 @@ def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable |
     conn.send_frame(encode_pool_hello(worker_id))
     if initializer is not None:
         initializer(*initargs)
+    drain = _Drain(conn)
     conn.send_frame(POOL_READY)
     # Read in this thread: no hand-off to wake up per message. The master only sends
     # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
     funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
+    inbox: collections.deque[bytes] = collections.deque()
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    cancelled: collections.OrderedDict[int, None] = collections.OrderedDict()
     done = 0
     while maxtasks is None or done < maxtasks:
         try:
-            msg = conn.recv_bytes()
+            if not inbox:
+                inbox.append(conn.recv_bytes())
+            _read_ahead(conn, poller, inbox, cancelled)  # a cancel may have come after this batch
         except (EOFError, OSError):
             break
+        msg = inbox.popleft()
         op = kind_of(msg)
         if op == POOL_QUIT:
             break
+        if op == POOL_CANCEL:
+            cancelled[decode_pool_cancel(msg)] = None
+            continue
         if op != POOL_TASKS:
             raise unexpected(msg, "a pool worker's connection")
-        batch_id, func_id, func_bytes, kind, units = decode_pool_tasks(msg)
+        batch_id, func_id, func_bytes, kind, units, watch = decode_pool_tasks(msg)
         if func_bytes is not None:
-            funcs[func_id] = loads(func_bytes)
+            funcs[func_id] = _load_func(func_bytes)
             if len(funcs) > _FUNC_CACHE:
                 funcs.popitem(last=False)
+        with drain.lock:
+            if drain.draining:
+                continue  # handed back: the master has re-queued it
+            if func_id in cancelled:  # not started: say so, with no results
+                conn.send_frame(POOL_RESULTS, _encode_results(batch_id, 0.0, []))
+                continue
+            drain.current = batch_id
         func = funcs[func_id]
-        start = time.perf_counter()
-        results = [_run_unit(func, kind, loads(unit)) for unit in units]
+        notify = None
+        if watch:
+            def notify(item: int, batch_id: int = batch_id) -> None:
+                with drain.lock:
+                    conn.send_frame(encode_pool_running(batch_id, item))
+        start = checked = time.perf_counter()
+        results = []
+        for unit in units:
+            results.append(_run_unit(func, kind, unit, notify))
+            now = time.perf_counter()
+            if now - checked > CANCEL_CHECK_SECONDS:  # between units: was the call cancelled?
+                checked = now
+                try:
+                    _read_ahead(conn, poller, inbox, cancelled)
+                except (EOFError, OSError):
+                    pass
+                if func_id in cancelled:
+                    break  # the master drops this call's results: the rest are not started
         done += len(units)
         elapsed = time.perf_counter() - start
-        conn.send_frame(POOL_RESULTS, _encode_results(batch_id, elapsed, results))
+        payload = _encode_results(batch_id, elapsed, results)
+        with drain.lock:
+            conn.send_frame(POOL_RESULTS, payload)
+            drain.current = -1
     conn.close()
 
 
@@ -242,6 +510,7 @@ class ApplyResult:
         self._success = False
         self._value: Any = None
         self._job_id = next(_job_counter)
+        self._call = "apply_async"  # how errors name the call
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -261,6 +530,31 @@ class ApplyResult:
         if self._success:
             return self._value
         raise self._value
+
+    def cancel(self) -> bool:
+        """Cancel the call's tasks not started yet and stop waiting for running ones (Fiber extension).
+
+        Returns ``False`` if the result was ready already; else ``get()`` then raises
+        :class:`concurrent.futures.CancelledError` (no callback is called) and the
+        pool no longer counts the call as outstanding.
+        """
+        if self._event.is_set():
+            return False
+        self._pool._cancel(self)
+        with self._pool._lock:
+            if self._event.is_set():
+                return False
+            self._success, self._value = False, CancelledError()
+            self._event.set()
+        return True
+
+    def cancelled(self) -> bool:
+        return self._event.is_set() and isinstance(self._value, CancelledError)
+
+    def _expire(self, seconds: float) -> None:
+        """The deadline passed (master thread, lock held, the call already cancelled)."""
+        self._finish(False, DeadlineError(f"{self._call}: its deadline of {seconds:g} s passed "
+                                          "before it finished; it was cancelled", [None], 0, 1))
 
     # Called by the master thread.
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
@@ -293,10 +587,25 @@ class MapResult(ApplyResult):
                  callback: Callable | None, error_callback: Callable | None) -> None:
         super().__init__(pool, callback, error_callback)
         self._chunks: list[Any] = [None] * nunits
+        self._sizes: list[int] = []  # items per unit, for a partial result at a deadline
         self._left = nunits
         if nunits == 0:
             self._success, self._value = True, []
             self._event.set()
+
+    def _expire(self, seconds: float) -> None:
+        results: list = []
+        done = 0
+        for chunk, size in zip(self._chunks, self._sizes):
+            if chunk is None:
+                results.extend([None] * size)
+            else:
+                results.extend(chunk)
+                done += size
+        self._finish(False, DeadlineError(
+            f"{self._call}: its deadline of {seconds:g} s passed with {done} of {len(results)} "
+            f"tasks finished; the others were cancelled (their results are None in .results)",
+            results, done, len(results)))
 
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
         if self._event.is_set():
@@ -334,9 +643,41 @@ class IMapIterator:
         self._length: int | None = None  # units, known once the input is consumed
         self._yielded_units = 0
         self._job_id = next(_job_counter)
+        self._call = "imap"  # how errors name the call
+        self._closed = False
 
     def __iter__(self) -> Iterator:
         return self
+
+    def close(self) -> None:
+        """Stop the call, as closing a generator does (Fiber extension).
+
+        Its tasks not started yet never start, running ones are not waited for,
+        and the input is read no further: ``islice(it, k)`` then ``close()`` takes
+        the first k results of n. ``next()`` raises :class:`StopIteration` after.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._items.clear()
+            self._ready.clear()
+            self._length = self._yielded_units = max(self._yielded_units, self._length or 0)
+            self._cond.notify_all()
+        self._pool._cancel(self)
+
+    def __enter__(self) -> IMapIterator:
+        return self
+
+    def _expire(self, seconds: float) -> None:
+        self._fail(DeadlineError(
+            f"{self._call}: its deadline of {seconds:g} s passed; the results before this "
+            f"error are what finished, the other tasks were cancelled"))
+        with self._cond:
+            self._closed = True  # results that come later are dropped
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def next(self, timeout: float | None = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -367,6 +708,8 @@ class IMapIterator:
 
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
         with self._cond:
+            if self._closed:
+                return
             self._ready[unit] = (ok, values)
             while self._next_unit in self._ready:
                 self._push(*self._ready.pop(self._next_unit))
@@ -376,6 +719,8 @@ class IMapIterator:
 
     def _set_length(self, nunits: int) -> None:
         with self._cond:
+            if self._closed:
+                return
             self._length = nunits
             self._cond.notify_all()
             self._maybe_done()
@@ -398,20 +743,46 @@ class IMapUnorderedIterator(IMapIterator):
 
     def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
         with self._cond:
+            if self._closed:
+                return
             self._push(ok, values)
             self._cond.notify_all()
             self._maybe_done()
 
 
 class _Unit:
-    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count")
+    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count",
+                 "start", "watch", "retries", "done", "copies")
 
     def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
-                 kind: int, count: int = 1) -> None:
+                 kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
         self.job, self.index, self.data = job, index, data
         self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
         self.count = count  # items in the unit
-        self.attempts = 0
+        self.start = start  # the input position of its first item
+        self.attempts = 0  # worker deaths charged to it
+        self.watch = False  # a worker died while it may have run: it runs alone, watched
+        self.retries = retries  # runs left after it raised (an opt-in)
+        self.done = False  # its result was delivered: another copy's is dropped
+        self.copies = 0  # workers that hold it (two while a backup copy runs)
+        # (done and copies are kept only in a pool with backup tasks: elsewhere a unit is
+        # never in two places, and the pool's hot path does not pay for them)
+
+    def name(self, item: int | None = None) -> str:
+        """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
+        call = getattr(self.job, "_call", "a task")
+        if type(self.job) is ApplyResult:
+            try:  # only for an error: the arguments are shown from this process's own pickle
+                args = loads(self.data)[0][0]
+            except Exception:
+                return call
+            shown = repr(args)
+            return f"{call[:-1]}, {shown if len(shown) <= 80 else shown[:77] + '...'})"
+        if item is None and self.count == 1:
+            item = 0
+        if item is not None:
+            return f"item {self.start + item} of {call}"
+        return f"items {self.start}-{self.start + self.count - 1} of {call}"
 
 
 class _Worker:
@@ -424,6 +795,11 @@ class _Worker:
         self.retiring = False
         self.pending: dict[int, list[_Unit]] = {}
         self.assigned = 0
+        self.running: tuple[int, int] | None = None  # (batch, item) a watched batch runs
+        self.culprit: tuple[_Unit, int | None] | None = None  # what it ran when it died
+        self.draining = False  # it was told to stop (SIGTERM) and hands its work back
+        self.sent: dict[int, float] = {}  # when each pending batch was sent (for backups)
+        self.held_work = False  # it held batches when it was lost
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
 
 
@@ -433,12 +809,20 @@ class Pool:
     Fiber adds keyword-only arguments: ``backend`` (a backend for the workers),
     resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` and ``image``
     for each worker's job (defaulting to what :func:`fiber_core.meta` put on the
-    ``initializer``, then to configuration), and :meth:`resize`.
+    ``initializer``, then to configuration), and :meth:`resize`. How lost workers
+    are charged: ``retries`` (runs again of a task that raised; default 0, also per
+    call), ``task_losses`` (worker deaths a task may cause before it fails; an
+    out-of-memory kill fails it at once), ``loss_limit`` (``(losses, seconds)``: workers
+    lost to no task's fault before the pool fails; default ``(max(100, 10 *
+    processes), 600)``).
     """
 
     def __init__(self, processes: int | None = None, initializer: Callable | None = None,
                  initargs: tuple = (), maxtasksperchild: int | None = None, context: Any = None,
-                 *, backend: str | None = None, **resources: Any) -> None:
+                 *, backend: str | None = None, retries: int = 0,
+                 task_losses: int = MAX_TASK_ATTEMPTS,
+                 loss_limit: tuple[int, float] | None = None, backup: bool | float = False,
+                 **resources: Any) -> None:
 
         if processes is None:
             processes = cpu_count()
@@ -449,6 +833,34 @@ class Pool:
             raise ValueError("maxtasksperchild must be a positive int or None")
         if initializer is not None and not callable(initializer):
             raise TypeError("initializer must be a callable")
+        self._retries = _check_retries(retries)
+        if not isinstance(task_losses, int) or isinstance(task_losses, bool) or task_losses < 1:
+            raise ValueError(f"task_losses must be an int of 1 or more, not {task_losses!r}")
+        self._task_losses = task_losses
+        if loss_limit is not None:
+            try:
+                count, window = loss_limit
+                ok = isinstance(count, int) and count >= 1 and float(window) > 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"loss_limit must be (losses, seconds), such as (100, 600.0); "
+                                 f"not {loss_limit!r}")
+        self._loss_limit = loss_limit
+        if backup is True:
+            backup = BACKUP_FACTOR
+        if backup is False or backup is None:
+            self._backup: float | None = None
+        elif isinstance(backup, (int, float)) and backup > 1:
+            self._backup = float(backup)
+        else:
+            raise ValueError(f"backup must be True, False or a factor over 1 (such as 3.0), not {backup!r}")
+        self._losses: collections.deque[float] = collections.deque()  # when workers were lost
+        self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, job id, s, job)
+        self._started = False  # the first workers started: later start errors are retried
+        self._start_retry_at: float | None = None  # starts are refused: the next try
+        self._start_failing_since: float | None = None
+        self._start_backoff = START_BACKOFF_SECONDS
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._maxtasks = maxtasksperchild
@@ -487,6 +899,7 @@ class Pool:
         try:
             with self._lock:
                 self._top_up()
+                self._started = True
         except BaseException:
             self._state = "TERMINATE"
             for w in self._workers.values():
@@ -545,7 +958,13 @@ class Pool:
                 # A result or a ready message gives room to its worker only: dispatching to
                 # it alone keeps a message's cost independent of the pool's size. Anything
                 # else (new work, re-queued work, a resize, a quiet second) looks at all.
-                events = self._sel.select(1.0)
+                timeout = BACKUP_CHECK_SECONDS if self._backup is not None and self._jobs else 1.0
+                if self._deadlines:
+                    with self._lock:
+                        left = self._expire_deadlines()
+                    if left is not None:
+                        timeout = min(timeout, left)
+                events = self._sel.select(timeout)
                 touched: list[_Worker] | None = [] if events else None
                 for key, _ in events:
                     kind, w = key.data
@@ -570,7 +989,11 @@ class Pool:
                 with self._lock:
                     if self._state == "TERMINATE":
                         break
+                    if self._start_retry_at is not None and time.monotonic() >= self._start_retry_at:
+                        self._top_up()
                     self._dispatch(touched)
+                    if self._backup is not None and not self._queue:
+                        self._start_backups()
                     if self._state == "CLOSE" and not self._jobs and not self._queue:
                         self._retire_all()
                         if not self._workers:
@@ -613,11 +1036,22 @@ class Pool:
                 # batches in order, so this answers its oldest pending one.
                 err = FiberError(f"cannot unpickle a result sent by {w.process.name}: {e!r}")
                 for unit in w.pending.pop(next(iter(w.pending))):
+                    if self._backup is not None:
+                        unit.copies -= 1
+                        unit.done = True
                     unit.job._set_unit(unit.index, False, err)
                 self._retire_if_done(w)
                 return
             units = w.pending.pop(batch_id)
+            if w.sent:
+                w.sent.pop(batch_id, None)
             job_id = units[0].func_id
+            backup = self._backup is not None
+            if not results:  # skipped: its job was cancelled
+                for unit in units if backup else ():
+                    unit.copies -= 1
+                self._retire_if_done(w)
+                return
             if job_id in self._jobs:
                 per_unit = elapsed / len(units)
                 est = self._unit_seconds.get(job_id)
@@ -627,12 +1061,27 @@ class Pool:
                 self._item_seconds.move_to_end(key)
                 if len(self._item_seconds) > _FUNC_CACHE:
                     self._item_seconds.popitem(last=False)
+            w.running = None
             for unit, (ok, value) in zip(units, results):
+                if backup:
+                    unit.copies -= 1
+                    if unit.done:
+                        continue  # a backup copy's result came first
                 if not ok:
-                    exc, tb = value
-                    value = _rebuild_exc(exc, tb) if tb else exc
+                    if unit.retries > 0:  # the caller opted in: run it again
+                        unit.retries -= 1
+                        self._requeue([unit])
+                        continue
+                    value = _task_error(unit, ok, value)
+                    ok = False
+                if backup:
+                    unit.done = True
                 unit.job._set_unit(unit.index, ok, value)
             self._retire_if_done(w)
+        elif op == POOL_RUNNING:
+            w.running = decode_pool_running(msg)
+        elif op == POOL_DRAIN:
+            self._on_drain(w, decode_pool_drain(msg))
         elif op == POOL_READY:
             w.ready = True
             self._start_failures = self._start_kills = 0
@@ -645,6 +1094,22 @@ class Pool:
             log.error("fiber: %s", unexpected(msg, f"the connection of {w.process.name}"))
             self._lose(w)
 
+    def _on_drain(self, w: _Worker, keep: int) -> None:
+        """The worker was told to stop: take back every batch but the one it finishes."""
+        w.draining = w.retiring = True
+        back = [units for batch, units in w.pending.items() if batch != keep]
+        w.pending = {batch: units for batch, units in w.pending.items() if batch == keep}
+        for units in back if self._backup is not None else ():
+            for unit in units:
+                unit.copies -= 1
+        self._requeue([u for units in back for u in units])
+        log.info("fiber: pool worker %s is stopping (SIGTERM): %d batches handed back",
+                 w.process.name, len(back))
+        self._retire_if_done(w)
+        with self._lock:
+            if self._state == "RUN" or self._queue:
+                self._top_up()
+
     def _retire_if_done(self, w: _Worker) -> None:
         if w.retiring and not w.pending and w.conn is not None:
             try:
@@ -653,7 +1118,15 @@ class Pool:
                 pass
 
     def _lose(self, w: _Worker) -> None:
-        """The worker's connection ended: put its tasks back at the front of the queue."""
+        """The worker's connection ended: put its tasks back at the front of the queue.
+
+        Only the task it was running may be charged for its death, once its exit
+        says why it died (:meth:`_on_exit`); until then it is held. A worker runs its
+        batches in order, so that task is in its oldest pending batch: the item a
+        watched batch said it started, or the batch's only unit. A batch of several
+        units does not say which one ran: none is charged, and each runs again
+        alone and watched, so that a unit that kills its worker is found.
+        """
         if w.lost:
             return
         w.lost = True
@@ -665,20 +1138,48 @@ class Pool:
                     pass
             w.conn.close()
         with self._lock:
-            batches = list(w.pending.values())
+            batches = list(w.pending.items())
             w.pending.clear()
-            # A worker runs its batches in order: only the first was running when it
-            # died; the others were prefetched and are not charged an attempt.
-            for unit in batches[0] if batches else ():
-                unit.attempts += 1
-            for unit in reversed([u for units in batches for u in units]):
-                if unit.attempts >= MAX_TASK_ATTEMPTS:
-                    unit.job._set_unit(unit.index, False, TaskLostError(
-                        f"task lost: {unit.attempts} workers died while running it "
-                        f"(last: {w.process.name}); it is not retried again"))
+            w.sent.clear()
+            for _, units in batches if self._backup is not None else ():
+                for unit in units:
+                    unit.copies -= 1
+            if not batches:
+                return
+            w.held_work = True
+            if not w.draining:
+                batch_id, first = batches[0]
+                if len(first) == 1:
+                    item = None
+                    if w.running is not None and w.running[0] == batch_id:
+                        item = w.running[1]
+                    w.culprit = (first[0], item)
+                    first[0].watch = True
+                    batches[0] = (batch_id, [])
                 else:
-                    self._queue.appendleft(unit)
-                    self._requeued = True
+                    for unit in first:
+                        unit.watch = True
+            self._requeue([u for _, units in batches for u in units])
+
+    def _count_loss(self, w: _Worker, what: str) -> bool:
+        """Count a worker lost to no task's fault; fail the pool past its limit (True)."""
+        now = time.monotonic()
+        limit, window = self._loss_limit or (max(LOSS_LIMIT, 10 * self._processes), LOSS_WINDOW)
+        self._losses.append(now)
+        while self._losses and self._losses[0] < now - window:
+            self._losses.popleft()
+        if len(self._losses) <= limit:
+            log.info("fiber: pool worker lost, not charged to a task: %s", what)
+            return False
+        err = BackendError(
+            f"pool workers were lost {len(self._losses)} times within {window:g} s, more than "
+            f"the pool's loss_limit ({limit} in {window:g} s); the last: {what}. The platform "
+            f"keeps taking workers: look at it, or allow more with Pool(loss_limit=(n, seconds))")
+        self._error = err
+        self._state = "TERMINATE"
+        self._fail_all_locked(err)
+        self._kill_workers()
+        return True
 
     def _on_exit(self, w: _Worker) -> None:
         self._lose(w)
@@ -687,15 +1188,49 @@ class Pool:
         except (KeyError, ValueError):
             pass
         w.process.join()
-        code = w.process.exitcode
+        code, reason, detail = _end_of(w)
+        culprit, w.culprit = w.culprit, None
+        if culprit is not None and culprit[0].done:
+            culprit = None  # a backup copy delivered it
         with self._lock:
             self._workers.pop(w.id, None)
-            if self._state == "TERMINATE" or w.retiring:
+            if self._state == "TERMINATE":
+                return
+            what = _describe_end(w, code, reason, detail)
+            # Not the task's fault: the platform took the worker (preempted, host lost,
+            # stopped), or it was told to stop (SIGTERM, the polite stop of a preemption).
+            infrastructure = w.draining or (reason is not None and reason.infrastructure) or (
+                code == -signal.SIGTERM and reason is not EndReason.OOM)
+            if culprit is not None:
+                unit, item = culprit
+                if infrastructure:
+                    self._requeue([unit])
+                else:
+                    unit.attempts += 1
+                    limit = 1 if reason is EndReason.OOM else self._task_losses
+                    if unit.attempts >= limit:
+                        times = "once" if unit.attempts == 1 else f"{unit.attempts} times"
+                        unit.job._set_unit(unit.index, False, TaskLostError(
+                            f"task lost: {unit.name(item)}: its worker died {times} while "
+                            f"running it; the last, {what}. It is not run again"))
+                    else:
+                        log.warning("fiber: %s while running %s; it runs again", what, unit.name(item))
+                        self._requeue([unit])
+            if w.retiring and not w.draining and culprit is None:
                 return
             if self._state == "CLOSE" and not self._queue and not self._jobs:
                 return  # closing, and nothing is left to do
-            if not w.ready:
-                if code is not None and code < 0:
+            if infrastructure and self._count_loss(w, what):
+                return
+            if not w.ready and not infrastructure:
+                signum = -code if code is not None and code < 0 else 0
+                killed = signum > 0 and reason is not EndReason.OOM
+                if killed and w.conn is None and signum in _OUTSIDE_KILLS:
+                    # Killed before it even connected: from outside (a reclaimed node, a
+                    # chaos test), not a broken image, which exits or crashes by itself.
+                    if self._count_loss(w, what + ", while starting"):
+                        return
+                elif killed:
                     self._start_kills += 1
                 else:
                     self._start_failures += 1
@@ -707,7 +1242,7 @@ class Pool:
                     err = JobStartError(
                         f"pool workers die before they are ready "
                         f"({max(self._start_failures, self._start_kills)} in a row); "
-                        f"the last, {w.process.name}, exited with code {code}"
+                        f"the last, {what}"
                         + (f"; the end of its log:\n{tail}" if tail else ""),
                         exitcode=code, logs=logs)
                     self._error = err
@@ -715,9 +1250,13 @@ class Pool:
                     self._fail_all_locked(err)
                     self._kill_workers()
                     return
-            elif code not in (0, None) and not w.retiring:
-                log.warning("fiber: pool worker %s died (exit code %s); its tasks were re-queued",
-                            w.process.name, code)
+            elif culprit is None and not infrastructure and code not in (0, None) and not w.retiring:
+                log.warning("fiber: pool worker died: %s; its tasks were re-queued", what)
+                # Idle when it died: no task to charge, so the pool-wide limit bounds how often
+                # this may happen. (A batch of several tasks runs again watched instead: a task
+                # that kills its worker is then found and charged.)
+                if not w.held_work and self._count_loss(w, what):
+                    return
             self._top_up()
 
     def _top_up(self) -> None:
@@ -726,14 +1265,47 @@ class Pool:
         On a backend whose jobs share this machine's CPUs, at most one worker per
         CPU is starting at any time: the rest start as those become ready, so the
         first result comes after one start, not after all of them shared the CPUs.
+
+        The first workers' start fails :class:`Pool` at once; after that, a backend
+        that refuses (a daemon restarting, an API briefly unreachable) is retried
+        with a backoff for :data:`START_RETRY_SECONDS`, then the pool fails.
         """
+        if self._start_retry_at is not None and time.monotonic() < self._start_retry_at:
+            return
         active = [w for w in self._workers.values() if not w.retiring and not w.lost]
         starting = sum(1 for w in active if not w.ready)
         for _ in range(self._processes - len(active)):
             if self._burst is not None and starting >= self._burst:
                 break
-            self._start_worker()
+            try:
+                self._start_worker()
+            except Exception as e:
+                if not self._started:
+                    raise
+                self._start_failed(e)
+                return
+            self._start_retry_at = self._start_failing_since = None
             starting += 1
+
+    def _start_failed(self, e: Exception) -> None:
+        now = time.monotonic()
+        if self._start_failing_since is None:
+            self._start_failing_since, self._start_backoff = now, START_BACKOFF_SECONDS
+        failing = now - self._start_failing_since
+        if failing >= START_RETRY_SECONDS:
+            err = BackendError(f"cannot start pool workers: the backend has refused for "
+                               f"{failing:.0f} s (START_RETRY_SECONDS); the last error: {e}")
+            err.__cause__ = e
+            self._error = err
+            self._state = "TERMINATE"
+            self._fail_all_locked(err)
+            self._kill_workers()
+            return
+        log.warning("fiber: cannot start a pool worker, waiting for the backend (again in %.1f s, "
+                    "for up to %.0f s more): %s", self._start_backoff,
+                    START_RETRY_SECONDS - failing, e)
+        self._start_retry_at = now + self._start_backoff
+        self._start_backoff = min(2 * self._start_backoff, START_BACKOFF_MAX_SECONDS)
 
     def _dispatch(self, only: list[_Worker] | None = None) -> None:
         """Hand batches to ready workers (all, or ``only``) that have room. Called with the lock held."""
@@ -789,6 +1361,35 @@ class Pool:
                     size = min(size, room)
                 self._send_batch(w, size, PREFETCH_MAX_BYTES if level else None)
 
+    def _start_backups(self) -> None:
+        """Idle workers and nothing queued: run again the batches that take far too long.
+
+        A batch is late when it has run ``backup`` times as long as its job's
+        measured time for that many units. Its copy goes to an idle worker; the
+        first result is delivered, the other dropped. Called with the lock held.
+        """
+        idle = [w for w in self._workers.values()
+                if w.conn is not None and w.ready and not w.lost and not w.retiring and not w.pending]
+        if not idle:
+            return
+        now = time.monotonic()
+        late: list[tuple[float, _Worker, int]] = []
+        assert self._backup is not None
+        for w in self._workers.values():
+            for batch_id, units in w.pending.items():
+                est = self._unit_seconds.get(units[0].func_id)
+                if est is None or units[0].watch or any(u.copies > 1 or u.done for u in units):
+                    continue
+                age = now - w.sent.get(batch_id, now)
+                if age > max(BACKUP_MIN_SECONDS, self._backup * est * len(units)):
+                    late.append((age, w, batch_id))
+        late.sort(key=lambda t: -t[0])
+        for (_, slow, batch_id), spare in zip(late, idle):
+            units = list(slow.pending[batch_id])
+            log.debug("fiber: a backup copy of a late batch (%d units) goes to %s",
+                      len(units), spare.process.name)
+            self._send_units(spare, units)
+
     def _prefetch_too_big(self, w: _Worker, front: _Unit) -> bool:
         """A prefetch waits in the socket until the worker is done: it must fit there."""
         size = len(front.data)
@@ -804,13 +1405,21 @@ class Pool:
             u = self._queue[0]
             if u.func_id != first.func_id:
                 break
-            if units and (u.attempts or first.attempts):
-                break  # a unit that was running when its worker died goes alone
+            if units and (u.watch or first.watch):
+                break  # a unit that may have killed its worker goes alone, watched
             nbytes += len(u.data)
             if units and max_bytes is not None and nbytes > max_bytes:
                 break
             units.append(self._queue.popleft())
+        self._send_units(w, units)
+
+    def _send_units(self, w: _Worker, units: list[_Unit]) -> None:
+        first = units[0]
         batch_id = next(_job_counter)
+        if self._backup is not None:
+            for u in units:
+                u.copies += 1
+            w.sent[batch_id] = time.monotonic()
         send_func = first.func_id not in w.funcs
         if send_func:
             # A finished job's function is not sent again: no entry outlives its map (each
@@ -821,7 +1430,7 @@ class Pool:
             if len(w.funcs) > _FUNC_CACHE:
                 w.funcs.popitem(last=False)
         payload = encode_pool_tasks(batch_id, first.func_id, first.func_bytes if send_func else None,
-                                    first.kind, [u.data for u in units])
+                                    first.kind, [u.data for u in units], first.watch)
         w.pending[batch_id] = units
         w.assigned += len(units)
         assert w.conn is not None
@@ -855,6 +1464,32 @@ class Pool:
         with self._lock:
             self._fail_all_locked(exc)
 
+    def _requeue(self, units: list[_Unit]) -> None:
+        """Put units back at the front of the queue, in their order (those of live calls)."""
+        with self._lock:
+            live = [u for u in units if u.job._job_id in self._jobs and not u.done and not u.copies]
+            if live:
+                self._queue.extendleft(reversed(live))
+                self._requeued = True
+
+    def _cancel(self, job: Any) -> None:
+        """Drop a call's queued tasks; tell the workers that hold some to skip them."""
+        with self._lock:
+            if self._jobs.pop(job._job_id, None) is None:
+                return
+            self._unit_seconds.pop(job._job_id, None)
+            if any(u.job is job for u in self._queue):
+                self._queue = collections.deque(u for u in self._queue if u.job is not job)
+            for w in self._workers.values():
+                if w.conn is None or w.lost:
+                    continue
+                if any(units[0].job is job for units in w.pending.values()):
+                    try:
+                        w.conn.send_frame(encode_pool_cancel(job._job_id))
+                    except OSError:
+                        pass
+        self._wake()
+
     def _job_done(self, job: Any) -> None:
         self._jobs.pop(job._job_id, None)
         self._unit_seconds.pop(job._job_id, None)
@@ -868,14 +1503,19 @@ class Pool:
             raise ValueError("Pool not running")
 
     def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[Sequence[Any]],
-                func_bytes: bytes | None = None) -> int:
+                func_bytes: bytes | None = None, retries: int | None = None) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
         chunks = list(chunks)
+        retries = self._retries if retries is None else _check_retries(retries)
         with sending_to(self._hub):
             if func_bytes is None:
                 func_bytes = dumps(func)
-            units = [_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk))
-                     for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks)))]
+            units = []
+            start = 0
+            for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks))):
+                units.append(_Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk),
+                                   start, retries))
+                start += len(chunk)
         with self._lock:
             self._check_running()
             self._jobs[job._job_id] = job
@@ -891,18 +1531,25 @@ class Pool:
         return len(units)
 
     def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
-                    callback: Callable | None = None, error_callback: Callable | None = None) -> ApplyResult:
+                    callback: Callable | None = None, error_callback: Callable | None = None,
+                    *, retries: int | None = None, deadline: float | None = None) -> ApplyResult:
         self._check_running()
+        _check_deadline(deadline)
         result = ApplyResult(self, callback, error_callback)
-        self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]])
+        result._call = _call_name("apply_async", func)  # the arguments: from the unit, if needed
+        self._submit(result, func, _APPLY, [[(tuple(args), dict(kwds or {}))]], retries=retries)
+        self._set_deadline(result, deadline)
         return result
 
-    def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None) -> Any:
-        return self.apply_async(func, args, kwds).get()
+    def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None,
+              *, retries: int | None = None, deadline: float | None = None) -> Any:
+        return self.apply_async(func, args, kwds, retries=retries, deadline=deadline).get()
 
     def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: int | None,
-                   callback: Callable | None, error_callback: Callable | None) -> MapResult:
+                   callback: Callable | None, error_callback: Callable | None,
+                   retries: int | None = None, deadline: float | None = None) -> MapResult:
         self._check_running()
+        _check_deadline(deadline)
         # A sequence is sliced as it is (a range into ranges): no copy of its items here.
         items = iterable if isinstance(iterable, (list, tuple, range)) else list(iterable)
         with sending_to(self._hub):
@@ -926,31 +1573,45 @@ class Pool:
         else:
             chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
         result = MapResult(self, len(chunks), callback, error_callback)
+        result._sizes = [len(c) for c in chunks] if deadline is not None else []
+        result._call = _call_name("starmap" if kind == _STARMAP else "map", func)
         if chunks:
-            self._submit(result, func, kind, chunks, func_bytes)
+            self._submit(result, func, kind, chunks, func_bytes, retries)
+            self._set_deadline(result, deadline)
         return result
 
     def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-                  callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
-        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback)
+                  callback: Callable | None = None, error_callback: Callable | None = None,
+                  *, retries: int | None = None, deadline: float | None = None) -> MapResult:
+        return self._map_async(func, iterable, _MAP, chunksize, callback, error_callback, retries,
+                               deadline)
 
-    def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
-        return self._map_async(func, iterable, _MAP, chunksize, None, None).get()
+    def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+            *, retries: int | None = None, deadline: float | None = None) -> list:
+        return self._map_async(func, iterable, _MAP, chunksize, None, None, retries, deadline).get()
 
     def starmap_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-                      callback: Callable | None = None, error_callback: Callable | None = None) -> MapResult:
-        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback)
+                      callback: Callable | None = None, error_callback: Callable | None = None,
+                      *, retries: int | None = None, deadline: float | None = None) -> MapResult:
+        return self._map_async(func, iterable, _STARMAP, chunksize, callback, error_callback, retries,
+                               deadline)
 
-    def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None) -> list:
-        return self._map_async(func, iterable, _STARMAP, chunksize, None, None).get()
+    def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
+                *, retries: int | None = None, deadline: float | None = None) -> list:
+        return self._map_async(func, iterable, _STARMAP, chunksize, None, None, retries,
+                               deadline).get()
 
-    def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int) -> IMapIterator:
+    def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int,
+              retries: int | None = None, deadline: float | None = None) -> IMapIterator:
         self._check_running()
+        _check_deadline(deadline)
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
+        retries = self._retries if retries is None else _check_retries(retries)
         with sending_to(self._hub):
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self)
+        it._call = _call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func)
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
             self._jobs[it._job_id] = it
@@ -965,9 +1626,10 @@ class Pool:
                         break
                     with sending_to(self._hub):
                         data = dumps(chunk)
-                    unit = _Unit(it, n, data, it._job_id, func_bytes, _MAP, len(chunk))
+                    unit = _Unit(it, n, data, it._job_id, func_bytes, _MAP, len(chunk),
+                                 n * chunksize, retries)
                     with self._lock:
-                        if self._state == "TERMINATE":
+                        if self._state == "TERMINATE" or it._closed:
                             return
                         self._queue.append(unit)
                     n += 1
@@ -981,13 +1643,36 @@ class Pool:
             it._set_length(n)
 
         threading.Thread(target=feed, daemon=True, name="fiber-pool-feeder").start()
+        self._set_deadline(it, deadline)
         return it
 
-    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
-        return self._imap(IMapIterator, func, iterable, chunksize)
+    def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1,
+             *, retries: int | None = None, deadline: float | None = None) -> IMapIterator:
+        return self._imap(IMapIterator, func, iterable, chunksize, retries, deadline)
 
-    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1) -> IMapIterator:
-        return self._imap(IMapUnorderedIterator, func, iterable, chunksize)
+    def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1,
+                       *, retries: int | None = None, deadline: float | None = None) -> IMapIterator:
+        return self._imap(IMapUnorderedIterator, func, iterable, chunksize, retries, deadline)
+
+    def _set_deadline(self, job: Any, deadline: float | None) -> None:
+        if deadline is None:
+            return
+        with self._lock:
+            heapq.heappush(self._deadlines, (time.monotonic() + deadline, job._job_id, deadline, job))
+        self._wake()
+
+    def _expire_deadlines(self) -> float | None:
+        """Fail the calls whose deadline passed; return the seconds to the next one. Lock held."""
+        now = time.monotonic()
+        while self._deadlines:
+            at, job_id, seconds, job = self._deadlines[0]
+            if at > now:
+                return at - now
+            heapq.heappop(self._deadlines)
+            if job_id in self._jobs:
+                self._cancel(job)
+                job._expire(seconds)
+        return None
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -65,3 +65,10 @@ def consume(jq, results) -> None:  # noqa: ANN001
 
 def put_square(q, x: int) -> None:  # noqa: ANN001
     q.put(x * x)
+
+
+def allocate(mib: int, runs) -> int:  # noqa: ANN001
+    """Tell ``runs`` it runs, then hold ``mib`` MiB: past a container's memory limit."""
+    runs.put("ran")
+    block = b"x" * (mib << 20)
+    return len(block)

@@ -28,7 +28,7 @@ import docker_tasks
 import fiber_core
 import pytest
 from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
-from fiber_core.base.errors import BackendError
+from fiber_core.base.errors import BackendError, TaskLostError
 from fiber_core.contract import Backend, EndReason, Job, JobSpec
 from fiber_core.runtime.config import create_backend, plugins
 from fiber_core.testing import BackendConformance
@@ -752,3 +752,30 @@ def test_parent_in_a_container_uses_its_own_image_and_network(
     finally:
         docker_api.remove_container(parent, force=True)
         docker_api.remove_image(tag)
+
+
+# -- the pool on lost containers --------------------------------------------------------------------
+
+
+def test_pool_task_over_the_memory_limit_fails_naming_memory_after_one_run() -> None:
+    runs = fiber_core.Queue()
+    with fiber_core.Pool(1, backend="docker", memory=64) as pool:
+        res = pool.apply_async(docker_tasks.allocate, (256, runs))
+        with pytest.raises(TaskLostError, match=r"apply_async\(allocate, .*out of memory, limit 64 MiB"):
+            res.get(timeout=WAIT)
+        assert runs.get(timeout=WAIT) == "ran"
+        assert runs.empty()  # one run: an out-of-memory kill is not retried by default
+        assert pool.apply_async(docker_tasks.square, (4,)).get(timeout=WAIT) == 16
+
+
+def test_pool_worker_stopped_by_docker_stop_hands_its_work_back(docker_api: docker.APIClient) -> None:
+    items = list(range(30))
+    with fiber_core.Pool(2, backend="docker") as pool:
+        it = pool.imap(docker_tasks.slow_square, items, chunksize=1)
+        assert next(it) == 0  # both workers are up and running tasks
+        victim = pool._pool[0]
+        docker_api.stop(victim.job.id, timeout=60)  # SIGTERM; SIGKILL only after 60 s
+        victim.join(WAIT)
+        assert victim.exitcode == 0  # it finished its task and left, before any SIGKILL
+        assert [0, *it] == [x * x for x in items]  # every result, once, in order
+        assert pool.map(docker_tasks.square, range(10)) == [x * x for x in range(10)]
