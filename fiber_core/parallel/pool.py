@@ -1268,7 +1268,9 @@ class Pool:
 
         The first workers' start fails :class:`Pool` at once; after that, a backend
         that refuses (a daemon restarting, an API briefly unreachable) is retried
-        with a backoff for :data:`START_RETRY_SECONDS`, then the pool fails.
+        with a backoff for :data:`START_RETRY_SECONDS`, then the pool fails. A
+        ``RuntimeError`` (no thread to be had while the interpreter exits) is no
+        refusal that passes: it fails the pool at once.
         """
         if self._start_retry_at is not None and time.monotonic() < self._start_retry_at:
             return
@@ -1282,18 +1284,19 @@ class Pool:
             except Exception as e:
                 if not self._started:
                     raise
-                self._start_failed(e)
+                self._start_failed(e, retry=not isinstance(e, RuntimeError))
                 return
             self._start_retry_at = self._start_failing_since = None
             starting += 1
 
-    def _start_failed(self, e: Exception) -> None:
+    def _start_failed(self, e: Exception, retry: bool = True) -> None:
         now = time.monotonic()
         if self._start_failing_since is None:
             self._start_failing_since, self._start_backoff = now, START_BACKOFF_SECONDS
         failing = now - self._start_failing_since
-        if failing >= START_RETRY_SECONDS:
-            err = BackendError(f"cannot start pool workers: the backend has refused for "
+        if not retry or failing >= START_RETRY_SECONDS:
+            err = BackendError(f"cannot start pool workers: {e}" if not retry else
+                               f"cannot start pool workers: the backend has refused for "
                                f"{failing:.0f} s (START_RETRY_SECONDS); the last error: {e}")
             err.__cause__ = e
             self._error = err

@@ -105,8 +105,12 @@ class Handshakes:
         self._lock = threading.Condition(threading.Lock())
         self._pending: dict[int, tuple[float, Callable[[], None]]] = {}  # in deadline order
         self._next = 0
-        self._reaper: threading.Thread | None = None
         self._closed = False
+        self._reaper = threading.Thread(target=self._reap, daemon=True, name="fiber-handshakes")
+        try:
+            self._reaper.start()
+        except RuntimeError:  # made while the interpreter exits (3.12.0/1 forbid threads then)
+            pass  # no deadlines at that point: the program is ending anyway
 
     def admit(self, shut: Callable[[], None]) -> int:
         """Start the clock of one connection; ``shut`` shuts it down. Returns its token."""
@@ -118,9 +122,6 @@ class Handshakes:
             self._pending[token] = (deadline, shut)
             while len(self._pending) > self._bound:
                 self._shed(next(iter(self._pending)))
-            if self._reaper is None:
-                self._reaper = threading.Thread(target=self._reap, daemon=True, name="fiber-handshakes")
-                self._reaper.start()
             self._lock.notify()
         return token
 
