@@ -1274,6 +1274,8 @@ class Pool:
         """
         if self._start_retry_at is not None and time.monotonic() < self._start_retry_at:
             return
+        if self._started and runtime().exiting:
+            return  # the program ends: a replacement would outlive the backends' cleanup
         active = [w for w in self._workers.values() if not w.retiring and not w.lost]
         starting = sum(1 for w in active if not w.ready)
         for _ in range(self._processes - len(active)):

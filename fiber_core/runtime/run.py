@@ -71,6 +71,11 @@ class Runtime:
         except RuntimeError:  # created while the interpreter already shuts down
             pass
 
+    @property
+    def exiting(self) -> bool:
+        """The exit sequence has begun: nothing new should be started from here on."""
+        return self._exiting
+
     def at_shutdown(self, step: Callable[[], None]) -> None:
         """Run ``step`` at exit before the backends clean up (the layers above add theirs)."""
         if step not in self._shutdown_steps:
