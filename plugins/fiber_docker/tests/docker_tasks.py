@@ -72,3 +72,9 @@ def allocate(mib: int, runs) -> int:  # noqa: ANN001
     runs.put("ran")
     block = b"x" * (mib << 20)
     return len(block)
+
+
+def ms_task(x: int) -> int:
+    """1-5 ms of work, for maps under preemption."""
+    time.sleep(0.001 + (x % 5) * 0.001)
+    return x

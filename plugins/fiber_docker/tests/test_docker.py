@@ -779,3 +779,48 @@ def test_pool_worker_stopped_by_docker_stop_hands_its_work_back(docker_api: dock
         assert victim.exitcode == 0  # it finished its task and left, before any SIGKILL
         assert [0, *it] == [x * x for x in items]  # every result, once, in order
         assert pool.map(docker_tasks.square, range(10)) == [x * x for x in range(10)]
+
+
+@pytest.mark.timeout(600)
+def test_pool_map_under_docker_stops_charges_no_task(docker_api: docker.APIClient) -> None:
+    """A random worker container stopped (`docker stop -t 2`: SIGTERM, SIGKILL 2 s later) every
+    0.5-1 s during a map: every result exactly once and in order, and no task charged
+    (``task_losses=1``: one charged death fails the map)."""
+    import random
+    import threading
+
+    n = 6000
+    rng = random.Random(3)
+    stop = threading.Event()
+    stopped: list[str] = []
+
+    def preempt(pool: fiber_core.Pool) -> None:
+        while not stop.wait(rng.uniform(0.5, 1.0)):
+            with pool._lock:
+                ids = [w.process.job.id for w in pool._workers.values()
+                       if w.ready and not w.lost and not w.draining and w.process.job is not None]
+            if not ids:
+                continue
+            cid = rng.choice(ids)
+            # docker stop blocks for the grace period: from a thread of its own
+            threading.Thread(target=_stop_quietly, args=(docker_api, cid), daemon=True).start()
+            stopped.append(cid)
+
+    with fiber_core.Pool(4, backend="docker", task_losses=1) as pool:
+        thread = threading.Thread(target=preempt, args=(pool,), daemon=True)
+        thread.start()
+        try:
+            out = pool.map(docker_tasks.ms_task, range(n), chunksize=5)
+        finally:
+            stop.set()
+            thread.join(WAIT)
+        assert out == list(range(n))
+        assert pool.map(docker_tasks.square, range(8)) == [x * x for x in range(8)]
+    assert stopped, "no worker container was stopped during the map"
+
+
+def _stop_quietly(api: docker.APIClient, cid: str) -> None:
+    try:
+        api.stop(cid, timeout=2)
+    except docker.errors.APIError:
+        pass  # it ended meanwhile

@@ -19,3 +19,11 @@ def pod_name() -> str:
 
 def put_square(q, x: int) -> None:  # noqa: ANN001 - a fiber_core.Queue
     q.put(x * x)
+
+
+def ms_task(x: int) -> int:
+    """1-5 ms of work, for maps under preemption."""
+    import time
+
+    time.sleep(0.001 + (x % 5) * 0.001)
+    return x

@@ -432,6 +432,51 @@ def test_pool_of_pods(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], im
         assert where in workers  # a task ran in one of the pool's pods
 
 
+@pytest.mark.timeout(600)
+def test_pool_map_under_evictions_charges_no_task(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
+                                                  image: str) -> None:
+    """Worker pods evicted through the Eviction API (DisruptionTarget, then a graceful delete:
+    SIGTERM, SIGKILL after the grace period) every 1-2 s during a map: every result exactly
+    once and in order, and no task charged (``task_losses=1``: one charged death fails it)."""
+    import random
+
+    n = 6000
+    rng = random.Random(5)
+    stop = threading.Event()
+    evicted: list[fiber_core.Process] = []
+
+    def evict(pool: fiber_core.Pool) -> None:
+        while not stop.wait(rng.uniform(1.0, 2.0)):
+            with pool._lock:
+                running = [w.process for w in pool._workers.values()
+                           if w.ready and not w.lost and not w.draining and w.process.job is not None]
+            if not running:
+                continue
+            victim = rng.choice(running)
+            try:
+                v1.create_namespaced_pod_eviction(victim.job.id, ns, client.V1Eviction(
+                    metadata=client.V1ObjectMeta(name=victim.job.id),
+                    delete_options=client.V1DeleteOptions(grace_period_seconds=2)))
+                evicted.append(victim)
+            except client.ApiException:
+                pass  # it ended meanwhile
+
+    with fiber_core.Pool(4, backend="kubernetes", task_losses=1) as pool:
+        thread = threading.Thread(target=evict, args=(pool,), daemon=True)
+        thread.start()
+        try:
+            out = pool.map(pod_functions.ms_task, range(n), chunksize=5)
+        finally:
+            stop.set()
+            thread.join(WAIT)
+        assert out == list(range(n))
+        assert pool.map(pod_functions.square, range(8)) == [x * x for x in range(8)]
+    assert evicted, "no worker pod was evicted during the map"
+    for p in evicted:
+        p.join(WAIT)
+        assert p.job is not None and p.job.state.reason is EndReason.PREEMPTED, p.job.state
+
+
 def test_process_roundtrip_and_cleanup_after_normal_exit(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
                                                          image: str, tmp_path: Path) -> None:
     script = tmp_path / "app.py"

@@ -416,6 +416,67 @@ def test_pool_spreads_over_the_three_hosts(ssh_runtime: Any) -> None:
         many.terminate()
 
 
+def _ms_task(x: int) -> int:
+    time.sleep(0.001 + (x % 5) * 0.001)  # 1-5 ms
+    return x
+
+
+def _run_workers(run_id: str) -> list[int]:
+    """The pids of this run's Python jobs on the three hosts (network namespaces share our pids)."""
+    mark = f"FIBER_RUN_ID={run_id}".encode()
+    pids = []
+    for name in NAMES:
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+        for pid in listed.split():
+            with contextlib.suppress(OSError):
+                if (Path(f"/proc/{pid}/comm").read_text().startswith("python")
+                        and mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")):
+                    pids.append(int(pid))
+    return pids
+
+
+@pytest.mark.timeout(600)
+def test_pool_map_under_preemption_charges_no_task(ssh_runtime: Any) -> None:
+    """A random worker sent SIGTERM, then SIGKILL 2 s later if it still runs (a preemption
+    with notice), every 0.3-0.6 s during a map over the three hosts: every result exactly
+    once and in order, and no task charged (``task_losses=1``: one charged death fails it)."""
+    import random
+    import threading
+
+    n = 6000
+    rng = random.Random(7)
+    stop = threading.Event()
+    hit: list[int] = []
+
+    def preempt() -> None:
+        while not stop.wait(rng.uniform(0.3, 0.6)):
+            pids = [p for p in _run_workers(ssh_runtime.run_id) if p not in hit]
+            if not pids:
+                continue
+            pid = rng.choice(pids)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                hit.append(pid)
+                threading.Timer(2.0, _kill_quietly, args=(pid,)).start()
+
+    with fiber_core.Pool(6, task_losses=1) as pool:
+        thread = threading.Thread(target=preempt, daemon=True)
+        thread.start()
+        try:
+            out = pool.map(_ms_task, range(n), chunksize=5)
+        finally:
+            stop.set()
+            thread.join(T)
+        assert out == list(range(n))
+        assert pool.map(_square, range(8)) == [x * x for x in range(8)]
+    assert hit, "no worker was preempted during the map"
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _meet(x: int, arrived: Any, go: Any) -> str:
     arrived.put(socket.gethostname())
     go.get(timeout=T)
