@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
+import functools
 import json
 import logging
 import os
@@ -86,6 +88,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("grace_period", int, 10, "seconds a terminated pod has between SIGTERM and SIGKILL"),
     Option("api_timeout", float, 30.0, "seconds one Kubernetes API call may take before it is an error"),
     Option("signal_shell", bool, True, "run the command under /bin/sh, which passes SIGTERM on (a PID 1 ignores it)"),
+    Option("pod_template", str, None, "a Pod (YAML or JSON file, or inline JSON) whose labels, annotations and spec are merged into every pod"),
     Option("registry", str, None, "registry that `fiber run --build` pushes the image to (e.g. ghcr.io/me)"),
 )
 
@@ -197,6 +200,107 @@ def build_secret(value: str, *, name: str, namespace: str, labels: Mapping[str, 
             "data": {SECRET_KEY: base64.b64encode(value.encode()).decode()}}
 
 
+# -- a user's pod template --------------------------------------------------------------------
+
+_TEMPLATE_METADATA = ("labels", "annotations")
+
+
+@functools.lru_cache(maxsize=8)
+def load_pod_template(value: str) -> dict[str, Any]:
+    """The ``pod_template`` setting as ``{"metadata": ..., "spec": ...}``.
+
+    ``value`` is inline JSON (it starts with ``{``) or the path of a YAML or JSON file
+    holding a ``Pod``, a ``PodTemplate`` or a bare ``{metadata, spec}``. Errors name the
+    setting and what to change.
+    """
+    where = "inline" if value.lstrip().startswith("{") else value
+    if where == "inline":
+        try:
+            doc = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"pod_template (inline) is not valid JSON: {e}") from None
+    else:
+        import yaml  # the kubernetes client depends on PyYAML
+
+        try:
+            with open(os.path.expanduser(value), encoding="utf-8") as f:
+                doc = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"pod_template: cannot read {value!r}: {e.strerror or e}. Give the path of "
+                              "a YAML or JSON file holding a Pod, or the Pod as inline JSON") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"pod_template {value!r} is not valid YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"pod_template ({where}) must be a Pod (a mapping with metadata and spec), "
+                          f"not {type(doc).__name__}")
+    kind = doc.get("kind", "Pod")
+    if kind == "PodTemplate":
+        doc = doc.get("template") or {}
+    elif kind != "Pod":
+        raise ConfigError(f"pod_template ({where}) is a {kind}: give a Pod or a PodTemplate")
+    metadata, spec = doc.get("metadata") or {}, doc.get("spec") or {}
+    if not isinstance(metadata, dict) or not isinstance(spec, dict):
+        raise ConfigError(f"pod_template ({where}): metadata and spec must be mappings")
+    other = sorted(set(metadata) - set(_TEMPLATE_METADATA))
+    if other:
+        raise ConfigError(f"pod_template ({where}): metadata.{other[0]} is Fiber's to set; a template "
+                          "gives only labels and annotations")
+    if spec.get("restartPolicy", "Never") != "Never":
+        raise ConfigError(f"pod_template ({where}): restartPolicy {spec['restartPolicy']!r}: a job's pod "
+                          "runs once (Never); remove it")
+    for c in spec.get("containers") or []:
+        if not isinstance(c, dict):
+            raise ConfigError(f"pod_template ({where}): spec.containers must be a list of mappings")
+    return {"metadata": {k: metadata[k] for k in _TEMPLATE_METADATA if k in metadata}, "spec": spec}
+
+
+def _merge(ours: Any, theirs: Any) -> Any:
+    """Fiber's value with the template's added: mappings merged (Fiber's keys win), lists
+    concatenated (the template's first), else Fiber's value."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        out = copy.deepcopy(theirs)
+        for k, v in ours.items():
+            out[k] = _merge(v, theirs[k]) if k in theirs else v
+        return out
+    if isinstance(ours, list) and isinstance(theirs, list):
+        return [*copy.deepcopy(theirs), *ours]
+    return ours
+
+
+def merge_pod_template(pod: dict[str, Any], template: Mapping[str, Any]) -> dict[str, Any]:
+    """``pod`` with ``template`` (from :func:`load_pod_template`) merged in.
+
+    What Fiber sets wins where both give a field (its own labels, the command, the
+    image, a setting such as ``service_account``); the template adds everything
+    else: labels and annotations, tolerations, affinity, a priority class, a node
+    selector's other keys, volumes, init containers, sidecars. The template's
+    container named ``job`` (or its only container) is merged into the job's
+    container; env entries Fiber sets replace the template's of the same name.
+    """
+    meta = template["metadata"]
+    for key in _TEMPLATE_METADATA:
+        if meta.get(key):
+            pod["metadata"][key] = {**meta[key], **pod["metadata"].get(key, {})}
+    tspec = copy.deepcopy(template["spec"])
+    tcontainers = tspec.pop("containers", None) or []
+    spec = pod["spec"]
+    mine = spec["containers"][0]
+    same = [c for c in tcontainers if c.get("name") == CONTAINER]
+    if not same and len(tcontainers) == 1 and not tcontainers[0].get("name"):
+        same = tcontainers
+    for c in same:
+        ours_env = {e["name"] for e in mine.get("env", [])}
+        theirs_env = [e for e in c.pop("env", None) or [] if e.get("name") not in ours_env]
+        c.pop("name", None)
+        merged = _merge(mine, c)
+        if theirs_env:
+            merged["env"] = [*theirs_env, *mine.get("env", [])]
+        mine = merged
+    spec["containers"] = [mine, *[c for c in tcontainers if not any(c is s for s in same)]]
+    pod["spec"] = _merge(spec, tspec)
+    return pod
+
+
 def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespace: str, image: str,
               labels: Mapping[str, str], owner: Mapping[str, Any] | None = None,
               secret: str | None = None) -> dict[str, Any]:
@@ -281,7 +385,10 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
     if owner:
         metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
                                         "uid": owner["metadata"]["uid"]}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    if opts.get("pod_template"):
+        pod = merge_pod_template(pod, load_pod_template(opts["pod_template"]))
+    return pod
 
 
 # -- what a pod's status means for its job -----------------------------------------------------
@@ -412,6 +519,8 @@ class KubernetesBackend(Backend):
         self._watch: _PodWatch | None = None  # made by the first create_job
         self._secret_name = secret_name(run_id)
         self._secret_value: str | None = None  # the key in the Secret, once it is created
+        if self.settings.get("pod_template"):
+            load_pod_template(self.settings["pod_template"])  # a bad template fails here, at once
 
     # -- connection, identity ----------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from fiber_core.base.errors import FiberError
 from fiber_core.contract import ENV_RUN_ID, BackendError, JobSpec, parse_pairs
 from fiber_core.runtime.config import GLOBAL_OPTIONS, config, selected_backend_name
 
-from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend
+from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend, load_pod_template
 from fiber_k8s.rbac import SERVICE_ACCOUNT
 
 _NOT_FORWARDED = {"backend", "listen_host", "listen_port", "kubeconfig", "context", "registry", "image"}
@@ -164,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
                              "the image setting (FIBER_KUBERNETES_IMAGE)")
     run_id = uuid.uuid4().hex[:12]
     env = {**_forwarded_env(), "FIBER_BACKEND": KubernetesBackend.name, ENV_RUN_ID: run_id, **parse_pairs(args.env, "--env")}
+    if settings.get("pod_template"):  # its file is on this machine: the parent pod gets its content
+        env["FIBER_KUBERNETES_POD_TEMPLATE"] = json.dumps(load_pod_template(settings["pod_template"]),
+                                                          separators=(",", ":"))
     spec = JobSpec(command=list(args.cmd), name=args.name, image=image, env=env, cpu=args.cpu,
                    memory=args.memory, gpu=args.gpu, gpu_type=args.gpu_type,
                    labels={"fiber.run": run_id, "fiber.role": "main"}, backend_options=options)

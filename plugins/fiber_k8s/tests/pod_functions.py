@@ -27,3 +27,7 @@ def ms_task(x: int) -> int:
 
     time.sleep(0.001 + (x % 5) * 0.001)
     return x
+
+
+def put_env(q, name: str) -> None:  # noqa: ANN001 - a fiber_core.Queue
+    q.put(os.environ.get(name))

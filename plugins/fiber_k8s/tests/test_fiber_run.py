@@ -9,6 +9,7 @@ token). Children of the parent pod need neither.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -155,6 +156,23 @@ def test_dry_run_prints_a_pod_the_api_server_accepts(v1: client.CoreV1Api, ns: s
     accepted = v1.create_namespaced_pod(ns, body, dry_run="All")
     assert accepted.metadata.uid and accepted.spec.containers[0].resources.requests["nvidia.com/gpu"] == "1"
     assert v1.list_namespaced_pod(ns, field_selector=f"metadata.name={body['metadata']['name']}").items == []
+
+
+def test_dry_run_carries_the_pod_template_to_the_parent_and_its_jobs(v1: client.CoreV1Api, ns: str,
+                                                                     env: dict[str, str], tmp_path: Path) -> None:
+    template = tmp_path / "pod.yaml"
+    template.write_text("metadata:\n  labels: {kueue.x-k8s.io/queue-name: team-a}\n"
+                        "spec:\n  tolerations: [{key: spot, operator: Exists}]\n")
+    out = fiber(*DRY_RUN_ARGS, env={**env, "FIBER_KUBERNETES_POD_TEMPLATE": str(template)}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    body = yaml.safe_load(out.stdout)
+    assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"  # the parent pod
+    assert {"key": "spot", "operator": "Exists"} in body["spec"]["tolerations"]
+    env_in_pod = {e["name"]: e.get("value") for e in body["spec"]["containers"][0]["env"]}
+    # The file is on this machine: its content goes along, for the parent's jobs.
+    assert json.loads(env_in_pod["FIBER_KUBERNETES_POD_TEMPLATE"])["metadata"]["labels"] == {
+        "kueue.x-k8s.io/queue-name": "team-a"}
+    assert v1.create_namespaced_pod(ns, body, dry_run="All").metadata.uid
 
 
 def test_dry_run_manifest_passes_kubectl(env: dict[str, str], tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import fiber_core
 import pod_functions
 import pytest
 import yaml
-from fiber_core.contract import BackendError, EndReason, JobSpec
+from fiber_core.contract import BackendError, ConfigError, EndReason, JobSpec
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance
@@ -37,7 +37,14 @@ from k8s_helpers import WAIT, Emu, start_emulator
 from kubernetes import client, watch
 
 from fiber_k8s import rbac
-from fiber_k8s.backend import KubernetesBackend, build_pod, label_value, pod_end, pod_name
+from fiber_k8s.backend import (
+    KubernetesBackend,
+    build_pod,
+    label_value,
+    load_pod_template,
+    pod_end,
+    pod_name,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -764,3 +771,114 @@ def test_fiber_clean_removes_the_secret_a_crashed_parent_left(v1: client.CoreV1A
         assert e.value.status == 404
     finally:
         b.cleanup()
+
+
+# -- a user's pod template ------------------------------------------------------------------------
+
+POD_TEMPLATE = """\
+apiVersion: v1
+kind: Pod
+metadata:
+  labels:
+    kueue.x-k8s.io/queue-name: team-a
+    fiber.run: not-this-one
+  annotations:
+    example.com/owner: es-team
+spec:
+  priorityClassName: research-low
+  tolerations:
+  - {key: spot, operator: Exists, effect: NoSchedule}
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions:
+          - {key: pool, operator: In, values: [cpu-spot]}
+  nodeSelector: {zone: a}
+  containers:
+  - name: job
+    image: not-this-image
+    env:
+    - {name: FROM_TEMPLATE, value: "1"}
+    - {name: FIBER_BACKEND, value: not-this-one}
+    resources:
+      requests: {ephemeral-storage: 1Gi}
+  - name: sidecar
+    image: fiber-test:latest
+    command: [sleep, "600"]
+"""
+
+
+def test_pod_template_is_merged_into_every_pod(tmp_path: Path) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(POD_TEMPLATE)
+    spec = JobSpec(command=["python3", "-c", "pass"], name="w", env={"FIBER_BACKEND": "kubernetes"}, cpu=1,
+                   backend_options={"node_selector": ["zone=b"], "tolerations": ["gpu:NoSchedule"]})
+    pod = build_pod(spec, {"pod_template": str(path)}, name="w-1", namespace="ns", image="img",
+                    labels={"fiber.run": "r1"})
+    meta, pspec = pod["metadata"], pod["spec"]
+    assert meta["labels"] == {"kueue.x-k8s.io/queue-name": "team-a", "fiber.run": "r1"}  # Fiber's label wins
+    assert meta["annotations"] == {"example.com/owner": "es-team", "fiber.name": "w"}
+    assert pspec["priorityClassName"] == "research-low"
+    assert pspec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert pspec["nodeSelector"] == {"zone": "b"}  # a setting wins over the template's same key
+    assert pspec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"},
+                                    {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pspec["restartPolicy"] == "Never"
+    job, sidecar = pspec["containers"]
+    assert job["name"] == "job" and job["image"] == "img" and job["command"][-3:] == ["python3", "-c", "pass"]
+    env = {e["name"]: e.get("value") for e in job["env"]}
+    assert env["FROM_TEMPLATE"] == "1" and env["FIBER_BACKEND"] == "kubernetes"
+    assert [e["name"] for e in job["env"]].count("FIBER_BACKEND") == 1
+    assert job["resources"] == {"limits": {"cpu": "1"}, "requests": {"ephemeral-storage": "1Gi", "cpu": "1"}}
+    assert sidecar["name"] == "sidecar"
+    # Inline JSON, and a PodTemplate, read the same.
+    inline = json.dumps({"kind": "PodTemplate", "template": {"metadata": {"labels": {"a": "b"}}}})
+    assert build_pod(spec, {"pod_template": inline}, name="w-2", namespace="ns", image="img",
+                     labels={})["metadata"]["labels"] == {"a": "b"}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("kind: Deployment\n", "is a Deployment: give a Pod or a PodTemplate"),
+    ("metadata: {name: mine}\n", "metadata.name is Fiber's to set"),
+    ("spec: {restartPolicy: Always}\n", "restartPolicy 'Always'"),
+    ("- a list\n", "must be a Pod"),
+    ("spec: [unclosed\n", "is not valid YAML"),
+])
+def test_bad_pod_template_fails_at_once_saying_what_to_change(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / f"t{abs(hash(text))}.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        KubernetesBackend({"pod_template": str(path)}, "t1")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_pod_template(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_pod_template("{not json")
+
+
+def test_pod_template_reaches_the_pods_of_a_run(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
+                                                image: str, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The emulator has no PriorityClass objects and one node: those fields are left out here.
+    path = tmp_path / "pod.yaml"
+    path.write_text(textwrap.dedent("""\
+        metadata:
+          labels: {kueue.x-k8s.io/queue-name: team-a}
+          annotations: {example.com/owner: es-team}
+        spec:
+          tolerations: [{key: spot, operator: Exists, effect: NoSchedule}]
+          containers: [{name: job, env: [{name: FROM_TEMPLATE, value: seen}]}]
+    """))
+    monkeypatch.setenv("FIBER_KUBERNETES_POD_TEMPLATE", str(path))
+    config.reset()
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=pod_functions.put_env, args=(q, "FROM_TEMPLATE"), backend="kubernetes")
+    p.start()
+    assert q.get(timeout=WAIT) == "seen"  # the template's env reached the job
+    p.join(WAIT)
+    assert p.exitcode == 0
+    pod = v1.read_namespaced_pod(p.job.id, ns)
+    assert pod.metadata.labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert pod.metadata.labels["fiber.run"] == label_value(runtime().run_id)
+    assert pod.metadata.annotations["example.com/owner"] == "es-team"
+    assert ("spot", "Exists", "NoSchedule") in [(t.key, t.operator, t.effect) for t in pod.spec.tolerations]
