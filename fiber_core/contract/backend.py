@@ -305,27 +305,56 @@ class Backend(ABC):
         """
         return job.state.exitcode
 
+    create_concurrency: int = 1
+    """How many :meth:`create_job` calls the default :meth:`create_jobs` makes at once.
+
+    1 (the default) calls them one after another. A backend whose ``create_job``
+    is thread-safe and mostly waits on the network (an API request, an SSH
+    channel) sets it higher, as an attribute or a property read from a setting:
+    it bounds the requests in flight, so a group start does not flood the API.
+    """
+
     def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
         """Start several jobs in one call; return them in the order of ``specs``.
 
-        Backends whose platform starts many jobs at once (AWS Batch array jobs,
-        concurrent pod creation) override it. The default calls
-        :meth:`create_job` for each. All or nothing: when it raises, no job of
-        the call is left running.
+        The default calls :meth:`create_job` for each, :attr:`create_concurrency`
+        at a time. Backends whose platform starts many jobs in one request (AWS
+        Batch array jobs) override it. All or nothing: when it raises, no job of
+        the call is left running (each one made is killed).
         """
+        limit = max(1, int(self.create_concurrency))
         jobs: list[Job] = []
-        try:
-            for spec in specs:
-                jobs.append(self.create_job(spec))
-        except BaseException:
-            for job in jobs:
-                try:
-                    job.state.stop_requested = True
-                    self.kill_job(job)
-                except Exception:
-                    pass
-            raise
+        if limit == 1 or len(specs) <= 1:
+            try:
+                for spec in specs:
+                    jobs.append(self.create_job(spec))
+            except BaseException:
+                self._kill_all(jobs)
+                raise
+            return jobs
+        from concurrent.futures import ThreadPoolExecutor  # only for a group start
+
+        errors: list[BaseException] = []
+        with ThreadPoolExecutor(min(limit, len(specs)), thread_name_prefix="fiber-create") as ex:
+            futures = [ex.submit(self.create_job, spec) for spec in specs]
+            for f in futures:
+                error = f.exception()
+                if error is None:
+                    jobs.append(f.result())
+                else:
+                    errors.append(error)
+        if errors:
+            self._kill_all(jobs)
+            raise errors[0]
         return jobs
+
+    def _kill_all(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            try:
+                job.state.stop_requested = True
+                self.kill_job(job)
+            except Exception:
+                pass
 
     def kill_job(self, job: Job) -> None:
         """Stop the job at once (``SIGKILL``); its exit code is then ``-9`` where the platform

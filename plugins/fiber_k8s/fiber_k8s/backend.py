@@ -36,7 +36,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("grace_period", int, 10, "seconds a terminated pod has between SIGTERM and SIGKILL"),
     Option("api_timeout", float, 30.0, "seconds one Kubernetes API call may take before it is an error"),
     Option("signal_shell", bool, True, "run the command under /bin/sh, which passes SIGTERM on (a PID 1 ignores it)"),
+    Option("create_concurrency", int, 10, "pods one start_jobs call creates at a time (a bound on the API requests in flight)"),
     Option("pod_template", str, None, "a Pod (YAML or JSON file, or inline JSON) whose labels, annotations and spec are merged into every pod"),
     Option("registry", str, None, "registry that `fiber run --build` pushes the image to (e.g. ghcr.io/me)"),
 )
@@ -650,6 +651,18 @@ class KubernetesBackend(Backend):
                     continue  # the random part of the name collided
                 raise
         raise BackendError(f"could not find a free pod name for {spec.name} in {cluster.namespace}")
+
+    @property
+    def create_concurrency(self) -> int:  # type: ignore[override]
+        """Pods a group start creates at a time: the ``create_concurrency`` setting."""
+        return max(1, int(self.settings.get("create_concurrency") or 1))
+
+    def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
+        if specs:  # the watch and the Secret once, before the concurrent creations
+            _ = self.cluster
+            self._ensure_watch()
+            self._ensure_secret(specs[0])
+        return super().create_jobs(specs)
 
     def _ensure_watch(self) -> None:
         with self._lock:

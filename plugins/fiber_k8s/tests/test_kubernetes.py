@@ -882,3 +882,24 @@ def test_pod_template_reaches_the_pods_of_a_run(v1: client.CoreV1Api, ns: str, k
     assert pod.metadata.labels["fiber.run"] == label_value(runtime().run_id)
     assert pod.metadata.annotations["example.com/owner"] == "es-team"
     assert ("spot", "Exists", "NoSchedule") in [(t.key, t.operator, t.effect) for t in pod.spec.tolerations]
+
+
+# -- group starts ---------------------------------------------------------------------------------
+
+
+def test_start_jobs_creates_pods_concurrently_all_or_nothing(v1: client.CoreV1Api, ns: str,
+                                                             backend: KubernetesBackend) -> None:
+    jobs = backend.start_jobs([job_spec(f"print({i})", name=f"g{i}") for i in range(6)])
+    assert [j.spec.name for j in jobs] == [f"g{i}" for i in range(6)]  # in the order of the specs
+    names = ",".join(f"g{i}" for i in range(6))
+    assert len(run_pods(v1, ns, f"{backend.selector},fiber.name in ({names})")) == 6
+    for i, job in enumerate(jobs):
+        assert backend.wait_for_job(job, WAIT) == 0
+        assert backend.get_job_logs(job).strip() == str(i)
+    # One spec the API server refuses (a node selector key it rejects): no pod of the call stays.
+    specs = [job_spec("import time; time.sleep(60)", name=f"h{i}") for i in range(5)]
+    specs.append(job_spec("pass", name="bad", backend_options={"node_selector": ["bad key!=x"]}))
+    with pytest.raises(BackendError, match="nodeSelector"):
+        backend.start_jobs(specs)
+    wait_pods(v1, ns, backend.selector + ",fiber.name in (h0,h1,h2,h3,h4,bad)", lambda pods: not pods,
+              "the pods of the refused call deleted")

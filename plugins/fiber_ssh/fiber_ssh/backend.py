@@ -215,6 +215,7 @@ class SshBackend(Backend):
     name = "ssh"
     package = "fiber-ssh"
     options = OPTIONS
+    create_concurrency = 16  # a group start opens channels on several hosts at once
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:

@@ -25,7 +25,10 @@ stderr
 
 The job runs in a new session (``setsid``), so one signal reaches everything it
 started; when the job's first process ends, what it left running in its group is
-killed too.
+killed too. SIGTERM sent to this supervisor is passed on to the job's group (it
+stays until the job ends); if the supervisor itself is killed, the job's first
+process gets SIGKILL from the kernel (Linux: ``PR_SET_PDEATHSIG``), so no job is
+left running that nobody can stop.
 """
 
 from __future__ import annotations
@@ -82,6 +85,16 @@ def _oom_kills() -> int | None:
     return None
 
 
+def _die_with_supervisor() -> None:
+    """In the job's process, before it runs: SIGKILL when this supervisor dies (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the job then outlives a killed supervisor
+
+
 def main() -> int:
     buf = b""
     while b"\n" not in buf:
@@ -96,8 +109,11 @@ def main() -> int:
     argv = job["argv"]
     ooms = _oom_kills()
     try:
+        # No thread runs yet here, so a preexec_fn is safe; the main thread, which forks, lives
+        # as long as this process (PDEATHSIG follows the forking thread).
         proc = subprocess.Popen(argv, env=env, cwd=job.get("cwd") or None, stdin=subprocess.DEVNULL,
-                                stdout=2, stderr=2, start_new_session=True)
+                                stdout=2, stderr=2, start_new_session=True,
+                                preexec_fn=_die_with_supervisor if sys.platform == "linux" else None)
     except OSError as e:
         where = " in " + job["cwd"] if job.get("cwd") else ""
         why = f"cannot start {argv[0]!r}{where}: {e}"
@@ -106,6 +122,7 @@ def main() -> int:
         _say("exit 127")
         return 127
     _say(f"pid {proc.pid}")
+    signal.signal(signal.SIGTERM, lambda *_: _killpg(proc.pid, signal.SIGTERM))
     done_r, done_w = os.pipe()
 
     def reap() -> None:

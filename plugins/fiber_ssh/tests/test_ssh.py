@@ -422,17 +422,9 @@ def _ms_task(x: int) -> int:
 
 
 def _run_workers(run_id: str) -> list[int]:
-    """The pids of this run's Python jobs on the three hosts (network namespaces share our pids)."""
-    mark = f"FIBER_RUN_ID={run_id}".encode()
-    pids = []
-    for name in NAMES:
-        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
-        for pid in listed.split():
-            with contextlib.suppress(OSError):
-                if (Path(f"/proc/{pid}/comm").read_text().startswith("python")
-                        and mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")):
-                    pids.append(int(pid))
-    return pids
+    """The pids of this run's workers on the three hosts (network namespaces share our pids)."""
+    found = [line.split(maxsplit=1) for name in NAMES for line in run_processes(name, run_id)]
+    return [int(pid) for pid, cmd in found if "fiber_core.processes.worker" in cmd]
 
 
 @pytest.mark.timeout(600)
@@ -808,3 +800,38 @@ def test_non_daemon_process_finishes_its_work_before_the_program_exits(hosts: di
         assert result.read_text() == "done", out.stderr
     finally:
         result.unlink(missing_ok=True)
+
+
+def test_a_killed_supervisor_takes_its_job_with_it(make_backend: Any) -> None:
+    """SIGTERM to a job's supervisor reaches the job; SIGKILL to it kills the job (no orphan)."""
+    b = make_backend()
+    env = {"FIBER_RUN_ID": b.run_id}
+    for sig, code in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, None)):
+        job = b.start_job(py("import time; print('up', flush=True); time.sleep(600)", env=env))
+        deadline = time.monotonic() + T
+        while "up" not in b.get_job_logs(job):
+            assert time.monotonic() < deadline, b.get_job_logs(job)
+            time.sleep(0.05)
+        found = [line.split(maxsplit=1) for name in NAMES for line in run_processes(name, b.run_id)]
+        supervisor = [int(pid) for pid, cmd in found if " -I -S -c " in cmd]  # see supervisor.py
+        assert len(supervisor) == 1, found
+        os.kill(supervisor[0], sig)
+        if code is not None:
+            assert b.wait_for_job(job, T) == code  # passed on; the supervisor reports the end
+        assert wait_until_gone(b.run_id) == []  # the job is not left running
+
+
+def test_start_jobs_fills_the_hosts_at_once_all_or_nothing(make_backend: Any) -> None:
+    b = make_backend()
+    jobs = b.start_jobs([py(f"import socket; print({i}, socket.gethostname())") for i in range(6)])
+    for i, job in enumerate(jobs):  # in the order of the specs
+        assert b.wait_for_job(job, T) == 0
+        assert b.get_job_logs(job).split()[0] == str(i)
+    assert sorted({j.host for j in jobs}) == NAMES
+    # One spec that cannot start: the others of the call are killed, none is left running.
+    env = {"FIBER_RUN_ID": b.run_id}  # so that run_processes() finds the jobs
+    specs = [py("import time; time.sleep(600)", env=env) for _ in range(4)]
+    specs.append(JobSpec(command=["python3", "-c", "pass"], volumes={"/data": "/data"}))
+    with pytest.raises(BackendError, match="cannot mount volumes"):
+        b.start_jobs(specs)
+    assert wait_until_gone(b.run_id) == []
