@@ -99,7 +99,7 @@ from fiber_core.base.errors import (
 from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 from fiber_core.contract.jobs import EndReason
-from fiber_core.processes.process import Process, cpu_count
+from fiber_core.processes.process import Process, cpu_count, start_processes
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
@@ -911,16 +911,20 @@ class Pool:
 
     # -- workers ---------------------------------------------------------------------
 
-    def _start_worker(self) -> _Worker:
-        wid = next(self._wid)
-        p = Process(target=_worker_main, name=f"PoolWorker-{wid}", daemon=True, backend=self._backend,
-                    args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks),
-                    **self._resources)
-        p.start()
-        w = _Worker(wid, p)
-        self._workers[wid] = w
-        self._watch(p.sentinel, ("exit", w))
-        return w
+    def _start_workers(self, n: int) -> None:
+        """Start ``n`` workers with one group start of the backend (``Backend.start_jobs``)."""
+        made = []
+        for _ in range(n):
+            wid = next(self._wid)
+            made.append((wid, Process(
+                target=_worker_main, name=f"PoolWorker-{wid}", daemon=True, backend=self._backend,
+                args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks),
+                **self._resources)))
+        start_processes([p for _, p in made])
+        for wid, p in made:
+            w = _Worker(wid, p)
+            self._workers[wid] = w
+            self._watch(p.sentinel, ("exit", w))
 
     def _watch(self, fileobj: Any, data: tuple) -> None:
         """Add a descriptor to the master's selector.
@@ -1260,7 +1264,7 @@ class Pool:
             self._top_up()
 
     def _top_up(self) -> None:
-        """Start workers until the pool has its size; called with the lock held.
+        """Start workers until the pool has its size, in one group start; called with the lock held.
 
         On a backend whose jobs share this machine's CPUs, at most one worker per
         CPU is starting at any time: the rest start as those become ready, so the
@@ -1278,18 +1282,19 @@ class Pool:
             return  # the program ends: a replacement would outlive the backends' cleanup
         active = [w for w in self._workers.values() if not w.retiring and not w.lost]
         starting = sum(1 for w in active if not w.ready)
-        for _ in range(self._processes - len(active)):
-            if self._burst is not None and starting >= self._burst:
-                break
-            try:
-                self._start_worker()
-            except Exception as e:
-                if not self._started:
-                    raise
-                self._start_failed(e, retry=not isinstance(e, RuntimeError))
-                return
-            self._start_retry_at = self._start_failing_since = None
-            starting += 1
+        n = self._processes - len(active)
+        if self._burst is not None:
+            n = min(n, self._burst - starting)
+        if n <= 0:
+            return
+        try:
+            self._start_workers(n)
+        except Exception as e:
+            if not self._started:
+                raise
+            self._start_failed(e, retry=not isinstance(e, RuntimeError))
+            return
+        self._start_retry_at = self._start_failing_since = None
 
     def _start_failed(self, e: Exception, retry: bool = True) -> None:
         now = time.monotonic()

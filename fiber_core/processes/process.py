@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.errors import FiberError, JobStartError
@@ -231,6 +231,13 @@ class Process(BaseProcess):
 
     def start(self) -> None:
         """Start the job. Returns as soon as the backend accepted it."""
+        self._check_startable()
+        active_children()  # reap, as multiprocessing does
+        run = _JobRun(self)
+        run.start()
+        self._started(run)
+
+    def _check_startable(self) -> None:
         self._check_closed()
         if self._run is not None:
             raise AssertionError("cannot start a process twice")
@@ -238,9 +245,8 @@ class Process(BaseProcess):
             raise AssertionError("can only start a process object created by current process")
         if current_process().daemon:
             raise AssertionError("daemonic processes are not allowed to have children")
-        active_children()  # reap, as multiprocessing does
-        run = _JobRun(self)
-        run.start()
+
+    def _started(self, run: _JobRun) -> None:
         self._run = run
         # As multiprocessing does: the job has its own copy; keep no reference here.
         del self._target, self._args, self._kwargs
@@ -462,6 +468,19 @@ class _JobRun:
         )
 
     def start(self) -> None:
+        spec, payload = self.prepare()
+        try:
+            job = self.backend.start_job(spec)  # type: ignore[union-attr]
+        except BaseException as e:
+            error = self.abandon(e)
+            if error is e:
+                raise
+            raise error from e
+        self.launched(job, payload)
+
+    def prepare(self) -> tuple[JobSpec, tuple[bytes, bytes]]:
+        """Everything before the backend's call: the job's spec, and what it is sent once
+        it connects. Until :meth:`launched` or :meth:`abandon`, it is registered with the hub."""
         rt = runtime()
         p = self.process
         self.backend = backend = rt.get_backend(p._backend_name)
@@ -487,17 +506,25 @@ class _JobRun:
         hub = rt.hub
         hub.register(f"proc:{token}", self._on_connect)
         self.token = token
-        spec = self._spec(backend, token, addresses)
-        try:
-            self.job = backend.start_job(spec)
-        except FiberError:
-            hub.unregister(f"proc:{token}")
-            raise
-        except Exception as e:
-            hub.unregister(f"proc:{token}")
-            raise JobStartError(f"could not start {p.name} on the {backend.name} backend: {e}") from e
+        return self._spec(backend, token, addresses), payload
+
+    def abandon(self, error: BaseException) -> BaseException:
+        """The backend did not start the job: forget its route; the error to raise."""
+        self.forget()
+        if isinstance(error, FiberError) or not isinstance(error, Exception):
+            return error
+        backend = self.backend.name if self.backend is not None else "?"
+        return JobStartError(f"could not start {self.name} on the {backend} backend: {error}")
+
+    def forget(self) -> None:
+        """Remove the route :meth:`prepare` registered (the job will never connect)."""
+        runtime().hub.unregister(f"proc:{self.token}")
+
+    def launched(self, job: Job, payload: tuple[bytes, bytes]) -> None:
+        """The backend started the job: watch it, and send ``payload`` once it connects."""
+        self.job = job
         threading.Thread(target=self._monitor, args=(payload,), daemon=True,
-                         name=f"fiber-monitor-{p.name}").start()
+                         name=f"fiber-monitor-{self.name}").start()
 
     def _on_connect(self, target: str, sock: socket.socket) -> None:
         if self.connected.is_set():
@@ -677,6 +704,56 @@ def _main_reference() -> tuple[str, str] | None:
         return None if name == "__main__" or name.endswith(".__main__") else ("name", name)
     path = getattr(main, "__file__", None)
     return ("path", os.path.abspath(path)) if path else None
+
+
+def start_processes(processes: Sequence[Process]) -> None:
+    """Start several processes with one group start per backend (``Backend.start_jobs``).
+
+    As ``for p in processes: p.start()``, but the backend is asked for all the jobs
+    of one backend in one call, which it may serve at once (AWS Batch array jobs,
+    pods created concurrently, SSH hosts filled in parallel). All or nothing: when
+    it raises, none of ``processes`` is started.
+    """
+    for p in processes:
+        p._check_startable()
+    if len({id(p) for p in processes}) != len(processes):
+        raise ValueError("start_processes: a process is given twice")
+    active_children()
+    groups: dict[str | None, list[_JobRun]] = {}
+    for p in processes:
+        groups.setdefault(p._backend_name, []).append(_JobRun(p))
+    done: list[tuple[_JobRun, Job, tuple[bytes, bytes]]] = []
+    try:
+        for runs in groups.values():
+            prepared: list[tuple[_JobRun, JobSpec, tuple[bytes, bytes]]] = []
+            try:
+                for run in runs:
+                    spec, payload = run.prepare()
+                    prepared.append((run, spec, payload))
+                backend = runs[0].backend
+                assert backend is not None
+                jobs = backend.start_jobs([spec for _, spec, _ in prepared])
+            except BaseException as e:
+                error: BaseException = e
+                for run, _, _ in prepared:
+                    error = run.abandon(e)
+                if error is e:
+                    raise
+                raise error from e
+            done += [(run, job, payload) for (run, _, payload), job in zip(prepared, jobs)]
+    except BaseException:
+        for run, job, _ in done:  # an earlier backend's jobs: stopped, never used
+            run.forget()
+            try:
+                job.state.stop_requested = True
+                assert run.backend is not None
+                run.backend.kill_job(job)
+            except Exception:
+                pass
+        raise
+    for run, job, payload in done:
+        run.launched(job, payload)
+        run.process._started(run)
 
 
 def _exit_children() -> None:
