@@ -177,3 +177,16 @@ def test_a_job_started_after_cleanup_is_stopped_and_refused() -> None:
     with pytest.raises(BackendError, match="cleaned up"):
         b.start_job(_specs(1)[0])
     assert b.killed == ["job-0"] and b.jobs == []
+
+
+def test_a_group_members_token_derives_from_the_group_and_its_index() -> None:
+    from fiber_core.contract.env import group_token, job_token
+
+    tokens = {group_token("secret", i) for i in range(100)}
+    assert len(tokens) == 100 and group_token("secret", 3) == group_token("secret", 3)
+    assert group_token("other", 3) != group_token("secret", 3)
+    assert job_token({"FIBER_PROCESS_TOKEN": "own", "FIBER_GROUP": "secret", "FIBER_GROUP_INDEX": "3"}) == "own"
+    # An array job's child has no token of its own, only the group and its index.
+    assert job_token({"FIBER_GROUP": "secret", "FIBER_GROUP_INDEX": "3"}) == group_token("secret", 3)
+    with pytest.raises(KeyError, match="not started by Fiber"):
+        job_token({"FIBER_GROUP": "secret", "FIBER_GROUP_INDEX": ""})

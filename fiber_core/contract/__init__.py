@@ -17,10 +17,13 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
     from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
     from fiber_core.contract.env import (
         ENV_AUTHKEY,
+        ENV_GROUP,
+        ENV_GROUP_INDEX,
         ENV_HUB,
         ENV_PARENT_PID,
         ENV_RUN_ID,
         ENV_TOKEN,
+        PER_MEMBER_VARIABLES,
         SECRET_VARIABLES,
     )
     from fiber_core.contract.hookspecs import hookimpl
@@ -42,6 +45,9 @@ _EXPORTS = {
     "ENV_PARENT_PID": "fiber_core.contract.env",
     "ENV_RUN_ID": "fiber_core.contract.env",
     "ENV_TOKEN": "fiber_core.contract.env",
+    "ENV_GROUP": "fiber_core.contract.env",
+    "ENV_GROUP_INDEX": "fiber_core.contract.env",
+    "PER_MEMBER_VARIABLES": "fiber_core.contract.env",
     "SECRET_VARIABLES": "fiber_core.contract.env",
     "LOG_LIMIT": "fiber_core.contract.jobs",
     "EndReason": "fiber_core.contract.jobs",
@@ -51,7 +57,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "ENV_AUTHKEY", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID", "ENV_TOKEN", "LOG_LIMIT", "SECRET_VARIABLES", "Backend",
+    "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID", "ENV_TOKEN",
+    "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
     "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
     "Watcher", "exitcode_from_status", "hookimpl", "keepalive", "parse_pairs",
 ]

@@ -17,12 +17,46 @@ ENV_HUB = "FIBER_PARENT_HUB"
 ENV_TOKEN = "FIBER_PROCESS_TOKEN"
 """Which of its parent's processes the job is (a random token, one per job)."""
 
+ENV_GROUP = "FIBER_GROUP"
+"""Set instead of a token of its own for a job started in a group (``Backend.start_jobs``):
+the group's secret, from which each member's token derives (:func:`group_token`)."""
+ENV_GROUP_INDEX = "FIBER_GROUP_INDEX"
+"""The job's place in its group (0, 1, ...). A backend that starts the group as one
+platform job (an array job) may leave :data:`ENV_TOKEN` and this out of the children's
+common environment and set this one from the platform's own index in each child."""
+
 ENV_PARENT_PID = "FIBER_PARENT_PID"
 """Set by a backend whose jobs are child processes of the parent (the local backend): the
 parent's pid. The job then ends the moment its parent does, whatever its own code is
 doing (see :mod:`fiber_core.processes.worker`)."""
 
-SECRET_VARIABLES = frozenset({ENV_AUTHKEY, ENV_TOKEN})
+SECRET_VARIABLES = frozenset({ENV_AUTHKEY, ENV_TOKEN, ENV_GROUP})
 """The variables of a job's environment that must not be readable by others."""
 
-__all__ = ["ENV_AUTHKEY", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID", "ENV_TOKEN", "SECRET_VARIABLES"]
+PER_MEMBER_VARIABLES = frozenset({ENV_TOKEN, ENV_GROUP_INDEX})
+"""What differs between the environments of a group's members: a backend that starts the
+group as one array job drops these and sets :data:`ENV_GROUP_INDEX` in each child."""
+
+
+def group_token(group: str, index: int) -> str:
+    """The token of member ``index`` of the group whose secret is ``group``."""
+    import hashlib
+
+    return hashlib.sha256(f"{group}:{index}".encode()).hexdigest()[:32]
+
+
+def job_token(environ: dict[str, str] | None = None) -> str:
+    """This job's token: its own, or the one its group's secret and its index give."""
+    import os
+
+    env = os.environ if environ is None else environ
+    token = env.get(ENV_TOKEN)
+    if token:
+        return token
+    if env.get(ENV_GROUP) and env.get(ENV_GROUP_INDEX, "").isdigit():
+        return group_token(env[ENV_GROUP], int(env[ENV_GROUP_INDEX]))
+    raise KeyError(f"{ENV_TOKEN} (or {ENV_GROUP} and {ENV_GROUP_INDEX}) is not set: "
+                   "this process was not started by Fiber")
+
+__all__ = ["ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID",
+           "ENV_TOKEN", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "group_token", "job_token"]

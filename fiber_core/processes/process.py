@@ -41,7 +41,15 @@ from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.errors import FiberError, JobStartError
 from fiber_core.base.log import LOGGER_NAME, log, tail
-from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, ENV_RUN_ID, ENV_TOKEN
+from fiber_core.contract.env import (
+    ENV_AUTHKEY,
+    ENV_GROUP,
+    ENV_GROUP_INDEX,
+    ENV_HUB,
+    ENV_RUN_ID,
+    ENV_TOKEN,
+    group_token,
+)
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import _HEADER, Connection
@@ -436,7 +444,7 @@ class _JobRun:
         assert p is not None, "a process is garbage-collected while it starts"
         return p
 
-    def _spec(self, backend: Backend, token: str, hub: str) -> JobSpec:
+    def _spec(self, backend: Backend, token: str, hub: str, group: tuple[str, int] | None) -> JobSpec:
         from fiber_core.contract.backend import (  # a job that starts no process never loads it
             JobSpec,  # a job that starts no process never loads it
         )
@@ -455,6 +463,8 @@ class _JobRun:
             ENV_AUTHKEY: rt.authkey.hex(),
             "PYTHONUNBUFFERED": "1",
         }
+        if group is not None:  # the token also derives from these (an array job's children)
+            env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
         return JobSpec(
             command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
             name=p.name,
@@ -478,13 +488,14 @@ class _JobRun:
             raise error from e
         self.launched(job, payload)
 
-    def prepare(self) -> tuple[JobSpec, tuple[bytes, bytes]]:
+    def prepare(self, group: tuple[str, int] | None = None) -> tuple[JobSpec, tuple[bytes, bytes]]:
         """Everything before the backend's call: the job's spec, and what it is sent once
-        it connects. Until :meth:`launched` or :meth:`abandon`, it is registered with the hub."""
+        it connects. Until :meth:`launched` or :meth:`abandon`, it is registered with the hub.
+        ``group``: the group's secret and this job's place in it, when started in a group."""
         rt = runtime()
         p = self.process
         self.backend = backend = rt.get_backend(p._backend_name)
-        token = os.urandom(16).hex()
+        token = group_token(*group) if group is not None else os.urandom(16).hex()
         # Two frames: a prelude of plain data the job applies first (sys.path, the
         # main module), then the process object, which may need both to unpickle.
         prelude = encode_process_prelude({
@@ -506,7 +517,7 @@ class _JobRun:
         hub = rt.hub
         hub.register(f"proc:{token}", self._on_connect)
         self.token = token
-        return self._spec(backend, token, addresses), payload
+        return self._spec(backend, token, addresses, group), payload
 
     def abandon(self, error: BaseException) -> BaseException:
         """The backend did not start the job: forget its route; the error to raise."""
@@ -726,9 +737,10 @@ def start_processes(processes: Sequence[Process]) -> None:
     try:
         for runs in groups.values():
             prepared: list[tuple[_JobRun, JobSpec, tuple[bytes, bytes]]] = []
+            secret = os.urandom(16).hex() if len(runs) > 1 else None
             try:
-                for run in runs:
-                    spec, payload = run.prepare()
+                for i, run in enumerate(runs):
+                    spec, payload = run.prepare(None if secret is None else (secret, i))
                     prepared.append((run, spec, payload))
                 backend = runs[0].backend
                 assert backend is not None

@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.contract.env import ENV_HUB, ENV_PARENT_PID, ENV_TOKEN
+from fiber_core.contract.env import ENV_HUB, ENV_PARENT_PID, job_token
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
@@ -266,7 +266,7 @@ def main() -> int:
         _watch_parent_outside(int(os.environ[ENV_PARENT_PID]))
     rt = runtime()
     try:
-        sock = dial(os.environ[ENV_HUB], rt.authkey, f"proc:{os.environ[ENV_TOKEN]}")
+        sock = dial(os.environ[ENV_HUB], rt.authkey, f"proc:{job_token()}")
     except KeyError as e:
         sys.stderr.write(f"fiber worker: {e.args[0]} is not set; this module is run by fiber jobs only\n")
         return 2

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fiber_core.base.log import log
-from fiber_core.contract.env import ENV_AUTHKEY, ENV_RUN_ID, ENV_TOKEN
+from fiber_core.contract.env import ENV_AUTHKEY, ENV_GROUP, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import (
     config,
     create_backend,
@@ -47,7 +47,7 @@ class Runtime:
         self.run_id = os.environ.get(ENV_RUN_ID) or os.urandom(16).hex()[:12]
         key = os.environ.get(ENV_AUTHKEY)
         self.authkey = bytes.fromhex(key) if key else os.urandom(32)
-        self.is_worker = ENV_TOKEN in os.environ
+        self.is_worker = ENV_TOKEN in os.environ or ENV_GROUP in os.environ
         # Proxies of the stdlib's managers authenticate with this process's authkey.
         multiprocessing.process.current_process().authkey = self.authkey
         self._lock = threading.RLock()

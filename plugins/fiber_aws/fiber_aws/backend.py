@@ -19,6 +19,7 @@ never when the plugin is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -36,6 +37,9 @@ from typing import Any
 from fiber_core.base.log import log
 from fiber_core.contract import (
     ENV_AUTHKEY,
+    ENV_GROUP,
+    ENV_GROUP_INDEX,
+    PER_MEMBER_VARIABLES,
     Backend,
     BackendError,
     ConfigError,
@@ -236,6 +240,34 @@ def _local_ipv4_addresses() -> list[ipaddress.IPv4Address]:
 
 def _sanitise_tag(text: str, limit: int) -> str:
     return _TAG_CHARS.sub("_", text)[:limit]
+
+
+def _group_spec(specs: Sequence[JobSpec]) -> JobSpec | None:
+    """The one spec an array job's children can all run for a group started by Fiber
+    (``Backend.start_jobs`` of a Pool's workers), else None.
+
+    The members differ only in their names and in the variables each derives from the
+    group and its index (``PER_MEMBER_VARIABLES``). The common spec leaves those out
+    and sets the index in each child from Batch's own (``AWS_BATCH_JOB_ARRAY_INDEX``;
+    the child's job id ``PARENT:INDEX`` where that is missing).
+    """
+    first = specs[0]
+    group = first.env.get(ENV_GROUP)
+    if not group:
+        return None
+
+    def common_part(s: JobSpec) -> JobSpec:
+        env = {k: v for k, v in s.env.items() if k not in PER_MEMBER_VARIABLES}
+        labels = {k: v for k, v in s.labels.items() if k != "fiber.name"}
+        return dataclasses.replace(s, name=first.name, env=env, labels=labels)
+
+    base = common_part(first)
+    for i, s in enumerate(specs):
+        if s.env.get(ENV_GROUP) != group or s.env.get(ENV_GROUP_INDEX) != str(i) or common_part(s) != base:
+            return None
+    index = "${AWS_BATCH_JOB_ARRAY_INDEX:-${AWS_BATCH_JOB_ID##*:}}"
+    command = ["/bin/sh", "-c", f'export {ENV_GROUP_INDEX}="{index}"; exec "$@"', "fiber-array", *base.command]
+    return dataclasses.replace(base, command=command)
 
 
 class AwsBatchBackend(Backend):
@@ -519,13 +551,18 @@ class AwsBatchBackend(Backend):
         Each child of the array job (``PARENT:INDEX``) is a :class:`Job`, watched, stopped and
         explained like any other; its command tells it apart by ``AWS_BATCH_JOB_ARRAY_INDEX``.
         """
-        if 2 <= len(specs) <= _MAX_ARRAY and all(s == specs[0] for s in specs):
-            return self._submit(specs)
+        if 2 <= len(specs) <= _MAX_ARRAY:
+            if all(s == specs[0] for s in specs):
+                return self._submit(specs)
+            common = _group_spec(specs)
+            if common is not None:
+                return self._submit(specs, common)
         return super().create_jobs(specs)
 
-    def _submit(self, specs: Sequence[JobSpec]) -> list[Job]:
-        """Submit ``specs`` (one, or several identical ones as an array job); return their jobs."""
-        spec = specs[0]
+    def _submit(self, specs: Sequence[JobSpec], common: JobSpec | None = None) -> list[Job]:
+        """Submit ``specs`` (one, or several as an array job whose children all run
+        ``common``, by default the first); return their jobs."""
+        spec = common or specs[0]
         queue, gpus = self.queue_for(spec)
         image = spec.image or self.settings["image"]
         if not image:

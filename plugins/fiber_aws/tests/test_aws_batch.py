@@ -411,6 +411,12 @@ def test_program_runs_cpu_and_gpu_pools_on_their_queues(batch, tmp_path: Path) -
     for queue, n in ((CPU_QUEUE, 2), (GPU_QUEUES["a10g"][0], 1)):
         jobs = batch.list_jobs(jobQueue=queue, filters=[{"name": "JOB_NAME", "values": [f"fiber-{run_id}-*"]}])
         assert len(jobs["jobSummaryList"]) >= n, queue
+    # The two workers of Pool(2) went as one array job: one SubmitJob for both.
+    summaries = batch.list_jobs(jobQueue=CPU_QUEUE, filters=[{"name": "JOB_NAME", "values": [f"fiber-{run_id}-*"]}])
+    described = batch.describe_jobs(jobs=[j["jobId"] for j in summaries["jobSummaryList"]])["jobs"]
+    submitted = [d for d in described if ":" not in d["jobId"]]  # moto lists the children too
+    assert [(d.get("arrayProperties") or {}).get("size") for d in submitted] == [2], (out.stderr, [
+        (d["jobName"], d["jobQueue"], d["status"], d.get("arrayProperties")) for d in described])
 
 
 # -- failures that Batch reports, and fiber's own ---------------------------------------
