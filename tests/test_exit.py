@@ -121,3 +121,27 @@ def test_sigterm_leaves_a_handler_of_the_program_alone(tmp_path: Path) -> None:
         proc.wait(T)
     assert proc.returncode == 7, err
     assert _gone(int(seen["pid"]))  # the normal exit stopped the daemonic child
+
+
+def test_a_child_forked_by_other_code_does_not_end_the_run(run_script) -> None:  # noqa: ANN001
+    # multiprocessing's fork Pool stops its workers with SIGTERM; they are copies of this
+    # process, with Fiber's SIGTERM handler: they must not run the run's exit sequence.
+    out = run_script("""
+        import multiprocessing
+        import fiber_core
+
+        def square(x):
+            return x * x
+
+        if __name__ == "__main__":
+            with fiber_core.Pool(2) as pool:
+                assert pool.map(square, range(4)) == [0, 1, 4, 9]
+                with multiprocessing.get_context("fork").Pool(2) as forked:
+                    assert forked.map(square, range(4)) == [0, 1, 4, 9]
+                # terminated by SIGTERM now; the run's files and jobs are still here
+                assert pool.map(square, range(8)) == [x * x for x in range(8)]
+            with fiber_core.Pool(2) as pool:  # new workers reach this process
+                print(pool.map(square, range(3)), flush=True)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0, 1, 4]", out.stderr

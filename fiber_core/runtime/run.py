@@ -65,6 +65,9 @@ class Runtime:
         self._sigterm_installed = False
         self._exiting = False
         atexit.register(self.shutdown)
+        # A child forked from this process by other code (multiprocessing with fork) is not
+        # part of the run: its exit or SIGTERM must not stop this process's jobs or files.
+        os.register_at_fork(after_in_child=self._forked)
         try:
             # Runs before the interpreter joins the non-daemon threads and before atexit.
             getattr(threading, "_register_atexit", lambda f: None)(self._before_exit)
@@ -162,6 +165,15 @@ class Runtime:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         except (ValueError, OSError):  # not the main interpreter
             pass
+
+    def _forked(self) -> None:
+        self._shut_down = True  # nothing of the run is this process's to clean up
+        if self._sigterm_installed:
+            try:
+                if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         first = not self.terminating
