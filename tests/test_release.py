@@ -11,7 +11,7 @@ import pytest
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
 _LOOP = """
-import gc, os, sys, warnings
+import gc, os, sys, time, warnings
 import fiber_core
 
 def nothing():
@@ -52,6 +52,9 @@ if __name__ == "__main__":
                     p.join()
                     assert p.exitcode == 0
                 del ps, p
+        deadline = time.monotonic() + 10  # the last ones' threads may still be closing theirs
+        while descriptors() > before and time.monotonic() < deadline:
+            time.sleep(0.01)
         after = descriptors()
         gc.enable()
         gc.collect()

@@ -1,7 +1,9 @@
 """The built-in ``local`` backend: each job is a process on this machine.
 
-Registered through the same hook as any plugin. Jobs start a fresh interpreter
-(never fork), in their own process group so that terminate and kill reach
+Registered through the same hook as any plugin. A Fiber worker job is forked from
+a template process that has Fiber imported already (never from this process:
+see :mod:`fiber_core.backends.template`), any other command starts as it is; either
+way in its own process group so that terminate and kill reach
 everything they started, told this process's pid so that they end the moment it
 does (``FIBER_PARENT_PID``), with stdout and stderr kept in a log file (in the run
 directory) for :meth:`~fiber_core.contract.backend.Backend.get_job_logs`. A job
@@ -20,7 +22,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from fiber_core.backends.template import Template, TemplateError
 from fiber_core.base.errors import BackendError
+from fiber_core.base.log import log
+from fiber_core.base.options import Option
 from fiber_core.contract.backend import Backend, Job, JobSpec
 from fiber_core.contract.env import ENV_PARENT_PID
 from fiber_core.contract.hookspecs import hookimpl
@@ -33,6 +38,11 @@ class LocalBackend(Backend):
     name = "local"
     package = "fiber-core"
     shares_this_machine = True
+    options = (
+        Option("start", str, "template", "how worker jobs start: forked from a template process with "
+               "Fiber imported (template), or as a new interpreter each (fresh)", choices=("template", "fresh")),
+        Option("preload", list, [], "modules the template imports before it forks (set_forkserver_preload)"),
+    )
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:
@@ -40,6 +50,8 @@ class LocalBackend(Backend):
         self._count = 0
         self._lock = threading.Lock()
         self._logdir: str | None = None
+        self._template: Template | None = None
+        self._template_failed = False
 
     def worker_command(self) -> list[str]:
         return [sys.executable]
@@ -57,6 +69,15 @@ class LocalBackend(Backend):
         path = self._log_path(spec.name)
         env = {**os.environ, **spec.env, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
         ooms = _oom_kills()
+        template = self._template_for(spec)
+        if template is not None:
+            try:
+                with open(path, "wb") as logfile:
+                    forked = template.start(env, spec.cwd or os.getcwd(), _WORKER, logfile.fileno())
+                return Job(id=str(forked.pid), spec=spec, handle=_Local(forked, path, ooms),  # type: ignore[arg-type]
+                           host=socket.gethostname())
+            except TemplateError as e:
+                self._template_lost(str(e))
         try:
             with open(path, "wb") as logfile:
                 popen = subprocess.Popen(
@@ -70,6 +91,38 @@ class LocalBackend(Backend):
             ) from e
         return Job(id=str(popen.pid), spec=spec, handle=_Local(popen, path, ooms),
                    host=socket.gethostname())
+
+    def _template_for(self, spec: JobSpec) -> Template | None:
+        """The template to fork ``spec`` from: only a worker of this interpreter, when asked,
+        once the template is ready (it starts with the first worker, which starts fresh)."""
+        if (self.settings.get("start", "template") != "template" or self._template_failed
+                or list(spec.command) != [sys.executable, "-m", _WORKER]):
+            return None
+        with self._lock:
+            if self._template is None and not self._template_failed:
+                env = {**os.environ, ENV_PARENT_PID: str(os.getpid())}
+                try:
+                    self._template = Template(sys.executable, env, list(self.settings.get("preload") or []),
+                                              self._template_lost)
+                except TemplateError as e:
+                    self._template_failed = True
+                    log.warning("fiber: %s; local jobs start as new interpreters", e)
+            template = self._template
+        return template if template is not None and template.ready.is_set() else None
+
+    def wait_template(self, timeout: float | None = None) -> bool:
+        """Start the template if it is not started, and wait until it is ready; False if it
+        is not ready within ``timeout`` or cannot start (jobs then start fresh)."""
+        self._template_for(JobSpec(command=[sys.executable, "-m", _WORKER]))
+        template = self._template
+        return template is not None and not self._template_failed and template.ready.wait(timeout)
+
+    def _template_lost(self, why: str) -> None:
+        with self._lock:
+            if self._template_failed:
+                return
+            self._template_failed = True
+        log.warning("fiber: %s; local jobs start as new interpreters from now on", why)
 
     def poll_job(self, job: Job) -> int | None:
         code = job.handle.popen.poll()
@@ -122,12 +175,19 @@ class LocalBackend(Backend):
                 job.handle.popen.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        with self._lock:
+            template, self._template = self._template, None
+        if template is not None:
+            template.close()
+
+
+_WORKER = "fiber_core.processes.worker"
 
 
 class _Local(NamedTuple):
     """``Job.handle`` of a local job."""
 
-    popen: subprocess.Popen
+    popen: subprocess.Popen  # or a template's ForkedJob, which has the same parts
     log_path: str
     ooms: int
     """The cgroup's OOM-kill count when the job started."""

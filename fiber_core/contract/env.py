@@ -30,6 +30,11 @@ ENV_PARENT_PID = "FIBER_PARENT_PID"
 parent's pid. The job then ends the moment its parent does, whatever its own code is
 doing (see :mod:`fiber_core.processes.worker`)."""
 
+ENV_PARENT_PIDFD = "FIBER_PARENT_PIDFD"
+"""Set in a local job forked by the local backend's template (instead of being a child of
+its parent): a pidfd of the parent, opened while the parent was surely alive, that the job
+watches instead of opening one by :data:`ENV_PARENT_PID`."""
+
 SECRET_VARIABLES = frozenset({ENV_AUTHKEY, ENV_TOKEN, ENV_GROUP})
 """The variables of a job's environment that must not be readable by others."""
 
@@ -58,5 +63,5 @@ def job_token(environ: dict[str, str] | None = None) -> str:
     raise KeyError(f"{ENV_TOKEN} (or {ENV_GROUP} and {ENV_GROUP_INDEX}) is not set: "
                    "this process was not started by Fiber")
 
-__all__ = ["ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID",
+__all__ = ["ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_PARENT_PID", "ENV_PARENT_PIDFD", "ENV_RUN_ID",
            "ENV_TOKEN", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "group_token", "job_token"]

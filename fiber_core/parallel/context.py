@@ -211,9 +211,11 @@ class FiberContext:
         config.init(python=path)
 
     def set_forkserver_preload(self, module_names: list[str]) -> None:
-        """Accepted and ignored: Fiber starts no fork server (each job is a fresh interpreter)."""
+        """Modules the local backend's template process imports before it forks workers
+        (its ``preload`` setting); other backends start fresh interpreters and ignore it."""
         if not isinstance(module_names, list) or not all(isinstance(n, str) for n in module_names):
             raise TypeError("module_names must be a list of strings")
+        config.init(local_preload=list(module_names))
 
     @property
     def reducer(self) -> Any:

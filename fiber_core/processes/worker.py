@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.contract.env import ENV_HUB, ENV_PARENT_PID, job_token
+from fiber_core.contract.env import ENV_HUB, ENV_PARENT_PID, ENV_PARENT_PIDFD, job_token
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
@@ -78,14 +78,20 @@ def _watch_parent_outside(parent: int) -> None:
     Called before any thread starts, so the fork is safe.
     """
     global _watcher_pipe
-    if os.getppid() != parent:
-        _end_job()  # the parent ended before this job could watch it
-    try:
-        pidfd = os.pidfd_open(parent)
-    except ProcessLookupError:
-        _end_job()
-    except (AttributeError, OSError):
-        return  # no pidfd here (before Linux 5.3): the thread watching the connection only
+    inherited = os.environ.pop(ENV_PARENT_PIDFD, "")
+    if inherited.isdigit():  # forked by the local backend's template, which opened it
+        pidfd = int(inherited)
+        if select.select([pidfd], [], [], 0)[0]:
+            _end_job()  # the parent ended before this job could watch it
+    else:
+        if os.getppid() != parent:
+            _end_job()  # the parent ended before this job could watch it
+        try:
+            pidfd = os.pidfd_open(parent)
+        except ProcessLookupError:
+            _end_job()
+        except (AttributeError, OSError):
+            return  # no pidfd here (before Linux 5.3): the thread watching the connection only
     job = os.getpid()
     r, w = os.pipe()
     if os.fork() == 0:

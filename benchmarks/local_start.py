@@ -1,0 +1,91 @@
+"""A local Pool's start: Fiber's workers forked from its template against new interpreters
+and against ``multiprocessing`` with fork and with spawn.
+
+Each measure runs in a program of its own, as a user's would: the time from ``Pool(n)``
+until all n workers run a task at once (each task waits at a Barrier of n), for the
+program's first Pool (Fiber's template starts with it) and for a second Pool in the same
+program. Modes alternate within each round; medians are printed.
+
+    python benchmarks/local_start.py -n 5 --rounds 7
+    python benchmarks/local_start.py -n 64 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+
+PROGRAM = textwrap.dedent("""
+    import json, sys, time
+
+    def meet(x):
+        _barrier.wait(timeout=300)
+        return x
+
+    def init(barrier):
+        global _barrier
+        _barrier = barrier
+
+    if __name__ == "__main__":
+        lib, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+        if lib == "fiber":
+            import fiber_core as mp
+            mp.init(local_start=mode)
+            ctx = mp
+        else:
+            import multiprocessing
+            ctx = multiprocessing.get_context(mode)
+        times = []
+        for _ in range(2):
+            barrier = ctx.Barrier(n)
+            start = time.perf_counter()
+            pool = ctx.Pool(n, initializer=init, initargs=(barrier,))
+            assert pool.map(meet, range(n), chunksize=1) == list(range(n))
+            times.append(time.perf_counter() - start)
+            pool.terminate()
+            pool.join()
+        print(json.dumps(times))
+""")
+
+
+def measure(lib: str, mode: str, n: int, where: str) -> list[float]:
+    out = subprocess.run([sys.executable, where, lib, mode, str(n)], capture_output=True, text=True,
+                         timeout=900, env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))})
+    if out.returncode != 0:
+        raise RuntimeError(f"{lib} {mode}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    import tempfile
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    modes = [("fiber", "template"), ("fiber", "fresh"), ("mp", "fork"), ("mp", "spawn")]
+    results: dict[tuple[str, str], list[list[float]]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory() as where:
+        program = os.path.join(where, "start.py")
+        with open(program, "w") as f:
+            f.write(PROGRAM)
+        for _ in range(args.rounds):
+            for lib, mode in modes:
+                results[(lib, mode)].append(measure(lib, mode, args.n, program))
+    print(f"Pool({args.n}) until all {args.n} workers run a task, medians of {args.rounds} "
+          f"(load average {os.getloadavg()[0]:.1f}):")
+    print(f"  {'':16s} {'first Pool':>11s} {'second Pool':>12s}")
+    for lib, mode in modes:
+        first = statistics.median(r[0] for r in results[(lib, mode)])
+        second = statistics.median(r[1] for r in results[(lib, mode)])
+        print(f"  {lib + ' ' + mode:16s} {first:9.3f} s {second:10.3f} s")
+
+
+if __name__ == "__main__":
+    main()
