@@ -1,9 +1,10 @@
 """Evolution strategies on CartPole with a Pool: the program Fiber is built for.
 
 A linear policy is trained with OpenAI-style ES (antithetic sampling, rank-based
-fitness shaping). Perturbations are never shipped: every worker builds the same
-shared noise table from a fixed seed in its initializer, and a task carries only
-an offset into it, so each task is a few bytes each way.
+fitness shaping). Perturbations are never shipped: the noise table is published
+once with ``fiber_core.broadcast`` (one copy per host, mapped read-only by every
+worker there), the policy's weights are published again each iteration, and a
+task carries only an offset into the table, so each task is a few bytes each way.
 
 It runs unchanged on any backend::
 
@@ -22,17 +23,17 @@ import numpy as np
 import fiber_core as mp
 
 NOISE_SEED = 123
-NOISE_SIZE = 1_000_000
 ENV_ID = "CartPole-v1"
 
-_noise: np.ndarray | None = None
+_noise: mp.Broadcast | None = None
+_theta: mp.Broadcast | None = None
 _env: gym.Env | None = None
 
 
-def init_worker() -> None:
-    """Build the shared noise table and the environment, once per worker."""
-    global _noise, _env
-    _noise = np.random.default_rng(NOISE_SEED).standard_normal(NOISE_SIZE).astype(np.float32)
+def init_worker(noise: mp.Broadcast, theta: mp.Broadcast) -> None:
+    """Keep the handles of the noise table and the weights; make the environment."""
+    global _noise, _theta, _env
+    _noise, _theta = noise, theta
     _env = gym.make(ENV_ID)
 
 
@@ -56,11 +57,14 @@ def rollout(weights: np.ndarray, episode_seed: int, max_steps: int = 500) -> flo
     return total
 
 
-def evaluate(task: tuple[np.ndarray, int, float, int]) -> tuple[float, float]:
-    """Score the antithetic pair theta +/- sigma * noise[offset:offset + n]."""
-    theta, offset, sigma, episode_seed = task
-    assert _noise is not None
-    eps = _noise[offset:offset + theta.size].reshape(theta.shape)
+def evaluate(task: tuple[int, int, float, int]) -> tuple[float, float]:
+    """Score the antithetic pair theta +/- sigma * noise[offset:offset + n] of one version."""
+    version, offset, sigma, episode_seed = task
+    assert _noise is not None and _theta is not None
+    theta = _theta.value  # the newest weights: this iteration's
+    if _theta.version != version:
+        raise RuntimeError(f"weights version {_theta.version} where {version} was published")
+    eps = _noise.value[offset:offset + theta.size].reshape(theta.shape)
     return rollout(theta + sigma * eps, episode_seed), rollout(theta - sigma * eps, episode_seed)
 
 
@@ -77,24 +81,29 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="pool size (default: cpu_count)")
     parser.add_argument("--sigma", type=float, default=0.1)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--noise-mib", type=int, default=64, help="size of the noise table")
     args = parser.parse_args()
 
     shape = policy_shape()
     theta = np.zeros(shape, dtype=np.float32)
     rng = np.random.default_rng(0)
-    noise = np.random.default_rng(NOISE_SEED).standard_normal(NOISE_SIZE).astype(np.float32)
-    with mp.Pool(args.workers, initializer=init_worker) as pool:
+    size = args.noise_mib * 2**20 // 4
+    noise = np.random.default_rng(NOISE_SEED).standard_normal(size, dtype=np.float32)
+    noise_handle, theta_handle = mp.broadcast(noise), mp.broadcast(theta.copy())
+    with mp.Pool(args.workers, initializer=init_worker, initargs=(noise_handle, theta_handle)) as pool:
         for it in range(1, args.iterations + 1):
             start = time.perf_counter()
-            offsets = rng.integers(0, NOISE_SIZE - theta.size, size=args.population)
+            version = theta_handle.version
+            offsets = rng.integers(0, size - theta.size, size=args.population)
             seed = int(rng.integers(2**31))
-            tasks = [(theta, int(o), args.sigma, seed) for o in offsets]
+            tasks = [(version, int(o), args.sigma, seed) for o in offsets]
             returns = np.array(pool.map(evaluate, tasks), dtype=np.float32)
             shaped = centered_ranks(returns)
             grad = np.zeros_like(theta)
             for (plus, minus), o in zip(shaped, offsets):
                 grad += (plus - minus) * noise[o:o + theta.size].reshape(shape)
             theta += args.lr / (2 * args.population * args.sigma) * grad
+            theta_handle.publish(theta)
             score = pool.apply(rollout_with, (theta, 10_000 + it))
             print(f"iteration {it:3d}  mean return {returns.mean():7.1f}  max {returns.max():6.1f}  "
                   f"policy return {score:6.1f}  ({time.perf_counter() - start:.2f}s)", flush=True)

@@ -109,6 +109,10 @@ def __getattr__(name: str) -> Any:
         from fiber_core.parallel.ring import Ring
 
         return Ring
+    if name in ("broadcast", "Broadcast"):
+        from fiber_core.parallel import broadcast
+
+        return getattr(broadcast, name)
     raise AttributeError(f"module 'fiber_core' has no attribute {name!r}")
 
 
@@ -134,11 +138,11 @@ set_forkserver_preload = _context.set_forkserver_preload
 
 
 __all__ = [
-    "Array", "AuthenticationError", "Backend", "Barrier", "BoundedSemaphore", "BufferTooShort",
+    "Array", "AuthenticationError", "Backend", "Barrier", "Broadcast", "BoundedSemaphore", "BufferTooShort",
     "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Option",
     "Pipe", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
     "SimpleQueue", "Value",
-    "TimeoutError", "active_children", "allow_connection_pickling", "cpu_count", "current_process", "freeze_support",
+    "TimeoutError", "active_children", "allow_connection_pickling", "broadcast", "cpu_count", "current_process", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
     "log_to_stderr", "meta", "parent_process", "reducer", "set_executable",
     "set_forkserver_preload", "set_start_method",

@@ -284,3 +284,12 @@ def test_gym_vector_env_example(backend: str, tmp_path: Path) -> None:
 def test_sb3_ppo_example(backend: str, tmp_path: Path) -> None:
     out = run_example("sb3_ppo.py", ["--envs", "2", "--timesteps", "256"], backend, tmp_path)
     assert "PPO learned 256 steps" in out
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_es_example(backend: str, tmp_path: Path) -> None:
+    # Each task checks that it reads the weights version its iteration published.
+    out = run_example("es.py", ["--iterations", "3", "--population", "8", "--workers", "2",
+                                "--noise-mib", "16"], backend, tmp_path)
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("iteration")] == ["1", "2", "3"]

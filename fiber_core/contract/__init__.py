@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         ENV_GROUP,
         ENV_GROUP_INDEX,
         ENV_HUB,
+        ENV_JOB_HOST,
         ENV_PARENT_PID,
         ENV_RUN_ID,
         ENV_TOKEN,
@@ -42,6 +43,7 @@ _EXPORTS = {
     "hookimpl": "fiber_core.contract.hookspecs",
     "ENV_AUTHKEY": "fiber_core.contract.env",
     "ENV_HUB": "fiber_core.contract.env",
+    "ENV_JOB_HOST": "fiber_core.contract.env",
     "ENV_PARENT_PID": "fiber_core.contract.env",
     "ENV_RUN_ID": "fiber_core.contract.env",
     "ENV_TOKEN": "fiber_core.contract.env",
@@ -57,7 +59,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_PARENT_PID", "ENV_RUN_ID", "ENV_TOKEN",
+    "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_RUN_ID",
+    "ENV_TOKEN",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
     "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
     "Watcher", "exitcode_from_status", "hookimpl", "keepalive", "parse_pairs",

@@ -35,6 +35,14 @@ ENV_PARENT_PIDFD = "FIBER_PARENT_PIDFD"
 its parent): a pidfd of the parent, opened while the parent was surely alive, that the job
 watches instead of opening one by :data:`ENV_PARENT_PID`."""
 
+ENV_JOB_HOST = "FIBER_JOB_HOST"
+"""Set by a backend that runs jobs on machines other than the parent's, where its jobs on
+one machine share that machine's ``/dev/shm``: the machine's name (as in ``Job.host``).
+Processes of a run with the same value (unset: the parent's machine, or a machine of
+its own, like a pod or a container with a ``/dev/shm`` of its own) keep one copy of a
+broadcast value between them (:mod:`fiber_core.parallel.broadcast`). A backend that
+leaves it unset on other machines costs one copy per job, never a wrong value."""
+
 SECRET_VARIABLES = frozenset({ENV_AUTHKEY, ENV_TOKEN, ENV_GROUP})
 """The variables of a job's environment that must not be readable by others."""
 
@@ -63,5 +71,5 @@ def job_token(environ: dict[str, str] | None = None) -> str:
     raise KeyError(f"{ENV_TOKEN} (or {ENV_GROUP} and {ENV_GROUP_INDEX}) is not set: "
                    "this process was not started by Fiber")
 
-__all__ = ["ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_PARENT_PID", "ENV_PARENT_PIDFD", "ENV_RUN_ID",
+__all__ = ["ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_PARENT_PIDFD", "ENV_RUN_ID",
            "ENV_TOKEN", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "group_token", "job_token"]

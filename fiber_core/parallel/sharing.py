@@ -193,9 +193,41 @@ for line in sys.stdin.buffer:
         names.add(name)
     else:
         names.discard(name)
+
+
+def drop_dir(path):
+    # A directory that the processes of this host share, each holding a shared lock
+    # on its .users file while it uses it: removed once none does. The lock of the
+    # process this tracker served may take a moment to go with it.
+    import fcntl, os, shutil, time
+    for _ in range(100):
+        try:
+            fd = os.open(path + "/.users", os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            time.sleep(0.02)
+            continue
+        try:
+            gone = "%s.gone-%d" % (path, os.getpid())
+            os.rename(path, gone)
+            shutil.rmtree(gone, ignore_errors=True)
+        except OSError:
+            pass
+        os.close(fd)
+        return
+
+
 for name in names:
     try:
-        (sem_unlink if name[0] == "s" else shm_unlink)(name[1:])
+        kind, path = name[0], name[1:]
+        if kind == "d":
+            drop_dir(path)
+        else:
+            (sem_unlink if kind == "s" else shm_unlink)(path)
     except OSError:
         pass
 """
@@ -209,7 +241,9 @@ class _Tracker:
     or its parent going away), and what it still owns is then removed all the same.
     It holds no stdout or stderr of this process (a job's forwarded output ends when
     the job does). It reads ``+KIND/NAME`` and ``-KIND/NAME`` lines until its pipe
-    closes with this process, then removes what was not given back.
+    closes with this process, then removes what was not given back. KIND ``s`` is a
+    semaphore, ``m`` a segment, ``d`` a directory of this host's broadcast copies
+    (:func:`track_shared_dir`), removed only when no other process still uses it.
     """
 
     def __init__(self) -> None:
@@ -272,6 +306,15 @@ def _own(owner: Any, name: str, kind: str) -> None:
     dropped or this process exits; if it exits without doing so, by the tracker."""
     _tracker.register(name, kind)
     weakref.finalize(owner, _forget, name, kind)
+
+
+def track_shared_dir(path: str) -> None:
+    """Have ``path`` removed when this process ends, if no process of this host uses it then.
+
+    A user of the directory holds a shared ``flock`` on ``path/.users`` while it uses
+    it; whoever can take that lock exclusively is the last user, and removes it.
+    """
+    _tracker.register(path, "d")
 
 
 def create_semlock(owner: Any, kind: int, value: int, maxvalue: int) -> Any:
