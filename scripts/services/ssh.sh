@@ -13,8 +13,10 @@
 # has: Fiber keeps its Unix socket in the parent's /tmp, and a job that could see it would
 # reach the parent through it instead of the network. Only this service's directory, the
 # repository (CI may clone it under /tmp) and the paths in FIBER_SSH_SHARED (colon-separated)
-# stay visible there. The namespaces are global: `up` records which service directory owns
-# them (in $OWNER) and `down` from another directory leaves them alone.
+# stay visible there. Each has its own /dev/shm too, so what one host keeps in shared
+# memory (a broadcast copy, a named semaphore) is not visible on the others. The
+# namespaces are global: `up` records which service directory owns them (in $OWNER) and
+# `down` from another directory leaves them alone.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 D=$FIBER_SERVICES_DIR/ssh
@@ -50,6 +52,7 @@ start_sshd() {
     hostname "$1"; old=$2 h=$3; shift 3
     mount --bind /tmp "$old"
     mount -t tmpfs -o mode=1777,size=25% "$(hostname)-tmp" /tmp
+    mount -t tmpfs -o mode=1777,size=25% "$(hostname)-shm" /dev/shm
     for p in "$@"; do mkdir -p "$p" && mount --bind "$old${p#/tmp}" "$p"; done
     umount -l "$old"
     exec /usr/sbin/sshd -f "$h/sshd_config" -E "$h/sshd.log"' sh "fiber-h$n" "$old" "$h" ${keep[@]+"${keep[@]}"}

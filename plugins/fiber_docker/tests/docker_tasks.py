@@ -78,3 +78,12 @@ def ms_task(x: int) -> int:
     """1-5 ms of work, for maps under preemption."""
     time.sleep(0.001 + (x % 5) * 0.001)
     return x
+
+
+def read_broadcast(handle: object) -> tuple[int, list[int], bool, str]:
+    """What a broadcast gives in a container: its version, its distinct bytes, whether it
+    is the container's shared copy, and which job read it."""
+    from fiber_core.contract.env import job_token
+
+    view = handle.value  # type: ignore[attr-defined]
+    return handle.version, sorted(set(bytes(view))), handle.shared, job_token()  # type: ignore[attr-defined]

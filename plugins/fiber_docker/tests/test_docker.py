@@ -484,6 +484,19 @@ def test_pool() -> None:
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11),
                     reason="the test image runs Python 3.11: code sent by value needs the same version")
+def test_broadcast_versions_reach_containers_in_order() -> None:
+    b = fiber_core.broadcast(bytes([1]) * 1_000_000)
+    with fiber_core.Pool(2, backend="docker") as pool:
+        first = pool.map(docker_tasks.read_broadcast, [b] * 6, chunksize=1)
+        assert {(v, tuple(values)) for v, values, _, _ in first} == {(1, (1,))}
+        readers = {token for *_, token in first}
+        # a container has a /dev/shm of its own: each fetched its copy once
+        assert b.fetches == len(readers) and all(shared for _, _, shared, _ in first)
+        b.publish(bytes([2]) * 1_000_000)
+        second = pool.map(docker_tasks.read_broadcast, [b] * 6, chunksize=1)
+        assert {(v, tuple(values)) for v, values, _, _ in second} == {(2, (2,))}
+
+
 def test_pool_functions_by_value() -> None:
     factor = 3
     with fiber_core.Pool(2, backend="docker") as pool:

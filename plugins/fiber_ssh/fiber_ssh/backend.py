@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.contract import (
+    ENV_JOB_HOST,
     Backend,
     BackendError,
     ConfigError,
@@ -750,6 +751,7 @@ class SshBackend(Backend):
             self._upload(host)
         t, chan = self._channel(host)
         env = dict(spec.env)
+        env[ENV_JOB_HOST] = host.hostname  # its jobs share one copy of a broadcast value there
         if placement.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
         job_line = json.dumps({

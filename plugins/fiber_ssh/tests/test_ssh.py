@@ -416,6 +416,47 @@ def test_pool_spreads_over_the_three_hosts(ssh_runtime: Any) -> None:
         many.terminate()
 
 
+def test_broadcast_crosses_the_network_once_per_host_and_version(ssh_runtime: Any) -> None:
+    np = pytest.importorskip("numpy")
+
+    table = fiber_core.broadcast(np.full(1 << 20, 1.0, dtype=np.float32))  # 4 MiB
+    arrived, go = fiber_core.Queue(), fiber_core.Queue()
+    with fiber_core.Pool(6) as pool:
+        for version in (1, 2):
+            if version == 2:
+                table.publish(np.full(1 << 20, 2.0, dtype=np.float32))
+            # Every task waits for the others: all six workers, two per host, read.
+            result = pool.map_async(functools.partial(_read_broadcast, table=table, arrived=arrived, go=go),
+                                    range(6), chunksize=1)
+            for _ in range(6):
+                arrived.get(timeout=T)
+            for _ in range(6):
+                go.put(None)
+            seen = result.get(T)
+            assert sorted({host for host, *_ in seen}) == NAMES
+            assert {(v, values, shared) for _, v, values, shared, _ in seen} == {(version, (float(version),), True)}
+            for name in NAMES:  # the two readers of a host map one segment
+                assert len({segment for host, *_, segment in seen if host == name}) == 1
+            assert table.fetches == 3 * version
+
+
+def _read_broadcast(x: int, table: Any, arrived: Any, go: Any) -> tuple:
+    import numpy as np
+
+    arr = table.value
+    address = arr.__array_interface__["data"][0]
+    segment = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(v, 16) for v in fields[0].split("-"))
+            if lo <= address < hi and len(fields) >= 6:
+                segment = (fields[5], int(fields[4]))
+    arrived.put(x)
+    go.get(timeout=T)
+    return socket.gethostname(), table.version, tuple(float(v) for v in np.unique(arr)), table.shared, segment
+
+
 def _ms_task(x: int) -> int:
     time.sleep(0.001 + (x % 5) * 0.001)  # 1-5 ms
     return x
