@@ -30,7 +30,7 @@ for d in plugins/*/fiber_*/; do [ -f "$d/__init__.py" ] && mypy_paths+=("$d"); d
 # The five distributions build as wheels and sdists and pass twine's check; tests/test_installs.py
 # installs these ones into fresh venvs.
 PYTHON="$VPY" bash scripts/build-dists.sh "$dists"
-export FIBER_TEST_DISTS=$dists
+export TEST_DISTS_DIR=$dists
 paths=(tests)
 for d in plugins/*/tests; do [ -d "$d" ] && paths+=("$d"); done
 bash scripts/test-pythons.sh
