@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -69,12 +70,15 @@ def pip(venv: Path, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def installed_backends(venv: Path) -> dict[str, list[str]]:
-    """`fiber backends`' table of installed backends, by name (the first table of its output)."""
+def backends(venv: Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """What `fiber backends` says: the installed backends' rows by name, and for each of the
+    others the command that installs it."""
     done = run([str(venv / "bin/fiber"), "backends"], venv.parent)
     assert done.returncode == 0, done.stderr
-    table = done.stdout.split("\n\n")[0]
-    return {line.split()[0]: line.split() for line in table.splitlines()[1:] if line.strip()}
+    installed, _, others = done.stdout.partition("\n\n")
+    rows = {line.split()[0]: line.split() for line in installed.splitlines()[1:]}
+    hints = {line.split()[0]: line.split(None, 2)[2] for line in others.splitlines()[2:]}
+    return rows, hints
 
 
 def test_every_distribution_builds_with_current_metadata(dists: Path) -> None:
@@ -107,13 +111,22 @@ def test_plugins_one_at_a_time(order: tuple[str, ...], dists: Path, tmp_path: Pa
     done = run([sys.executable, "-m", "venv", str(venv)], tmp_path, PIP_TIMEOUT)
     assert done.returncode == 0, done.stderr
     pip(venv, "install", str(wheel(dists, "fiber-core")))
-    assert set(installed_backends(venv)) == {"local"}
+    installed, hints = backends(venv)
+    assert set(installed) == {"local"}
+    # fiber-core came from a wheel beside the plugins' wheels: `fiber backends` says to take them there.
+    assert hints == {name: f"pip install --find-links {dists} {dist}" for dist, name in BACKENDS.items()}
+    missing = run([str(venv / "bin/fiber"), "run", "--help"], tmp_path)
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert missing.stderr.startswith("fiber: error: `fiber run` comes with fiber-k8s, which is not available here")
     for n, dist in enumerate(order, 1):
-        pip(venv, "install", str(wheel(dists, dist)))
+        if n == 1:  # the first one as `fiber backends` said
+            pip(venv, *shlex.split(hints[BACKENDS[dist]])[1:])
+        else:
+            pip(venv, "install", str(wheel(dists, dist)))
         # Each step leaves a consistent environment, not only the last one.
         check = run([str(venv / "bin/python"), "-m", "pip", "check"], tmp_path)
         assert check.returncode == 0, f"after {', '.join(order[:n])}:\n{check.stdout}{check.stderr}"
-    table = installed_backends(venv)
-    assert set(table) == {"local", *BACKENDS.values()}
+    installed, hints = backends(venv)
+    assert set(installed) == {"local", *BACKENDS.values()} and hints == {}
     for dist, name in BACKENDS.items():
-        assert table[name][-2:] == [dist, VERSION]
+        assert installed[name][-2:] == [dist, VERSION]
