@@ -195,3 +195,14 @@ def test_unknown_options_are_still_refused() -> None:
     out = fiber("backends", "--bogus")
     assert out.returncode == 2
     assert "unrecognized arguments: --bogus" in out.stderr
+
+
+def test_readmes_give_the_commands_fiber_gives(core_only: list[str]) -> None:
+    out = fiber_core_only(core_only, "backends", cwd=ROOT)
+    hints = {name: cells[2] for name, cells in table(out.stdout.split("\n\n")[1].split("\n", 1)[1]).items()}
+    readme = (ROOT / "README.md").read_text()
+    for name, dist in PLUGINS.items():
+        assert re.search(rf"FIBER_BACKEND={name} python app.py +# {re.escape(hints[name])}\n", readme), name
+        plugin_readme = (ROOT / "plugins" / dist.replace("-", "_") / "README.md").read_text()
+        first = re.search(r"^ *(pip install [^#\n]*?) *(#|$)", plugin_readme, re.M)
+        assert first is not None and first.group(1) == hints[name], (dist, first)
