@@ -1,39 +1,66 @@
-"""The ``fiber`` command: ``fiber backends``, ``fiber config``, ``fiber clean``."""
+"""The ``fiber`` command: ``fiber backends``, ``fiber config``, ``fiber clean``, and the plugins' commands."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+import textwrap
+from collections.abc import Sequence
 
 from fiber_core.base.errors import FiberError
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 
+WIDTH = 100
+"""The widest line the tables of ``fiber`` print."""
+
+KNOWN_COMMANDS = {"run": ("fiber-k8s", "run a program on Kubernetes")}
+"""Commands that the project's plugins add, by name: the distribution and what the command does."""
+
+
+def _table(rows: Sequence[Sequence[str]], wrap: int | None = None) -> str:
+    """``rows`` in columns two spaces apart. Column ``wrap``, and the last one if it must, are
+    wrapped so that a line fits in :data:`WIDTH`; a cell's continuation lines stay in its column."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    over = sum(widths) + 2 * (len(widths) - 1) - WIDTH
+    if wrap is not None and over > 0:
+        # The wrapped column keeps at least 30 characters; beyond that the last column gives way.
+        give = min(over, max(widths[wrap] - 30, 0))
+        widths[wrap] -= give
+        if over > give and wrap != len(widths) - 1:
+            widths[-1] = max(widths[-1] - (over - give), 20)
+    last = len(widths) - 1
+    out = []
+    for row in rows:
+        cells = [(textwrap.wrap(c, widths[i], break_on_hyphens=False) or [""]) if i in (wrap, last) else [c]
+                 for i, c in enumerate(row)]
+        for k in range(max(len(c) for c in cells)):
+            parts = [(c[k] if k < len(c) else "").ljust(w) for c, w in zip(cells, widths)]
+            out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
 
 def _backends(args: argparse.Namespace) -> int:
-
     rows = [("NAME", "ALIASES", "PACKAGE", "VERSION")]
     for info in plugins().backends():
         rows.append((info.name, ",".join(info.aliases) or "-", info.package, info.version))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print(_table(rows))
+    absent = plugins().absent()
+    if absent:
+        print("\nFiber's other backends, not available here:")
+        print(_table([("NAME", "PACKAGE", "TO GET IT"), *((a.name, a.package, a.advice) for a in absent)]))
     return 0
 
 
 def _config(args: argparse.Namespace) -> int:
-
     plugins().backends()  # loads plugins, so their options are known
     config.check_file()
     print(f"backend in use: {selected_backend_name()}")
-    rows = [("KEY", "VALUE", "SOURCE"), *config.describe()]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print(_table([("KEY", "VALUE", "SOURCE"), *config.describe()], wrap=1))
     return 0
 
 
 def _clean(args: argparse.Namespace) -> int:
-
     name = selected_backend_name(args.backend)
     cls = plugins().get_class(name)
     removed = cls.clean(config.backend_settings(cls.settings_section()), args.run)
@@ -43,19 +70,43 @@ def _clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def _missing_command(command: str, package: str, args: argparse.Namespace) -> int:
+    print(f"fiber: error: `fiber {command}` comes with {package}, which is not available here: "
+          f"{plugins().advice(package)}", file=sys.stderr)
+    return 2
+
+
+def _epilog() -> str:
+    installed = ", ".join(info.name for info in plugins().backends())
+    lines = [f"backends installed: {installed}"]
+    absent = plugins().absent()
+    if absent:
+        names = ", ".join(a.name for a in absent)
+        lines.append(f"other backends: {names} (`fiber backends` says how to install each)")
+    return "\n".join(textwrap.fill(line, WIDTH, subsequent_indent="  ") for line in lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fiber", description="Fiber: multiprocessing on clusters.")
+    plugins().backends()  # load plugins: they may add subcommands
+    parser = argparse.ArgumentParser(prog="fiber", description="Fiber: multiprocessing on clusters.",
+                                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("backends", help="list installed backends").set_defaults(func=_backends)
+    sub.add_parser("backends", help="list the installed backends, and how to install the others"
+                   ).set_defaults(func=_backends)
     sub.add_parser("config", help="show the effective configuration and its sources").set_defaults(func=_config)
     clean = sub.add_parser("clean", help="remove jobs that crashed runs left behind")
     clean.add_argument("--backend", help="backend to clean (default: the configured one)")
     clean.add_argument("--run", help="only this run id")
     clean.set_defaults(func=_clean)
 
-    plugins().backends()  # load plugins: they may add subcommands
     plugins().pm.hook.fiber_add_commands(subparsers=sub)
-    args = parser.parse_args(argv)
+    for command, (package, what) in KNOWN_COMMANDS.items():
+        if command not in sub.choices:  # its plugin is missing: say so, whatever the arguments
+            stub = sub.add_parser(command, add_help=False, help=f"{what} (needs {package})")
+            stub.set_defaults(func=functools.partial(_missing_command, command, package), takes_any=True)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_any", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except FiberError as e:

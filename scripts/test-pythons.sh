@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Run the core's version-sensitive tests (managers, the local backend's conformance, the
 # concurrent.futures executor and the start method name)
-# on every other Python from 3.10 to 3.13 that pyenv provides.
+# on every other Python from 3.10 to 3.14 that pyenv provides.
 # Usage: bash scripts/test-pythons.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=${PYENV_ROOT:-$HOME/.pyenv}
 ran=0
-for v in 3.10 3.12 3.13; do
+for v in 3.10 3.12 3.13 3.14; do
   py=$(ls -d "$root"/versions/"$v".*/bin/python 2>/dev/null | sort -V | tail -n 1 || true)
   if [ -z "$py" ]; then
     echo "test-pythons: no Python $v under $root/versions; skipped"

@@ -14,8 +14,10 @@ for d in plugins/*/; do [ -f "$d/pyproject.toml" ] && plugins+=(-e "$d[test]"); 
 "$VPY" -m pip install -q -e ".[test,examples]" "${plugins[@]}"
 if [ -f requirements-test.txt ]; then "$VPY" -m pip install -q -r requirements-test.txt; fi
 
-# Stop the services however this script ends, including when one fails to start.
-trap 'scripts/test-services.sh down' EXIT
+# Stop the services (and drop the built distributions) however this script ends, including
+# when a service fails to start.
+dists=$(mktemp -d)
+trap 'rm -rf "$dists"; scripts/test-services.sh down' EXIT
 scripts/test-services.sh up
 
 "$VPY" -m ruff check .
@@ -25,6 +27,10 @@ scripts/test-services.sh up
 mypy_paths=(fiber_core)
 for d in plugins/*/fiber_*/; do [ -f "$d/__init__.py" ] && mypy_paths+=("$d"); done
 "$VPY" -m mypy --ignore-missing-imports --follow-imports=silent "${mypy_paths[@]}"
+# The five distributions build as wheels and sdists and pass twine's check; tests/test_installs.py
+# installs these ones into fresh venvs.
+PYTHON="$VPY" bash scripts/build-dists.sh "$dists"
+export TEST_DISTS_DIR=$dists
 paths=(tests)
 for d in plugins/*/tests; do [ -d "$d" ] && paths+=("$d"); done
 bash scripts/test-pythons.sh

@@ -1,26 +1,63 @@
-"""The ``fiber`` command: ``fiber backends`` and ``fiber config``, run as a real command."""
+"""The ``fiber`` command: ``fiber backends``, ``fiber config``, ``fiber --help``, run as a real command."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 T = 30.0
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = {"aws-batch": "fiber-aws", "docker": "fiber-docker", "kubernetes": "fiber-k8s", "ssh": "fiber-ssh"}
 
 
-def fiber(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def fiber(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fiber_core.cli", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=T)
+                          text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=T)
 
 
 def rows(output: str) -> dict[str, list[str]]:
     """The table lines of ``output``, by their first column."""
     return {line.split()[0]: line.split() for line in output.splitlines() if line.strip()}
+
+
+def table(text: str) -> dict[str, list[str]]:
+    """A table ``fiber`` printed, by its first column: each cell as printed, the lines of a
+    wrapped cell joined by a space. The columns are where the header's words start."""
+    lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", lines[0])]
+    out: dict[str, list[str]] = {}
+    last: list[str] = []
+    for line in lines:
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+        if cells[0]:
+            last = out[cells[0]] = cells
+        else:  # a wrapped cell goes on
+            last[:] = [f"{old} {new}".strip() for old, new in zip(last, cells)]
+    return out
+
+
+@pytest.fixture(scope="module")
+def core_only(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """A ``fiber`` command line that sees this environment without Fiber's plugin distributions:
+    a Python without its site, given a copy (of symlinks) of site-packages that leaves them out."""
+    view = tmp_path_factory.mktemp("site")
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not any(dist.replace("-", "_") in entry.name for dist in PLUGINS.values()):
+            (view / entry.name).symlink_to(entry)
+    code = "import site, sys; site.addsitedir(sys.argv.pop(1)); from fiber_core.cli import main; sys.exit(main())"
+    return [sys.executable, "-S", "-c", code, str(view)]
+
+
+def fiber_core_only(command: list[str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([*command, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=T)
 
 
 def test_backends() -> None:
@@ -53,11 +90,27 @@ def test_config_shows_values_and_sources(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "backend in use: local"
-    table = rows("\n".join(lines[1:]))
-    assert table["debug"] == ["debug", "True", "env", "FIBER_DEBUG"]
-    assert table["listen_port"] == ["listen_port", "4321", str(path), "[fiber]"]
-    assert table["forward_output"] == ["forward_output", "True", "default"]
-    assert table["backend"] == ["backend", "local", "default"]
+    cells = table("\n".join(lines[1:]))
+    assert cells["debug"] == ["debug", "True", "env FIBER_DEBUG"]
+    # a long source may be wrapped in its column
+    assert [c.replace(" ", "") for c in cells["listen_port"]] == ["listen_port", "4321", f"{path}[fiber]"]
+    assert cells["forward_output"] == ["forward_output", "True", "default"]
+    assert cells["backend"] == ["backend", "local", "default"]
+
+
+def test_config_fits_in_100_columns(tmp_path: Path, toy_dist: dict[str, str]) -> None:
+    # A long value (and the site's plugins' settings: ssh.upload_exclude is 170 characters).
+    image = "registry.example.com/" + "team/" * 30 + "app:1"
+    (tmp_path / ".fiberconfig").write_text("[fiber]\nlisten_port = 4321\n")
+    out = fiber("config", env={**toy_dist, "FIBER_IMAGE": image, "FIBER_GPU_TYPE": "a100 " * 25})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100, max(lines, key=len)
+    cells = table("\n".join(lines[1:]))
+    assert cells["image"][1].replace(" ", "") == image  # wrapped, nothing lost
+    assert cells["image"][2] == "env FIBER_IMAGE"
+    assert cells["gpu_type"][1] == ("a100 " * 25).strip()
+    assert len(lines) > len(cells) + 1  # some cells did wrap
 
 
 def test_config_of_a_plugin_backend(tmp_path: Path, toy_dist: dict[str, str]) -> None:
@@ -91,3 +144,65 @@ def test_unknown_backend_hint() -> None:
     assert out.returncode == 2
     assert "unknown backend 'nomad'" in out.stderr and "its own package" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_backends_without_the_plugins_says_how_to_install_them(core_only: list[str], tmp_path: Path) -> None:
+    out = fiber_core_only(core_only, "backends", cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    installed, other = out.stdout.split("\n\n")
+    assert table(installed)["NAME"] == ["NAME", "ALIASES", "PACKAGE", "VERSION"]
+    assert set(table(installed)) == {"NAME", "local"}
+    heading, absent = other.split("\n", 1)
+    assert heading == "Fiber's other backends, not available here:"
+    cells = table(absent)
+    assert cells.pop("NAME") == ["NAME", "PACKAGE", "TO GET IT"]
+    # From a checkout, the plugins' directories, as the READMEs say them.
+    assert cells == {name: [name, dist, f"pip install ./plugins/{dist.replace('-', '_')}"]
+                     for name, dist in PLUGINS.items()}
+    # Elsewhere, the same directories by their full path: each holds the named distribution.
+    out = fiber_core_only(core_only, "backends", cwd=tmp_path)
+    elsewhere = table(out.stdout.split("\n\n")[1].split("\n", 1)[1])
+    for name, dist in PLUGINS.items():
+        command = elsewhere[name][2].split()
+        assert command[:2] == ["pip", "install"] and Path(command[2]).is_absolute()
+        pyproject = (Path(command[2]) / "pyproject.toml").read_text()
+        assert f'\nname = "{dist}"\n' in pyproject
+
+
+@pytest.mark.parametrize("args", [["run", "--help"], ["run"], ["run", "--image", "x", "python", "app.py"]],
+                         ids=["help", "bare", "args"])
+def test_run_without_fiber_k8s_names_its_plugin(core_only: list[str], args: list[str]) -> None:
+    out = fiber_core_only(core_only, *args, cwd=ROOT)
+    assert out.returncode == 2
+    assert out.stderr == ("fiber: error: `fiber run` comes with fiber-k8s, which is not available here: "
+                          "pip install ./plugins/fiber_k8s\n")
+    assert out.stdout == ""
+
+
+def test_help_names_the_backends(core_only: list[str], toy_dist: dict[str, str]) -> None:
+    bare = fiber_core_only(core_only, "--help", cwd=ROOT)
+    assert bare.returncode == 0, bare.stderr
+    assert "backends installed: local\n" in bare.stdout
+    assert "other backends: aws-batch, docker, kubernetes, ssh (`fiber backends` says how" in bare.stdout
+    assert re.search(r"run +run a program on Kubernetes \(needs fiber-k8s\)", bare.stdout)
+    with_toy = fiber("--help", env=toy_dist)
+    assert with_toy.returncode == 0, with_toy.stderr
+    installed = re.search(r"backends installed: (.*)", with_toy.stdout)
+    assert installed is not None and {"local", "toy"} <= set(installed.group(1).split(", "))
+
+
+def test_unknown_options_are_still_refused() -> None:
+    out = fiber("backends", "--bogus")
+    assert out.returncode == 2
+    assert "unrecognized arguments: --bogus" in out.stderr
+
+
+def test_readmes_give_the_commands_fiber_gives(core_only: list[str]) -> None:
+    out = fiber_core_only(core_only, "backends", cwd=ROOT)
+    hints = {name: cells[2] for name, cells in table(out.stdout.split("\n\n")[1].split("\n", 1)[1]).items()}
+    readme = (ROOT / "README.md").read_text()
+    for name, dist in PLUGINS.items():
+        assert re.search(rf"FIBER_BACKEND={name} python app.py +# {re.escape(hints[name])}\n", readme), name
+        plugin_readme = (ROOT / "plugins" / dist.replace("-", "_") / "README.md").read_text()
+        first = re.search(r"^ *(pip install [^#\n]*?) *(#|$)", plugin_readme, re.M)
+        assert first is not None and first.group(1) == hints[name], (dist, first)

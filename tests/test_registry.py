@@ -13,12 +13,14 @@ import fiber_core
 from fiber_core.backends import local
 from fiber_core.backends.local import LocalBackend
 from fiber_core.base.errors import PluginError, UnknownBackendError
+from fiber_core.contract import registry
 from fiber_core.contract.backend import Backend
 from fiber_core.contract.registry import (
     ENV_DISABLE_AUTOLOAD,
     KNOWN_PACKAGES,
     BackendRegistrar,
     Registry,
+    install_command,
 )
 from fiber_core.runtime.config import plugins, selected_backend_name
 
@@ -40,10 +42,85 @@ def _bare_registry(monkeypatch: pytest.MonkeyPatch) -> Registry:
 def test_unknown_backend_says_what_to_install(name: str, package: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     assert KNOWN_PACKAGES[name] == package
+    monkeypatch.setattr(registry, "installed_version", lambda dist: None)  # as if not installed here
     with pytest.raises(UnknownBackendError) as e:
         _bare_registry(monkeypatch).get_class(name)
     assert isinstance(e.value, LookupError)
-    assert str(e.value) == f"unknown backend {name!r} (installed: local); pip install {package}"
+    assert str(e.value) == (f"unknown backend {name!r} (installed: local); {package} provides it: "
+                            f"{install_command(package)}")
+    assert install_command(package).startswith("pip install ")
+
+
+def test_unknown_backend_installed_but_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "installed_version", lambda dist: "9.9")
+    with pytest.raises(UnknownBackendError) as e:
+        _bare_registry(monkeypatch).get_class("k8s")
+    assert str(e.value).endswith(
+        "; fiber-k8s provides it: fiber-k8s 9.9 is installed; FIBER_DISABLE_PLUGIN_AUTOLOAD keeps it from loading")
+
+
+def test_absent_backends(monkeypatch: pytest.MonkeyPatch, toy_backend: type) -> None:
+    monkeypatch.setattr(registry, "installed_version", lambda dist: None)
+    absent = _bare_registry(monkeypatch).absent()
+    assert [(a.name, a.package) for a in absent] == [
+        ("aws-batch", "fiber-aws"), ("docker", "fiber-docker"), ("kubernetes", "fiber-k8s"), ("ssh", "fiber-ssh")]
+    assert [a.advice for a in absent] == [install_command(a.package) for a in absent]
+
+
+def _elsewhere(tmp_path: Path) -> Path:
+    (tmp_path / "elsewhere").mkdir()
+    return tmp_path / "elsewhere"
+
+
+def _fake_checkout(root: Path, *plugins: str) -> Path:
+    for folder in plugins:
+        (root / "plugins" / folder).mkdir(parents=True)
+        (root / "plugins" / folder / "pyproject.toml").write_text("[project]\n")
+    return root
+
+
+def test_install_command_from_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _fake_checkout(tmp_path / "checkout", "fiber_k8s")
+    monkeypatch.setattr(registry, "CHECKOUT", root)
+    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    monkeypatch.chdir(root)
+    assert install_command("fiber-k8s") == "pip install ./plugins/fiber_k8s"
+    monkeypatch.chdir(_elsewhere(tmp_path))
+    assert install_command("fiber-k8s") == f"pip install {root}/plugins/fiber_k8s"
+    monkeypatch.chdir("/")  # everything is under /: not ./tmp/...
+    assert install_command("fiber-k8s") == f"pip install {root}/plugins/fiber_k8s"
+    assert install_command("fiber-ssh") == "pip install fiber-ssh"  # not in this checkout
+
+
+def test_install_command_from_a_checkout_installed_without_e(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _fake_checkout(tmp_path / "my checkout", "fiber_aws")
+    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(registry, "_core_source", lambda: root)  # pip install ./checkout
+    assert install_command("fiber-aws") == "pip install './my checkout/plugins/fiber_aws'"  # cwd: tmp_path
+    monkeypatch.chdir(_elsewhere(tmp_path))
+    assert install_command("fiber-aws") == f"pip install '{root}/plugins/fiber_aws'"
+
+
+def test_install_command_from_a_wheelhouse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in ("fiber_core-0.1.0-py3-none-any.whl", "fiber_docker-0.1.0-py3-none-any.whl",
+                 "fiber_ssh-0.1.0.tar.gz"):
+        (wheels / name).write_bytes(b"")
+    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(registry, "_core_source", lambda: wheels / "fiber_core-0.1.0-py3-none-any.whl")
+    assert install_command("fiber-docker") == "pip install --find-links ./wheels fiber-docker"  # cwd: tmp_path
+    monkeypatch.chdir(_elsewhere(tmp_path))
+    assert install_command("fiber-docker") == f"pip install --find-links {wheels} fiber-docker"
+    assert install_command("fiber-ssh") == f"pip install --find-links {wheels} fiber-ssh"
+    assert install_command("fiber-aws") == "pip install fiber-aws"  # from the index fiber-core came from
+
+
+def test_install_command_from_an_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    assert install_command("fiber-k8s") == "pip install fiber-k8s"
 
 
 def test_unknown_third_party_name() -> None:

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import os
+import shlex
 import threading
+import urllib.parse
+import urllib.request
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 import pluggy
@@ -29,17 +34,81 @@ ENTRY_POINT_GROUP = "fiber"
 ENV_DISABLE_AUTOLOAD = "FIBER_DISABLE_PLUGIN_AUTOLOAD"
 
 
-KNOWN_PACKAGES = {
+KNOWN_BACKENDS = {
     "docker": "fiber-docker",
     "kubernetes": "fiber-k8s",
-    "k8s": "fiber-k8s",
     "ssh": "fiber-ssh",
-    "aws": "fiber-aws",
     "aws-batch": "fiber-aws",
 }
+"""The backends the project publishes, by name, with the distribution of each."""
+
+KNOWN_PACKAGES = {**KNOWN_BACKENDS, "k8s": "fiber-k8s", "aws": "fiber-aws"}
+"""The same by every name they answer to, for the hint of an unknown name."""
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The directory that holds this ``fiber_core``: a checkout of the project when it is run from one."""
 
 
-"""Backends the project publishes, for the "pip install ..." hint of an unknown name."""
+def install_command(package: str) -> str:
+    """The command that installs ``package``, one of the project's distributions, beside this fiber-core.
+
+    Where fiber-core was installed from decides: from a checkout (editable or not), the
+    plugin's directory in it; from a wheel or sdist in a directory that holds the plugin's too,
+    that directory as ``--find-links``; otherwise (an index) the name.
+    """
+    folder = package.replace("-", "_")
+    checkouts = [CHECKOUT]
+    source = _core_source()
+    if source is not None and source.is_dir():
+        checkouts.append(source)
+    for root in checkouts:
+        if (root / "plugins" / folder / "pyproject.toml").is_file():
+            return f"pip install {_shown(root / 'plugins' / folder)}"
+    if source is not None and source.is_file():
+        wheelhouse = source.parent
+        if any(wheelhouse.glob(f"{folder}-*.whl")) or any(wheelhouse.glob(f"{folder}-*.tar.gz")):
+            return f"pip install --find-links {_shown(wheelhouse)} {package}"
+    return f"pip install {package}"
+
+
+def _core_source() -> Path | None:
+    """The local directory or file fiber-core was installed from (pip's ``direct_url.json``)."""
+    try:
+        text = importlib.metadata.distribution("fiber-core").read_text("direct_url.json")
+        url = urllib.parse.urlparse(json.loads(text)["url"]) if text else None
+    except (importlib.metadata.PackageNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    if url is None or url.scheme != "file":
+        return None
+    return Path(urllib.request.url2pathname(url.path))
+
+
+def _shown(path: Path) -> str:
+    """``path`` as a command line shows it: ``./plugins/fiber_k8s`` under the current directory."""
+    try:
+        cwd = Path.cwd()
+        shown = f"./{path.relative_to(cwd)}" if cwd != Path(cwd.anchor) else str(path)
+    except (ValueError, OSError):  # elsewhere, or no current directory
+        shown = str(path)
+    return shlex.quote(shown)
+
+
+def installed_version(package: str) -> str | None:
+    """The version of the distribution ``package`` in this environment, or None."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class AbsentBackend:
+    """A backend the project publishes that is not registered here: what ``fiber backends`` says of it."""
+
+    name: str
+    package: str
+    advice: str
+    """How to get it: the install command, or why the installed package did not register it."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +189,7 @@ class Registry:
             for name, (module, _cls) in self._builtins.items():
                 if not self.pm.has_plugin(name):  # a reload after register_plugin()
                     self.pm.register(module, name=name)
-            autoload = os.environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in ("", "0", "false", "no")
-            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if autoload else ():
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if self._autoload() else ():
                 if ep.name in self._builtins or self.pm.has_plugin(ep.name):
                     continue
                 try:
@@ -161,6 +229,10 @@ class Registry:
                 f"fiber plugin {self.pm.get_name(e.plugin)!r} implements a hook that Fiber does not "
                 f"define: {e}. The hooks are listed in fiber_core.contract.hookspecs"
             ) from None
+
+    @staticmethod
+    def _autoload() -> bool:
+        return os.environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in ("", "0", "false", "no")
 
     @property
     def known_packages(self) -> dict[str, str]:
@@ -209,12 +281,27 @@ class Registry:
         cls = reg._by_name.get(key)
         if cls is None:
             installed = ", ".join(sorted(n for n in reg._by_name if reg._canonical[n] == n))
-            hint = KNOWN_PACKAGES.get(key)
-            advice = f"; pip install {hint}" if hint else (
-                "; a third-party backend is installed with its own package (see its docs)"
+            package = KNOWN_PACKAGES.get(key)
+            advice = f"{package} provides it: {self.advice(package)}" if package else (
+                "a third-party backend is installed with its own package (see its docs)"
             )
-            raise UnknownBackendError(f"unknown backend {name!r} (installed: {installed}){advice}")
+            raise UnknownBackendError(f"unknown backend {name!r} (installed: {installed}); {advice}")
         return cls
+
+    def absent(self) -> list[AbsentBackend]:
+        """The backends the project publishes that are not registered here, with how to get each."""
+        reg = self._load()
+        return [AbsentBackend(name, package, self.advice(package))
+                for name, package in sorted(KNOWN_BACKENDS.items()) if name not in reg._by_name]
+
+    def advice(self, package: str) -> str:
+        """How to get the backends of ``package``, one of the project's distributions, here."""
+        version = installed_version(package)
+        if version is None:
+            return install_command(package)
+        if not self._autoload():
+            return f"{package} {version} is installed; {ENV_DISABLE_AUTOLOAD} keeps it from loading"
+        return f"{package} {version} is installed but its plugin did not load (see the warning)"
 
     def canonical(self, name: str) -> str:
         return self.get_class(name).name

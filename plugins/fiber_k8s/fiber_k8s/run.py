@@ -101,7 +101,7 @@ def build_image(context: str, dockerfile: str, registry: str | None) -> str:
         import docker
         from docker.errors import APIError, DockerException
     except ImportError:
-        raise FiberError("fiber run --build needs the docker SDK: pip install 'fiber-k8s[build]'") from None
+        raise FiberError("fiber run --build needs the docker SDK: pip install docker") from None
     if not os.path.isfile(os.path.join(context, dockerfile)):
         raise FiberError(f"no {dockerfile} in {os.path.abspath(context)}: write one (FROM an image with "
                          "Python; pip install fiber-core and your code), or give --image")
