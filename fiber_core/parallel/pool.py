@@ -96,6 +96,7 @@ from fiber_core.base.errors import (
     TaskLostError,
     TimeoutError,
 )
+from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 from fiber_core.contract.jobs import EndReason
@@ -424,6 +425,16 @@ def _read_ahead(conn: Connection, poller: select.poll, inbox: collections.deque[
                 cancelled.popitem(last=False)
         else:
             inbox.append(msg)
+
+
+def _out_of_descriptors(e: BaseException | None) -> OSError | None:
+    """``e`` as an error naming the descriptor limit, if it (or its cause) is this process
+    running out of descriptors."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in OUT_OF_DESCRIPTORS:
+            return e if "out of file descriptors" in str(e) else limit_error(e)
+        e = e.__cause__
+    return None
 
 
 def _worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
@@ -1273,8 +1284,9 @@ class Pool:
         The first workers' start fails :class:`Pool` at once; after that, a backend
         that refuses (a daemon restarting, an API briefly unreachable) is retried
         with a backoff for :data:`START_RETRY_SECONDS`, then the pool fails. A
-        ``RuntimeError`` (no thread to be had while the interpreter exits) is no
-        refusal that passes: it fails the pool at once.
+        ``RuntimeError`` (no thread to be had while the interpreter exits) and running
+        out of file descriptors are no refusals that pass: they fail the pool at once,
+        with an error that names the limit.
         """
         if self._start_retry_at is not None and time.monotonic() < self._start_retry_at:
             return
@@ -1292,7 +1304,8 @@ class Pool:
         except Exception as e:
             if not self._started:
                 raise
-            self._start_failed(e, retry=not isinstance(e, RuntimeError))
+            limit = _out_of_descriptors(e)
+            self._start_failed(limit or e, retry=not isinstance(e, RuntimeError) and limit is None)
             return
         self._start_retry_at = self._start_failing_since = None
 
@@ -1302,7 +1315,8 @@ class Pool:
             self._start_failing_since, self._start_backoff = now, START_BACKOFF_SECONDS
         failing = now - self._start_failing_since
         if not retry or failing >= START_RETRY_SECONDS:
-            err = BackendError(f"cannot start pool workers: {e}" if not retry else
+            why = e.strerror if isinstance(e, OSError) and e.strerror else e
+            err = BackendError(f"cannot start pool workers: {why}" if not retry else
                                f"cannot start pool workers: the backend has refused for "
                                f"{failing:.0f} s (START_RETRY_SECONDS); the last error: {e}")
             err.__cause__ = e

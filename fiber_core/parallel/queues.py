@@ -45,7 +45,6 @@ from __future__ import annotations
 import atexit
 import os
 import queue as _stdqueue
-import select
 import socket
 import threading
 import time
@@ -54,6 +53,7 @@ from collections import deque
 from typing import Any
 
 from fiber_core.base.errors import FiberError
+from fiber_core.base.fds import readable
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
 from fiber_core.wire.framing import Connection, FrameReader, framed
@@ -356,8 +356,7 @@ def _send_recall(loan: _Loan) -> bool:
 def _peer_gone(sock: socket.socket) -> bool:
     """Whether the client closed ``sock`` (it sends nothing while it waits for a reply)."""
     try:
-        ready, _, _ = select.select([sock], [], [], 0)
-        return bool(ready) and sock.recv(1, socket.MSG_PEEK) == b""
+        return readable(sock) and sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
 

@@ -37,7 +37,6 @@ import _posixshmem
 import itertools
 import mmap
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from fiber_core.base.errors import FiberError
+from fiber_core.base.fds import readable
 from fiber_core.base.log import log
 from fiber_core.processes.process import current_process
 from fiber_core.runtime.hub import Hub, dial
@@ -525,8 +525,7 @@ class Served:
     def peer_gone(self) -> bool:
         """Whether the user closed the connection (it sends nothing while it waits)."""
         try:
-            ready, _, _ = select.select([self.sock], [], [], 0)
-            return bool(ready) and self.sock.recv(1, socket.MSG_PEEK) == b""
+            return readable(self.sock) and self.sock.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
 

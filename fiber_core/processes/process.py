@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.errors import FiberError, JobStartError
+from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import LOGGER_NAME, log, tail
 from fiber_core.contract.env import (
     ENV_AUTHKEY,
@@ -428,9 +429,13 @@ class _JobRun:
         self.finished = threading.Event()
         self.connected = threading.Event()
         self.sock: socket.socket | None = None
-        self.sentinel_r, self._sentinel_w = os.pipe()
+        # One descriptor where the system has eventfd (a pipe takes two): readable once written.
+        if hasattr(os, "eventfd"):
+            self.sentinel_r = self._sentinel_w = os.eventfd(0, os.EFD_CLOEXEC)
+        else:
+            self.sentinel_r, self._sentinel_w = os.pipe()
         # Closed by close(), or when the Process is garbage-collected, as multiprocessing does.
-        self._close_fds = weakref.finalize(self, _close_fds, self.sentinel_r, self._sentinel_w)
+        self._close_fds = weakref.finalize(self, _close_fds, *{self.sentinel_r, self._sentinel_w})
         self._stopping = False
         self._on_finish: list[Callable[[], None]] = []
         self._send_lock = threading.Lock()
@@ -522,6 +527,8 @@ class _JobRun:
     def abandon(self, error: BaseException) -> BaseException:
         """The backend did not start the job: forget its route; the error to raise."""
         self.forget()
+        if isinstance(error, OSError) and error.errno in OUT_OF_DESCRIPTORS:
+            return limit_error(error, f"cannot start {self.name}")
         if isinstance(error, FiberError) or not isinstance(error, Exception):
             return error
         backend = self.backend.name if self.backend is not None else "?"
@@ -685,7 +692,8 @@ class _JobRun:
                 log.exception("fiber: a finish callback of %s failed", self.name)
         self.finished.set()
         try:
-            os.write(self._sentinel_w, b"\0")  # any byte: it only makes the sentinel readable
+            # Any value: it only makes the sentinel readable (an eventfd takes 8 bytes).
+            os.write(self._sentinel_w, (1).to_bytes(8, sys.byteorder))
         except OSError:
             pass
 

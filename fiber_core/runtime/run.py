@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fiber_core.base.fds import raise_limit
 from fiber_core.base.log import log
 from fiber_core.contract.env import ENV_AUTHKEY, ENV_GROUP, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import (
@@ -45,6 +46,9 @@ class Runtime:
 
     def __init__(self) -> None:
         self.run_id = os.environ.get(ENV_RUN_ID) or os.urandom(16).hex()[:12]
+        # A few descriptors per job: the common soft limit of 1,024 would cap the run.
+        self.fd_limits = raise_limit()
+        """The soft limit on open descriptors before and after this process raised it."""
         key = os.environ.get(ENV_AUTHKEY)
         self.authkey = bytes.fromhex(key) if key else os.urandom(32)
         self.is_worker = ENV_TOKEN in os.environ or ENV_GROUP in os.environ
