@@ -196,6 +196,13 @@ START_BACKOFF_SECONDS = 0.5
 START_BACKOFF_MAX_SECONDS = 15.0
 
 
+IDLE_TIMEOUT = 60.0
+"""Seconds a worker beyond an elastic pool's minimum may stay idle before it goes."""
+
+UNGRANTED_BACKOFF_SECONDS = 10.0
+"""After the platform declined a worker (it never started while others run), seconds
+before the pool asks again."""
+
 _FUNC_CACHE = 64
 
 
@@ -812,6 +819,7 @@ class _Worker:
         self.sent: dict[int, float] = {}  # when each pending batch was sent (for backups)
         self.held_work = False  # it held batches when it was lost
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.last_work = time.monotonic()  # when it was last given work or answered
 
 
 class Pool:
@@ -826,6 +834,16 @@ class Pool:
     out-of-memory kill fails it at once), ``loss_limit`` (``(losses, seconds)``: workers
     lost to no task's fault before the pool fails; default ``(max(100, 10 *
     processes), 600)``).
+
+    **Elastic pools.** With ``min_processes`` below ``processes``, the pool keeps at
+    least ``min_processes`` workers and asks for more, up to ``processes``, while work
+    waits in its queue; a worker beyond the minimum that stays idle for
+    ``idle_timeout`` seconds (default 60) goes. A worker asked for is a request: one
+    the platform has not granted yet (a pending pod, a RUNNABLE Batch job) takes no
+    work until it runs, and tasks never wait for the pool to reach any size. A worker
+    that the platform never starts (``NEVER_STARTED``) while others run is a request
+    declined, not a failure: the pool asks again later. ``Pool(64, min_processes=4)``
+    reads "up to 64 workers, at least 4"; ``min_processes=0`` keeps none while idle.
     """
 
     def __init__(self, processes: int | None = None, initializer: Callable | None = None,
@@ -833,12 +851,24 @@ class Pool:
                  *, backend: str | None = None, retries: int = 0,
                  task_losses: int = MAX_TASK_ATTEMPTS,
                  loss_limit: tuple[int, float] | None = None, backup: bool | float = False,
+                 min_processes: int | None = None, idle_timeout: float = IDLE_TIMEOUT,
                  **resources: Any) -> None:
 
         if processes is None:
             processes = cpu_count()
         if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
             raise ValueError("Number of processes must be at least 1")
+        if min_processes is None:
+            min_processes = processes
+        if (not isinstance(min_processes, int) or isinstance(min_processes, bool)
+                or not 0 <= min_processes <= processes):
+            raise ValueError(f"min_processes must be an int from 0 to processes ({processes}), "
+                             f"not {min_processes!r}")
+        if isinstance(idle_timeout, bool) or not isinstance(idle_timeout, (int, float)) or not idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be a number of seconds above 0, not {idle_timeout!r}")
+        self._min = min_processes
+        self._idle_timeout = float(idle_timeout)
+        self._idle_check_at = 0.0
         if maxtasksperchild is not None and (
                 not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
             raise ValueError("maxtasksperchild must be a positive int or None")
@@ -1007,6 +1037,9 @@ class Pool:
                     if self._start_retry_at is not None and time.monotonic() >= self._start_retry_at:
                         self._top_up()
                     self._dispatch(touched)
+                    if self._state == "RUN" or self._queue:
+                        self._grow()
+                        self._shrink_idle()
                     if self._backup is not None and not self._queue:
                         self._start_backups()
                     if self._state == "CLOSE" and not self._jobs and not self._queue:
@@ -1058,6 +1091,7 @@ class Pool:
                 self._retire_if_done(w)
                 return
             units = w.pending.pop(batch_id)
+            w.last_work = time.monotonic()
             if w.sent:
                 w.sent.pop(batch_id, None)
             job_id = units[0].func_id
@@ -1237,6 +1271,15 @@ class Pool:
                 return  # closing, and nothing is left to do
             if infrastructure and self._count_loss(w, what):
                 return
+            if (not w.ready and reason is EndReason.NEVER_STARTED
+                    and any(x.ready for x in self._workers.values())):
+                # Others run: the platform declined this one (no room, a quota), not a
+                # broken image. The pool goes on with what it has and asks again later.
+                log.info("fiber: the platform did not start pool worker %s (%s); the pool goes on "
+                         "with %d and asks again in %g s", w.process.name, what,
+                         sum(1 for x in self._workers.values() if x.ready), UNGRANTED_BACKOFF_SECONDS)
+                self._start_retry_at = time.monotonic() + UNGRANTED_BACKOFF_SECONDS
+                return
             if not w.ready and not infrastructure:
                 signum = -code if code is not None and code < 0 else 0
                 killed = signum > 0 and reason is not EndReason.OOM
@@ -1294,7 +1337,7 @@ class Pool:
             return  # the program ends: a replacement would outlive the backends' cleanup
         active = [w for w in self._workers.values() if not w.retiring and not w.lost]
         starting = sum(1 for w in active if not w.ready)
-        n = self._processes - len(active)
+        n = self._target(len(active)) - len(active)
         if self._burst is not None:
             n = min(n, self._burst - starting)
         if n <= 0:
@@ -1308,6 +1351,48 @@ class Pool:
             self._start_failed(limit or e, retry=not isinstance(e, RuntimeError) and limit is None)
             return
         self._start_retry_at = self._start_failing_since = None
+
+    def _target(self, active: int) -> int:
+        """How many workers the pool wants: its size, or, when elastic, its maximum while
+        work waits in the queue and otherwise what it has, at least its minimum."""
+        if self._min == self._processes or (self._queue and self._state != "TERMINATE"):
+            return self._processes
+        return min(self._processes, max(self._min, active))
+
+    def _grow(self) -> None:
+        """An elastic pool with work waiting asks for workers up to its maximum (lock held)."""
+        if self._queue and self._min < self._processes and len(self._workers) < self._processes:
+            self._top_up()
+
+    def _shrink_idle(self) -> None:
+        """An elastic pool lets workers beyond its minimum go once idle for ``idle_timeout`` (lock held)."""
+        now = time.monotonic()
+        if self._min == self._processes or now < self._idle_check_at:
+            return
+        self._idle_check_at = now + min(1.0, self._idle_timeout / 4)
+        if self._queue:
+            return
+        active = [w for w in self._workers.values() if not w.retiring and not w.lost]
+        extra = len(active) - self._min
+        if extra <= 0:
+            return
+        idle = [w for w in active if not w.pending and now - w.last_work >= self._idle_timeout]
+        for w in sorted(idle, key=lambda w: (w.ready, w.last_work))[:extra]:
+            log.info("fiber: pool worker %s was idle for %.0f s: it goes (the pool keeps %d)",
+                     w.process.name, now - w.last_work, self._min)
+            self._retire(w)
+
+    def _retire(self, w: _Worker) -> None:
+        """Let a worker go: at once if idle, after its batches otherwise; one not yet
+        connected (a request not granted) is stopped."""
+        w.retiring = True
+        if w.conn is not None and not w.pending:
+            try:
+                w.conn.send_frame(POOL_QUIT)
+            except OSError:
+                pass
+        elif w.conn is None:
+            w.process.terminate()
 
     def _start_failed(self, e: Exception, retry: bool = True) -> None:
         now = time.monotonic()
@@ -1457,6 +1542,7 @@ class Pool:
                                     first.kind, [u.data for u in units], first.watch)
         w.pending[batch_id] = units
         w.assigned += len(units)
+        w.last_work = time.monotonic()
         assert w.conn is not None
         try:
             w.conn.send_frame(POOL_TASKS, payload)
@@ -1705,25 +1791,22 @@ class Pool:
 
         Growing starts new jobs at once (local ones one per CPU at a time, as at
         start). Shrinking retires idle workers first and
-        busy ones once their current batch is done; no task is lost.
+        busy ones once their current batch is done; no task is lost. An elastic
+        pool's maximum becomes ``processes`` (its minimum no more than that).
         """
         if not isinstance(processes, int) or processes < 1:
             raise ValueError("Number of processes must be at least 1")
         with self._lock:
             self._check_running()
+            if self._min == self._processes:
+                self._min = processes
             self._processes = processes
+            self._min = min(self._min, processes)
             active = [w for w in self._workers.values() if not w.retiring and not w.lost]
             self._top_up()
             extra = len(active) - processes
             for w in sorted(active, key=lambda w: (len(w.pending), not w.ready))[:max(0, extra)]:
-                w.retiring = True
-                if w.conn is not None and not w.pending:
-                    try:
-                        w.conn.send_frame(POOL_QUIT)
-                    except OSError:
-                        pass
-                elif w.conn is None:
-                    w.process.terminate()
+                self._retire(w)
         self._wake()
 
     def close(self) -> None:
