@@ -45,6 +45,7 @@ class Plot:
     log: bool = False
     ratio: bool = False  # one column of fiber/multiprocessing ratios: a line at 1, bars coloured
     xlim: tuple[float, float] | None = None
+    decimals: int | None = None  # for the bars' labels (default: 3 significant digits)
     labels: dict[str, str] = field(default_factory=dict)  # shorter names for the series
 
 
@@ -55,7 +56,7 @@ PLOTS = [
          ["fiber, template", "fiber, new interpreters", "multiprocessing fork", "multiprocessing spawn"],
          "Pool(n) until every worker runs a task (local)", "seconds (log scale)", log=True),
     Plot("overhead.png", "task", ["sleep floor (s)", "fiber (s)", "multiprocessing (s)"],
-         "Pool(5): maps that should take 1 s", "seconds", xlim=(0.9, 1.25),
+         "Pool(5): maps that should take 1 s", "seconds", xlim=(0.9, 1.25), decimals=3,
          labels={"sleep floor (s)": "sleep floor", "fiber (s)": "fiber", "multiprocessing (s)": "multiprocessing"}),
     Plot("throughput.png", "20,000 no-op tasks", ["fiber (tasks/s)", "multiprocessing (tasks/s)"],
          "Pool: no-op tasks per second", "tasks per second (log scale)", log=True,
@@ -143,7 +144,7 @@ def draw(plot: Plot, table: Table, out: Path) -> Path:
             ax.axvline(1.0, color="black", linewidth=0.8)
         else:
             bars = ax.barh(ys, vals, height, label=plot.labels.get(name, name.replace("`", "")))
-        ax.bar_label(bars, labels=[_short(v) for v in vals], padding=3, fontsize=8)
+        ax.bar_label(bars, labels=[_short(v, plot.decimals) for v in vals], padding=3, fontsize=8)
     ax.set_yticks(range(n), labels, fontsize=8)
     ax.invert_yaxis()
     if plot.log:
@@ -169,7 +170,9 @@ def _ratio_color(metric: str, ratio: float) -> str:
     return "tab:green" if better else "tab:red"
 
 
-def _short(v: float) -> str:
+def _short(v: float, decimals: int | None = None) -> str:
+    if decimals is not None:
+        return f"{v:.{decimals}f}"
     if v >= 10_000:
         return f"{v:,.0f}"
     return f"{v:.3g}" if v < 100 else f"{v:.0f}"
