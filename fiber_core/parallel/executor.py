@@ -1,7 +1,7 @@
 """``ProcessPoolExecutor``: the :mod:`concurrent.futures` executor over a Fiber :class:`Pool`.
 
-How it works
-------------
+How the executor works
+----------------------
 ``submit`` and ``map`` return real :class:`concurrent.futures.Future` objects, so
 ``as_completed``, ``wait`` and done-callbacks work as with the stdlib. Calls wait in the
 executor's own queue and a feeder thread hands them to the pool, at most

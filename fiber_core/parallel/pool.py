@@ -1,7 +1,7 @@
 """``Pool``: the :class:`multiprocessing.pool.Pool` API over job-backed workers.
 
-How it works
-------------
+How the pool works
+------------------
 Every worker is a daemonic :class:`~fiber_core.processes.process.Process` (a job on the
 selected backend) that connects back to the pool's master thread and *pulls*
 work: it asks for a batch when it is ready, so a slow or late worker never
@@ -66,7 +66,7 @@ results come in, looking at that worker only.
 
 Extensions to the stdlib API: :meth:`Pool.resize` grows or shrinks a running pool;
 ``close()`` on an ``imap`` iterator and ``cancel()`` on a result cancel a call;
-``retries=``, ``task_losses=`` and ``loss_limit=`` (see the README).
+``retries=``, ``task_losses=`` and ``loss_limit=`` (see docs/guarantees.md).
 """
 
 from __future__ import annotations

@@ -47,6 +47,17 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
 )
 
 
+def init_key(key: str, section: str = "fiber") -> str:
+    """The keyword of ``key`` of ``section`` for :func:`fiber_core.init`: ``key`` for a global
+    one, ``<section>_<key>`` for a backend's (``docker_image``)."""
+    return key if section == "fiber" else f"{section}_{key}"
+
+
+def env_variable(key: str, section: str = "fiber") -> str:
+    """The environment variable of ``key`` of ``section``: ``FIBER_BACKEND``, ``FIBER_DOCKER_IMAGE``."""
+    return "FIBER_" + init_key(key, section).upper()
+
+
 class Value(NamedTuple):
     """A resolved value and where it came from (for ``fiber config``)."""
 
@@ -132,18 +143,15 @@ class Config:
 
     def lookup(self, key: str, section: str = "fiber") -> Value:
         """Resolve ``key`` in ``section`` (``fiber`` or a backend name)."""
-        if section == "fiber":
-            full, option = key, {o.name: o for o in GLOBAL_OPTIONS}.get(key)
-        else:
-            full = f"{section}_{key}"
-            option = {o.name: o for o in self._backend_options.get(section, ())}.get(key)
+        full = init_key(key, section)
+        option = {o.name: o for o in self.options(section)}.get(key)
         if option is None:
             raise ConfigError(f"unknown configuration key {full!r}")
         with self._lock:
             has_init, init_value = full in self._init, self._init.get(full)
         if has_init:
             return Value(option.parse(init_value, full, "init()"), "init()")
-        env = "FIBER_" + full.upper()
+        env = env_variable(key, section)
         if env in os.environ:
             return Value(option.parse(os.environ[env], env, "environment"), f"env {env}")
         parser = self._read_file()
@@ -151,6 +159,15 @@ class Config:
             where = f"{self._file_path} [{section}]"
             return Value(option.parse(parser.get(section, key), f"{key} in [{section}]", where), where)
         return Value(option.default, "default")
+
+    def options(self, section: str = "fiber") -> tuple[Option, ...]:
+        """The options of ``section``: the global ones for ``fiber``, else those of the backend
+        whose settings section it is (none until its plugin is loaded)."""
+        return GLOBAL_OPTIONS if section == "fiber" else self._backend_options.get(section, ())
+
+    def sections(self) -> list[str]:
+        """``fiber`` and the settings section of every backend registered so far."""
+        return ["fiber", *sorted(self._backend_options)]
 
     def get(self, key: str, section: str = "fiber") -> Any:
         return self.lookup(key, section).value

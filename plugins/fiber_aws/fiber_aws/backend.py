@@ -63,10 +63,12 @@ CLEAN_REASON = "fiber clean: left behind by a crashed run"
 OPTIONS: tuple[Option, ...] = (
     Option("region", str, None, "AWS region of the job queues (default: the boto3 chain, e.g. AWS_REGION)"),
     Option("queue", str, None, "job queue for CPU jobs"),
-    Option("gpu_queues", list, [], "job queue per GPU type: a10g:QUEUE,v100:QUEUE"),
+    Option("gpu_queues", list, [], "job queue per GPU type: a10g:QUEUE,v100:QUEUE; the type is matched "
+           "case-insensitively against meta(gpu_type=...)"),
     Option("image", str, None, "container image of the jobs (default: the global image setting)"),
     Option("job_role", str, None, "ARN of the IAM role the jobs run as (their own AWS credentials)"),
-    Option("log_group", str, DEFAULT_LOG_GROUP, "CloudWatch Logs group the jobs log to"),
+    Option("log_group", str, DEFAULT_LOG_GROUP, "CloudWatch Logs group the jobs log to (another group is set in "
+           "the job definition with the awslogs driver)"),
     Option("extra_env", list, [], "KEY=VALUE pairs set in every job"),
     Option("key_from", str, "ssm", "how jobs get the run's key: ssm (a SecureString parameter of the run "
            "that the job definition's secrets inject; needs execution_role) or environment (visible to "
@@ -76,7 +78,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("endpoint_url", str, None, "endpoint for Batch, CloudWatch Logs and EC2 (an emulator in tests)"),
     Option("poll_interval", float, 1.0, "seconds between two DescribeJobs rounds of the poller"),
     Option("runnable_timeout", float, 1800.0,
-           "seconds a job may wait for capacity (SUBMITTED/PENDING/RUNNABLE) before it is failed; 0: forever"),
+           "seconds a job may wait for capacity (SUBMITTED/PENDING/RUNNABLE) before Fiber terminates it and "
+           "fails the process with an explanation; 0: forever"),
     Option("api_timeout", float, 30.0, "seconds one AWS API call may take before it is an error"),
 )
 

@@ -51,21 +51,26 @@ from fiber_core.contract import (
 
 OPTIONS: tuple[Option, ...] = (
     Option("image", str, None,
-           "image of the containers (default: the image of the container this process runs in)"),
+           "image of the containers (default: the image of the container this process runs in); the "
+           "global image setting and Process(image=...), Pool(image=...) take precedence"),
     Option("base_url", str, None,
-           "Docker daemon, e.g. unix:///var/run/docker.sock (default: DOCKER_HOST, else the local socket)"),
+           "Docker daemon, e.g. unix:///var/run/docker.sock (default: DOCKER_HOST, else the local socket); "
+           "DOCKER_TLS_VERIFY and DOCKER_CERT_PATH apply as for the docker CLI"),
     Option("network_mode", str, None,
-           "network of the containers (default: host; container:<own id> when this process runs in a container)"),
+           "network of the containers (default: host; container:<own id> when this process runs in a container); "
+           "any other network needs listen_host"),
     Option("mount_cwd", bool, None,
            "mount the working directory at the same path in every container and start there "
            "(default: on, unless this process runs in a container)"),
     Option("ipc_mode", str, None,
            "IPC namespace of the containers: host shares this machine's /dev/shm and POSIX "
-           "semaphores, so Lock, Value, Array and SharedMemory are attached, not served "
+           "semaphores, so Lock, Value, Array and SharedMemory are attached, not served: the stdlib's "
+           "speed, np.frombuffer(arr.get_obj()) and gymnasium's shared_memory=True work "
            "(default: the daemon's, private)"),
     Option("volumes", list, [], "more mounts, comma-separated SOURCE:TARGET[:ro]"),
     Option("extra_env", list, [], "KEY=VALUE pairs set in every container"),
-    Option("user", str, None, "user[:group] the containers run as (default: the image's)"),
+    Option("user", str, None, "user[:group] the containers run as (default: the image's), e.g. your uid, so that files "
+           "written in the mounted working directory are yours"),
     Option("check_image", bool, True,
            "check once per image that it runs python and imports fiber_core before the first job"),
     Option("timeout", float, 30.0, "seconds one Docker API call may take before it is an error"),

@@ -73,20 +73,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("kubeconfig", str, None, "kubeconfig file (default: the pod's service account, else $KUBECONFIG or ~/.kube/config)"),
     Option("context", str, None, "kubeconfig context (default: its current context)"),
     Option("namespace", str, None, "namespace of the pods (default: the parent pod's, else the kubeconfig context's, else default)"),
-    Option("image", str, None, "image of the pods (default: the global image setting, else the parent pod's image)"),
+    Option("image", str, None, "image of the pods, with Python 3 and fiber-core (default: the global image setting, else the parent pod's image)"),
     Option("image_pull_policy", str, None, "imagePullPolicy of the pods (default: Kubernetes' own)",
            choices=("Always", "IfNotPresent", "Never")),
-    Option("image_pull_secrets", list, [], "names of Secrets to pull the image with"),
+    Option("image_pull_secrets", list, [], "names of Secrets to pull the image with: regcred,other"),
     Option("service_account", str, None, "serviceAccountName of the job pods"),
     Option("tolerations", list, [], "tolerations, as key[=value][:Effect] (key:Effect tolerates any value)"),
-    Option("node_selector", list, [], "node labels every pod requires, as key=value"),
+    Option("node_selector", list, [], "node labels every pod requires, as key=value: pool=ml,zone=a"),
     Option("volumes", list, [], "mounts as SOURCE:PATH[:ro]; SOURCE is a PersistentVolumeClaim name, or a host path if it starts with /"),
     Option("extra_env", list, [], "KEY=VALUE pairs set in every pod"),
-    Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs"),
+    Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs (amd.com/gpu)"),
     Option("gpu_label", str, DEFAULT_GPU_LABEL, "node label that gpu_type must equal (GKE: cloud.google.com/gke-accelerator)"),
     Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever)"),
     Option("grace_period", int, 10, "seconds a terminated pod has between SIGTERM and SIGKILL"),
-    Option("api_timeout", float, 30.0, "seconds one Kubernetes API call may take before it is an error"),
+    Option("api_timeout", float, 30.0, "seconds one Kubernetes API call may take before it is an error; the watch may be down 4 times this before polls fail"),
     Option("signal_shell", bool, True, "run the command under /bin/sh, which passes SIGTERM on (a PID 1 ignores it)"),
     Option("create_concurrency", int, 10, "pods one start_jobs call creates at a time (a bound on the API requests in flight)"),
     Option("pod_template", str, None, "a Pod (YAML or JSON file, or inline JSON) whose labels, annotations and spec are merged into every pod"),
@@ -121,7 +121,7 @@ _TOLERATION = re.compile(r"^(?P<key>[^=:]+)(?:=(?P<value>[^:]*))?(?::(?P<effect>
 
 
 def label_value(text: str) -> str:
-    """``text`` as a valid label value: [A-Za-z0-9_.-], alphanumeric at both ends, at most 63."""
+    """``text`` as a valid label value: ``[A-Za-z0-9_.-]``, alphanumeric at both ends, at most 63."""
     value = _LABEL_VALUE_BAD.sub("_", text)[:63]
     return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
 

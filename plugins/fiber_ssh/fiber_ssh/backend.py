@@ -88,25 +88,30 @@ OPTIONS: tuple[Option, ...] = (
     Option("port", int, None, "SSH port for hosts that name none (default: ~/.ssh/config, then 22)"),
     Option("key", str, None,
            "private key file to log in with (default: ~/.ssh/config's IdentityFile, then ~/.ssh/id_*)"),
-    Option("agent", bool, True, "also try the keys of a running ssh-agent (SSH_AUTH_SOCK)"),
-    Option("known_hosts", str, "~/.ssh/known_hosts", "known_hosts file that host keys are checked against"),
+    Option("agent", bool, True, "also try the keys of a running ssh-agent (SSH_AUTH_SOCK); a key with a passphrase "
+           "is used through the agent"),
+    Option("known_hosts", str, "~/.ssh/known_hosts", "known_hosts file that host keys are checked against (and /etc/ssh/ssh_known_hosts)"),
     Option("host_key_policy", str, "strict",
            "strict: an unknown or changed host key is an error; accept-new: unknown keys are "
            "added to known_hosts (a changed key is still an error)", choices=("strict", "accept-new")),
     Option("ssh_config", str, "~/.ssh/config",
            "OpenSSH client configuration read for HostName, User, Port, IdentityFile (empty: none)"),
     Option("python", str, "python3",
-           "Python on the hosts, with fiber-core installed: give a full path (login shells change PATH)"),
+           "Python on the hosts, with fiber-core installed: give a full path (login shells change PATH: "
+           "pyenv, conda); the global python setting, if set, wins"),
     Option("workdir", str, None,
            "working directory of the jobs on the hosts (default: the upload directory, else the home)"),
-    Option("upload", bool, False, "copy this process's working directory to every host (sftp) before its first job"),
+    Option("upload", bool, False, "copy this process's working directory to every host (sftp) before its first "
+           "job there, into workdir, else a directory of this run in the host's temp directory that "
+           "cleanup removes; the jobs run there, so its modules import"),
     Option("upload_exclude", list, DEFAULT_EXCLUDE, "names and glob patterns that upload skips"),
     Option("upload_max_mb", float, 100.0, "refuse to upload a working directory larger than this (MiB)"),
     Option("timeout", float, 15.0,
            "seconds to connect, log in and run the first command on a host before it counts as unreachable"),
     Option("keepalive", float, 1.0, "seconds between keepalives on each connection, and heartbeats to each job"),
-    Option("keepalive_count", int, 3, "keepalive intervals without an answer before a host is lost"),
-    Option("retry_lost", float, 60.0, "seconds before a lost host is tried again (0: never)"),
+    Option("keepalive_count", int, 3, "keepalive intervals without an answer before a host is lost (the global "
+           "peer_timeout, if shorter, wins)"),
+    Option("retry_lost", float, 60.0, "seconds before a lost host is tried again, in the background (0: never)"),
     Option("orphan_timeout", float, 30.0,
            "seconds a remote job lives on without a heartbeat from this process (0: forever)"),
 )
