@@ -31,3 +31,9 @@ def ms_task(x: int) -> int:
 
 def put_env(q, name: str) -> None:  # noqa: ANN001 - a fiber_core.Queue
     q.put(os.environ.get(name))
+
+
+def meet(x: int, barrier) -> str:  # noqa: ANN001 - a fiber_core.Barrier
+    """Returns once every party holds a task at once: the pool has that many running workers."""
+    barrier.wait(120)
+    return os.environ.get("POD_NAME", "")

@@ -11,6 +11,7 @@ they import there as here.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -437,6 +438,30 @@ def test_pool_of_pods(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], im
                    if p.metadata.name.startswith("poolworker-")}
         assert len(workers) == 3  # one pod per worker (the pool does not wait for all to run)
         assert where in workers  # a task ran in one of the pool's pods
+
+
+@pytest.mark.timeout(300)
+def test_an_elastic_pool_takes_workers_as_the_cluster_grants_them(
+        emu: Emu, v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], image: str,
+        restore_config: None) -> None:
+    """Room for two 1-CPU workers: the pool asks for four while work waits, finishes its map
+    with what it got while two pods stay Pending (requests, not failures), and uses them
+    once a node is added."""
+    small = {"name": "small", "allocatable": {"cpu": "2"}}
+    emu.admin("config", {"nodes": [small]}, "PUT")
+    selector = f"fiber.run={runtime().run_id}"
+    with fiber_core.Pool(4, min_processes=1, backend="kubernetes", cpu=1) as pool:
+        assert pool.map(pod_functions.square, range(300)) == [x * x for x in range(300)]
+        pods = wait_pods(v1, ns, selector, lambda pods: sum(
+            p.metadata.name.startswith("poolworker-") for p in pods) == 4, "four worker pods asked for")
+        phases = sorted(p.status.phase for p in pods if p.metadata.name.startswith("poolworker-"))
+        assert phases == ["Pending", "Pending", "Running", "Running"]
+        emu.admin("config", {"nodes": [small, {"name": "added", "allocatable": {"cpu": "2"}}]}, "PUT")
+        barrier = fiber_core.Barrier(4)
+        names = pool.map(functools.partial(pod_functions.meet, barrier=barrier), range(4), chunksize=1)
+        assert len(set(names)) == 4
+        assert {p.spec.node_name for p in run_pods(v1, ns, selector)
+                if p.metadata.name in names} == {"small", "added"}
 
 
 @pytest.mark.timeout(600)
