@@ -209,6 +209,18 @@ def test_ring_torch_allreduce() -> None:
     assert sorted(out.get(timeout=30) for _ in range(3)) == [(0, 6.0), (1, 6.0), (2, 6.0)]
 
 
+def test_a_gang_ring_starts_its_members_together() -> None:
+    out = mp.Queue()
+    ring = mp.Ring(3, lambda rank, size: out.put((rank, size)), gang=True, gang_timeout=60)
+    ring.start()
+    # start() returned once every member ran: each is connected to this process
+    assert all(p._run is not None and p._run.connected.is_set() for p in ring.members)
+    ring.join()
+    assert sorted(out.get(timeout=30) for _ in range(3)) == [(0, 3), (1, 3), (2, 3)]
+    with pytest.raises(ValueError, match="gang_timeout must be a number of seconds above 0"):
+        mp.Ring(2, abs, gang=True, gang_timeout=0)
+
+
 def test_ring_member_failure_stops_the_others() -> None:
     from fiber_core.parallel.ring import RingError
 

@@ -10,19 +10,32 @@ default ``env://`` method) forms the group with no further setup, on any backend
 ``run()`` waits for every member. If one fails, the others are stopped (a peer
 blocked in a collective would otherwise wait forever) and :class:`RingError`
 reports the rank and exit code.
+
+The members start as one group start of the backend (all are created, or none).
+With ``gang=True`` none runs its function until all run: on a platform that
+starts what it has room for and keeps the rest waiting (pods Pending, Batch jobs
+RUNNABLE), members that started would otherwise hold their GPUs, blocked in the
+first collective, for peers that may never come. If the whole ring is not running
+within ``gang_timeout`` seconds, every member is stopped and :class:`RingError`
+says how many started. (A cluster with a gang scheduler, such as Kueue or the
+coscheduling plugin, can also admit the pods together: give them its labels with
+the Kubernetes backend's ``pod_template``.)
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.contract.env import ENV_HUB
 from fiber_core.parallel.queues import Queue
-from fiber_core.processes.process import Process
+from fiber_core.parallel.synchronize import Barrier
+from fiber_core.processes.process import Process, start_processes
 from fiber_core.runtime.hub import reachable_host
 from fiber_core.wire.framing import wait
 
@@ -36,7 +49,12 @@ class RingError(FiberError):
 
 
 def _member(rank: int, size: int, func: Callable, initializer: Callable | None, initargs: tuple,
-            rendezvous: Queue) -> None:
+            rendezvous: Queue, gang: Barrier | None = None) -> None:
+    if gang is not None:
+        try:
+            gang.wait()  # until every member runs (the parent times it)
+        except threading.BrokenBarrierError:
+            raise SystemExit(f"ring member {rank}: the ring did not start whole") from None
 
     if rank == 0:
         host = reachable_host(os.environ[ENV_HUB])
@@ -59,12 +77,19 @@ class Ring:
 
     Resources (``cpu``, ``memory``, ``gpu``, ``gpu_type``) and ``backend`` apply to
     every member, and default to what :func:`fiber_core.meta` put on ``func``.
+    ``gang=True``: no member runs ``func`` before all run (see the module's text);
+    :meth:`start` then returns once they all do.
     """
 
     def __init__(self, processes: int, func: Callable, initializer: Callable | None = None,
-                 initargs: tuple = (), *, backend: str | None = None, **resources: Any) -> None:
+                 initargs: tuple = (), *, backend: str | None = None, gang: bool = False,
+                 gang_timeout: float = 300.0, **resources: Any) -> None:
         if not isinstance(processes, int) or processes < 1:
             raise ValueError("a Ring needs at least 1 process")
+        if isinstance(gang_timeout, bool) or not isinstance(gang_timeout, (int, float)) or not gang_timeout > 0:
+            raise ValueError(f"gang_timeout must be a number of seconds above 0, not {gang_timeout!r}")
+        self._gang = bool(gang)
+        self._gang_timeout = float(gang_timeout)
         if not callable(func):
             raise TypeError("func must be callable")
         if initializer is not None and not callable(initializer):
@@ -82,12 +107,34 @@ class Ring:
         if self.members:
             raise AssertionError("a Ring can be started once")
         rendezvous = Queue()
-        for rank in range(self.size):
-            p = Process(target=_member, name=f"Ring-{rank}", backend=self._backend,
-                        args=(rank, self.size, self._func, self._initializer, self._initargs,
-                              rendezvous), **self._resources)
-            p.start()
-            self.members.append(p)
+        gang = Barrier(self.size + 1) if self._gang else None  # the members and this process
+        members = [Process(target=_member, name=f"Ring-{rank}", backend=self._backend,
+                           args=(rank, self.size, self._func, self._initializer, self._initargs,
+                                 rendezvous, gang), **self._resources)
+                   for rank in range(self.size)]
+        start_processes(members)
+        self.members = members
+        if gang is not None:
+            self._wait_gang(gang)
+
+    def _wait_gang(self, gang: Barrier) -> None:
+        """Release the members once all run; stop them all if they do not within the timeout."""
+        end = time.monotonic() + self._gang_timeout
+        try:
+            gang.wait(self._gang_timeout)
+            return
+        except threading.BrokenBarrierError:
+            pass
+        running = sum(1 for p in self.members if p._run is not None and p._run.connected.is_set())
+        ended = [(rank, p) for rank, p in enumerate(self.members) if p.exitcode is not None]
+        self.terminate()
+        if ended and time.monotonic() < end:
+            rank, p = ended[0]
+            raise RingError(f"ring member {rank} ({p.name}) exited with code {p.exitcode} "
+                            "before the ring started", rank, p.exitcode)
+        raise RingError(f"only {running} of {self.size} ring members were running after "
+                        f"gang_timeout={self._gang_timeout:g} s: the platform did not give the ring "
+                        "all its members; it was stopped whole (none ran its function)", -1, None)
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for every member; on the first failure stop the rest and raise RingError."""

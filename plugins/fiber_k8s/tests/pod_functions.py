@@ -37,3 +37,7 @@ def meet(x: int, barrier) -> str:  # noqa: ANN001 - a fiber_core.Barrier
     """Returns once every party holds a task at once: the pool has that many running workers."""
     barrier.wait(120)
     return os.environ.get("POD_NAME", "")
+
+
+def put_rank(q, rank: int, size: int) -> None:  # noqa: ANN001 - a fiber_core.Queue
+    q.put((rank, size))

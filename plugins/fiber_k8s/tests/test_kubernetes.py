@@ -464,6 +464,25 @@ def test_an_elastic_pool_takes_workers_as_the_cluster_grants_them(
                 if p.metadata.name in names} == {"small", "added"}
 
 
+def test_a_gang_ring_that_the_cluster_cannot_hold_whole_runs_no_member(
+        emu: Emu, v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], image: str,
+        restore_config: None) -> None:
+    """Room for two of three 1-CPU members: two pods run and one stays Pending; with
+    gang=True none runs its function, and the ring is stopped whole after gang_timeout."""
+    from fiber_core.parallel.ring import RingError
+
+    emu.admin("config", {"nodes": [{"name": "small", "allocatable": {"cpu": "2"}}]}, "PUT")
+    out = fiber_core.Queue()
+    ring = fiber_core.Ring(3, functools.partial(pod_functions.put_rank, out), backend="kubernetes",
+                           cpu=1, gang=True, gang_timeout=5)
+    with pytest.raises(RingError, match=r"only 2 of 3 ring members were running after gang_timeout=5 s"):
+        ring.start()
+    assert out.empty()
+    wait_pods(v1, ns, f"fiber.run={runtime().run_id}", lambda pods: all(
+        p.metadata.deletion_timestamp or p.status.phase in ("Succeeded", "Failed")
+        for p in pods if p.metadata.name.startswith("ring-")), "the ring's pods stopped")
+
+
 @pytest.mark.timeout(600)
 def test_pool_map_under_evictions_charges_no_task(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
                                                   image: str) -> None:
