@@ -1,0 +1,270 @@
+"""The Pool master's CPU per task, from 64 to 4,096 workers, driven by simulated workers.
+
+More workers than this machine can run as interpreters are *simulated*: a few processes
+each hold many workers' connections and speak the real protocol to the real parent.
+Each simulated job is started by a backend of this script (``sim``) through the real
+``Process``/``Pool`` machinery: it dials the parent's hub with the run's key as a job
+does, receives its process object, dials the pool, says it is ready, and answers every
+batch of tasks by running the task function (``noop``) and sending the real results
+message, after ``--task-ms`` per task of waiting that costs no CPU (a timer).
+
+For each pool size: the CPU time of the pool's master thread (its own thread clock)
+and of the whole parent process during ``map``, divided by the number of tasks, and
+the tasks per second. Sizes run in the same program, one after another, each with a
+fresh pool (``--rounds`` times, medians).
+
+    python benchmarks/master.py --sizes 64,256,1024,4096 --tasks 200000 --task-ms 0
+    python benchmarks/master.py --sizes 64,1024 --chunksize 1 --task-ms 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import multiprocessing
+import os
+import selectors
+import socket
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def noop(x: Any) -> Any:
+    return x
+
+
+# -- the simulator -------------------------------------------------------------------------
+
+
+def simulate(control: Any, task_ms: float) -> None:
+    """Hold simulated workers: start the ones ``control`` names, answer their batches."""
+    from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, job_token
+    from fiber_core.parallel.pool import _encode_results, _load_func, _run_unit
+    from fiber_core.runtime.hub import dial
+    from fiber_core.wire.framing import Connection
+    from fiber_core.wire.messages import (
+        POOL_QUIT,
+        POOL_READY,
+        POOL_RESULTS,
+        POOL_TASKS,
+        decode_pool_tasks,
+        decode_process_object,
+        encode_pool_hello,
+        kind_of,
+    )
+
+    # Orders are read by a thread of their own: a start waits for the parent's first
+    # frames, which it sends only once the whole group is created, and the orders of the
+    # rest of the group must not fill the pipe meanwhile.
+    import queue
+
+    orders: queue.SimpleQueue = queue.SimpleQueue()
+    wake_r, wake_w = socket.socketpair()
+
+    def read_orders() -> None:
+        while True:
+            try:
+                orders.put(control.recv())
+            except EOFError:
+                orders.put(None)
+                wake_w.send(b"\0")
+                return
+            wake_w.send(b"\0")
+
+    threading.Thread(target=read_orders, daemon=True).start()
+    sel = selectors.DefaultSelector()
+    sel.register(wake_r, selectors.EVENT_READ, None)
+    jobs: dict[str, tuple[Connection, Connection]] = {}
+    funcs: dict[int, Any] = {}
+    due: list[tuple[float, int, Connection, bytes]] = []
+    order = itertools.count()
+
+    def start(job_id: str, env: dict[str, str]) -> None:
+        key = bytes.fromhex(env[ENV_AUTHKEY])
+        proc_conn = Connection(dial(env[ENV_HUB], key, f"proc:{job_token(env)}"))
+        proc_conn.recv_bytes()  # the prelude
+        proc = decode_process_object(proc_conn.recv_bytes())
+        hub, pool_id, wid = proc._args[:3]
+        pool_conn = Connection(dial(hub, key, f"pool:{pool_id}"))
+        pool_conn.send_frame(encode_pool_hello(wid))
+        pool_conn.send_frame(POOL_READY)
+        jobs[job_id] = (proc_conn, pool_conn)
+        sel.register(pool_conn.fileno(), selectors.EVENT_READ, (job_id, pool_conn))
+
+    def stop(job_id: str) -> None:
+        conns = jobs.pop(job_id, None)
+        if conns is not None:
+            try:
+                sel.unregister(conns[1].fileno())
+            except (KeyError, ValueError):
+                pass
+            for c in conns:
+                c.close()
+
+    while True:
+        timeout = None if not due else max(0.0, due[0][0] - time.monotonic())
+        for key, _ in sel.select(timeout):
+            if key.data is None:
+                wake_r.recv(4096)
+                while not orders.empty():
+                    order = orders.get()
+                    if order is None:
+                        return
+                    what, job_id, env = order
+                    if what == "start":
+                        try:
+                            start(job_id, env)
+                        except (OSError, EOFError):
+                            stop(job_id)
+                    else:
+                        stop(job_id)
+                continue
+            job_id, conn = key.data
+            try:
+                msg = conn.recv_bytes()
+            except (EOFError, OSError):
+                stop(job_id)
+                continue
+            op = kind_of(msg)
+            if op == POOL_QUIT:
+                stop(job_id)
+            elif op == POOL_TASKS:
+                batch_id, func_id, func_bytes, kind, units, _watch = decode_pool_tasks(msg)
+                if func_bytes is not None:
+                    funcs[func_id] = _load_func(func_bytes)
+                results = [_run_unit(funcs[func_id], kind, unit, None) for unit in units]
+                payload = _encode_results(batch_id, task_ms / 1000 * len(units), results)
+                if task_ms > 0:
+                    heapq.heappush(due, (time.monotonic() + task_ms / 1000 * len(units), next(order),
+                                         conn, payload))
+                else:
+                    try:
+                        conn.send_frame(POOL_RESULTS, payload)
+                    except OSError:
+                        stop(job_id)
+        now = time.monotonic()
+        while due and due[0][0] <= now:
+            _, _, conn, payload = heapq.heappop(due)
+            try:
+                conn.send_frame(POOL_RESULTS, payload)
+            except OSError:
+                pass
+
+
+# -- the parent ------------------------------------------------------------------------------
+
+
+def make_backend(controls: list[Any]) -> type:
+    from fiber_core.contract import Backend, EndReason, Job, JobSpec
+
+    class SimBackend(Backend):
+        """Jobs that are simulated workers in the simulator processes."""
+
+        name = "sim"
+        create_concurrency = 1
+
+        _ids = itertools.count()
+        _lock = threading.Lock()
+
+        def create_job(self, spec: JobSpec) -> Job:
+            n = next(self._ids)
+            job = Job(id=f"sim-{n}", spec=spec, host=f"sim{n % len(controls)}")
+            with self._lock:
+                controls[n % len(controls)].send(("start", job.id, dict(spec.env)))
+            return job
+
+        def _stop(self, job: Job, code: int) -> None:
+            with self._lock:
+                controls[int(job.id.split("-")[1]) % len(controls)].send(("stop", job.id, None))
+            job.state.finish(code, EndReason.STOPPED)
+
+        def terminate_job(self, job: Job) -> None:
+            self._stop(job, -15)
+
+        def kill_job(self, job: Job) -> None:
+            self._stop(job, -9)
+
+    return SimBackend
+
+
+def measure(size: int, tasks: int, chunksize: int | None) -> dict[str, float]:
+    import fiber_core
+
+    pool = fiber_core.Pool(size, backend="sim")
+    try:
+        deadline = time.monotonic() + 600
+        while sum(w.ready for w in list(pool._workers.values())) < size:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{size} simulated workers were not ready within 600 s")
+            time.sleep(0.05)
+        pool.map(noop, range(size * 4), chunksize=1)  # warm: every worker knows the function
+        clock = time.pthread_getcpuclockid(pool._thread.ident)  # type: ignore[arg-type]
+        m0, p0, t0 = time.clock_gettime(clock), time.process_time(), time.perf_counter()
+        out = pool.map(noop, range(tasks), chunksize=chunksize)
+        t1, p1, m1 = time.perf_counter(), time.process_time(), time.clock_gettime(clock)
+        assert len(out) == tasks and out[-1] == tasks - 1
+    finally:
+        pool.terminate()
+        pool.join()
+    return {"master_us": (m1 - m0) / tasks * 1e6, "process_us": (p1 - p0) / tasks * 1e6,
+            "rate": tasks / (t1 - t0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="64,256,1024,4096")
+    ap.add_argument("--tasks", type=int, default=100_000)
+    ap.add_argument("--task-ms", type=float, default=0.0, help="simulated time per task (no CPU)")
+    ap.add_argument("--chunksize", type=int, default=None, help="default: the Pool's own choice")
+    ap.add_argument("--simulators", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    # The simulators fork before this process starts any thread.
+    ctx = multiprocessing.get_context("fork")
+    controls, sims = [], []
+    for _ in range(args.simulators):
+        ours, theirs = ctx.Pipe()
+        p = ctx.Process(target=simulate, args=(theirs, args.task_ms), daemon=True)
+        p.start()
+        theirs.close()
+        controls.append(ours)
+        sims.append(p)
+
+    from fiber_core import hookimpl
+    from fiber_core.runtime.config import plugins
+
+    backend = make_backend(controls)
+
+    class Plugin:
+        @hookimpl
+        def fiber_register_backends(self, register: Any) -> None:
+            register(backend)
+
+    plugins().register_plugin(Plugin(), name="sim")
+    results: dict[int, list[dict[str, float]]] = {s: [] for s in sizes}
+    for _ in range(args.rounds):
+        for size in sizes:
+            results[size].append(measure(size, args.tasks, args.chunksize))
+    chunk = args.chunksize or "default"
+    print(f"{args.tasks} tasks of {args.task_ms:g} ms per size, chunksize {chunk}, "
+          f"{args.simulators} simulator processes, medians of {args.rounds}")
+    print(f"{'workers':>8}{'master us/task':>16}{'process us/task':>17}{'tasks/s':>10}")
+    for size, runs in results.items():
+        print(f"{size:>8}{statistics.median(r['master_us'] for r in runs):>16.2f}"
+              f"{statistics.median(r['process_us'] for r in runs):>17.2f}"
+              f"{statistics.median(r['rate'] for r in runs):>10.0f}")
+    for c in controls:
+        c.close()
+
+
+if __name__ == "__main__":
+    main()
