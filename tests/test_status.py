@@ -199,6 +199,23 @@ def test_asked_by_the_setting_the_run_file_is_private_and_the_hub_wants_the_key(
     assert not os.path.exists(rundir)  # gone with the run, the run file with it
 
 
+def test_init_once_the_run_is_under_way_shows_it_at_once(run_script: Any) -> None:
+    done = run_script("""
+        import os
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        with fiber_core.Pool(1) as pool:
+            path = os.path.join(runtime().rundir, "status.json")
+            before = os.path.exists(path)
+            fiber_core.init(status=True)
+            print(before, os.path.exists(path), pool.map(abs, [-2]))
+        """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "[2]"]
+    assert done.stderr.count("shows its state: fiber top") == 1
+
+
 def test_a_page_whose_port_is_taken_is_a_warning_and_the_work_goes_on(run_script: Any) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
