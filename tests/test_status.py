@@ -124,6 +124,14 @@ def test_losses_are_counted_by_the_reason_the_backend_gives() -> None:
         assert first.name not in names and second.name not in names
 
 
+def test_workers_replaced_after_maxtasksperchild_are_no_losses() -> None:
+    with Pool(1, maxtasksperchild=2) as pool:
+        assert pool.map(ms_task, range(6), chunksize=1) == list(range(6))
+        snap = pool._snapshot()
+        assert snap["losses"] == {} and snap["tasks"]["done"] == 6
+        assert snap["workers"][0]["name"] != "PoolWorker-1"  # it was replaced
+
+
 def test_a_failed_task_is_done_and_failed() -> None:
     with Pool(1) as pool:
         with pytest.raises(ZeroDivisionError):

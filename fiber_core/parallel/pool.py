@@ -1353,8 +1353,10 @@ class Pool:
                         self._requeue([unit])
             if w.retiring and not w.draining and culprit is None:
                 return
-            self._losses_by[reason.value if reason is not None else "unknown"] += 1
-            self._last_loss = what
+            if not (code == 0 and self._maxtasks is not None and w.assigned >= self._maxtasks):
+                # (a worker that did its maxtasksperchild and left is replaced, not lost)
+                self._losses_by[reason.value if reason is not None else "unknown"] += 1
+                self._last_loss = what
             if self._state == "CLOSE" and not self._queue and not self._jobs:
                 return  # closing, and nothing is left to do
             if infrastructure and self._count_loss(w, what):
