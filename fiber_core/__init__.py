@@ -26,6 +26,8 @@ from fiber_core.processes.process import (
     parent_process,
 )
 from fiber_core.runtime.config import config
+from fiber_core.runtime.run import runtime
+from fiber_core.runtime.status import StatusServer
 
 __version__ = "0.1.0"
 
@@ -41,8 +43,25 @@ def init(**kwargs: Any) -> None:
 
     Values set here beat ``FIBER_*`` variables and ``.fiberconfig``. Keys are the
     global options (``fiber config`` lists them) and ``<backend>_<option>``.
+    ``init(status=True)`` shows the program's state to ``fiber top``, ``status_port=``
+    on a page too (see :func:`serve_status`).
     """
     config.init(**kwargs)
+    if "status" in kwargs or "status_port" in kwargs:
+        runtime().status_from_config()  # at once if the run is under way, else when it starts
+
+
+def serve_status(page: bool = False, port: int = 0) -> StatusServer:
+    """Show this program's state (pools, workers, tasks, losses, throughput) from now on.
+
+    ``fiber top`` in another terminal of the same user then shows it; with ``page=True``,
+    a web page on 127.0.0.1:``port`` (0: any free port) does too, at the address
+    ``.url`` holds (also printed to stderr), whose token opens it. Nothing is shown
+    unless this is called or the ``status``/``status_port`` settings ask, and only a
+    holder of the run's key (or of the page's token) sees it. Calling it again returns
+    the same server (adding the page if asked).
+    """
+    return runtime().serve_status(page, port)
 
 
 def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None = None,
@@ -145,5 +164,5 @@ __all__ = [
     "TimeoutError", "active_children", "allow_connection_pickling", "broadcast", "cpu_count", "current_process", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
     "log_to_stderr", "meta", "parent_process", "reducer", "set_executable",
-    "set_forkserver_preload", "set_start_method",
+    "serve_status", "set_forkserver_preload", "set_start_method",
 ]

@@ -1,4 +1,4 @@
-"""The ``fiber`` command: ``fiber backends``, ``fiber config``, ``fiber clean``, and the plugins' commands."""
+"""The ``fiber`` command: ``fiber backends``, ``fiber config``, ``fiber clean``, ``fiber top``, and the plugins' commands."""
 
 from __future__ import annotations
 
@@ -70,6 +70,30 @@ def _clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def _top(args: argparse.Namespace) -> int:
+    from fiber_core.runtime.status import find_runs  # the live view: only for this command
+    from fiber_core.runtime.top import top
+
+    if args.list:
+        runs = find_runs()
+        if not runs:
+            print("no running program of yours shows its state")
+            return 0
+        print(_table([("RUN", "PID", "PROGRAM", "STARTED", "PAGE"),
+                      *((r.run_id, str(r.pid), r.program, _when(r.started), "yes" if r.page else "-")
+                        for r in runs)]))
+        return 0
+    if args.interval <= 0:
+        raise FiberError(f"--interval must be above 0 seconds, not {args.interval:g}")
+    return top(args.run, interval=args.interval, once=args.once)
+
+
+def _when(timestamp: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
 def _missing_command(command: str, package: str, args: argparse.Namespace) -> int:
     print(f"fiber: error: `fiber {command}` comes with {package}, which is not available here: "
           f"{plugins().advice(package)}", file=sys.stderr)
@@ -98,6 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     clean.add_argument("--backend", help="backend to clean (default: the configured one)")
     clean.add_argument("--run", help="only this run id")
     clean.set_defaults(func=_clean)
+    top = sub.add_parser(
+        "top", help="show a running program's pools, workers and tasks (it must show its state: "
+        "FIBER_STATUS=1)", description="Show the pools, workers and tasks of a running program of "
+        "yours that shows its state (FIBER_STATUS=1, fiber_core.init(status=True) or "
+        "fiber_core.serve_status()), refreshed until q. It finds the program through a private "
+        "file in its run directory, in the temporary directory (TMPDIR) it shares with this command.")
+    top.add_argument("run", nargs="?", help="the run id, or its beginning (default: the newest run)")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    top.add_argument("--once", action="store_true", help="print the state once, as plain text")
+    top.add_argument("--list", action="store_true", help="list the runs that show their state")
+    top.set_defaults(func=_top)
 
     plugins().pm.hook.fiber_add_commands(subparsers=sub)
     for command, (package, what) in KNOWN_COMMANDS.items():

@@ -33,6 +33,7 @@ _PICKLED_TASKS = (7, 3, b"func", 1, [b"unit-a", b"unit-b"], True)
 _PICKLED_RESULTS = (7, 0.25, [(True, [1, 2]), (False, (ValueError("no"), "tb"))])
 _PRELUDE = {"sys_path": ["/x"], "main": None, "config": {}, "forward_output": True,
             "parent": ("MainProcess", 1)}
+_STATE = {"run": {"id": "abc", "pid": 7}, "pools": [{"queued": 3, "losses": {"exited": 1}}]}
 
 
 def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
@@ -87,6 +88,9 @@ def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
         m.SYNC_ERROR: (m.encode_error(KeyError("k")), (KeyError, ("k",)),
                        lambda f: _raised(m.raise_error, f)),
         m.SYNC_ACTION: (_frame(m.SYNC_ACTION), b"", m.body),
+        m.STATUS_ASK: (_frame(m.STATUS_ASK), b"", m.body),
+        m.STATUS_STATE: (_frame(m.STATUS_STATE, m.encode_status_state(_STATE)), _STATE,
+                         m.decode_status_state),
         **{code: (_frame(code, body), body, m.body) for code, body in (
             (m.PIPE_ACTIVE, b""), (m.PIPE_WANT, (7).to_bytes(8, "big")),
             (m.PIPE_TICKET, b"c.1"), (m.PIPE_ABANDON, b"c.2"), (m.PIPE_RETURN, b"message"),
@@ -133,7 +137,7 @@ def test_a_put_item_is_a_copy_when_small_and_a_view_when_big() -> None:
 
 def test_codes_are_single_unique_bytes_and_every_kind_is_listed() -> None:
     defined = {name: value for name, value in vars(m).items()
-               if name.startswith(("PROCESS_", "POOL_", "QUEUE_", "SYNC_", "PIPE_"))}
+               if name.startswith(("PROCESS_", "POOL_", "QUEUE_", "SYNC_", "PIPE_", "STATUS_"))}
     assert defined == {kind.name: kind.code for kind in m.KINDS}
     assert all(type(code) is bytes and len(code) == 1 for code in defined.values())
     assert len(set(defined.values())) == len(m.KINDS)
@@ -194,6 +198,16 @@ def test_a_truncated_body_is_a_clear_error() -> None:
     for bad in (m.PROCESS_EXIT, m.PROCESS_EXIT + b"nine"):
         with pytest.raises(m.MessageError, match="PROCESS_EXIT"):
             m.decode_process_exit(bad)
+
+
+def test_a_status_state_that_is_not_a_json_object_is_a_clear_error() -> None:
+    state = m.encode_status_state(_STATE)
+    with pytest.raises(m.MessageError, match="not JSON"):
+        m.decode_status_state(m.STATUS_STATE + state[:-1])
+    with pytest.raises(m.MessageError, match="not an object"):
+        m.decode_status_state(m.STATUS_STATE + b"[1, 2]")
+    with pytest.raises(m.MessageError, match="STATUS_ASK"):
+        m.decode_status_state(m.STATUS_ASK)
 
 
 def test_a_frame_of_another_kind_or_an_unknown_one_is_a_clear_error() -> None:

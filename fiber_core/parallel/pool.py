@@ -101,6 +101,7 @@ from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 from fiber_core.contract.jobs import EndReason
 from fiber_core.processes.process import Process, cpu_count, start_processes
+from fiber_core.runtime import status
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection
@@ -202,6 +203,13 @@ IDLE_TIMEOUT = 60.0
 UNGRANTED_BACKOFF_SECONDS = 10.0
 """After the platform declined a worker (it never started while others run), seconds
 before the pool asks again."""
+
+THROUGHPUT_SECONDS = 10
+"""The live view's throughput: tasks done per second over this many seconds."""
+
+STATUS_WAIT_SECONDS = 2.0
+"""How long a snapshot for the live view waits for the master thread (then it is taken
+from another thread, its counts possibly one batch apart)."""
 
 _FUNC_CACHE = 64
 
@@ -803,6 +811,44 @@ class _Unit:
         return f"items {self.start}-{self.start + self.count - 1} of {call}"
 
 
+class _StatusAsk:
+    """A snapshot asked of the master thread: it fills ``state`` and sets ``ready``."""
+
+    __slots__ = ("ready", "state")
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.state: dict[str, Any] | None = None
+
+
+def _worker_state(w: _Worker) -> str:
+    """What a worker is doing, in one word, as the live view shows it."""
+    if w.lost:
+        return "lost"
+    if w.draining:
+        return "draining"
+    if w.retiring:
+        return "retiring"
+    if w.conn is None:
+        return "starting"
+    if not w.ready:
+        return "initializing"
+    return "busy" if w.pending else "idle"
+
+
+def _call_progress(job: Any) -> dict[str, Any]:
+    """One call of the pool as the live view shows it: its name and units done of how many."""
+    if isinstance(job, MapResult):
+        total: int | None = len(job._chunks)
+        done = (total or 0) - job._left
+    elif isinstance(job, IMapIterator):
+        total = job._length
+        done = job._yielded_units + len(job._ready)
+    else:
+        total, done = 1, int(job.ready())
+    return {"call": job._call, "units_done": done, "units": total}
+
+
 class _Worker:
     def __init__(self, wid: int, process: Process) -> None:
         self.id = wid
@@ -820,6 +866,8 @@ class _Worker:
         self.held_work = False  # it held batches when it was lost
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.last_work = time.monotonic()  # when it was last given work or answered
+        self.since = self.last_work  # when its state (as the live view shows it) last changed
+        self.done = 0  # tasks (items) whose results it delivered
 
 
 class Pool:
@@ -930,9 +978,20 @@ class Pool:
         self._incoming: _queue.SimpleQueue[tuple[int, socket.socket]] = _queue.SimpleQueue()
         self._done = threading.Event()
         self._requeued = False  # the master must offer re-queued work to every worker
+        # For the live view (runtime/status.py): counters the master keeps as it goes, read
+        # only when a snapshot is asked for.
+        self._created = time.monotonic()
+        self._tasks_done = 0  # tasks (items) whose result was delivered, failed ones too
+        self._tasks_failed = 0
+        self._done_per_second: collections.deque[list[int]] = collections.deque(
+            maxlen=THROUGHPUT_SECONDS + 2)  # [monotonic second, tasks done in it]
+        self._losses_by: collections.Counter[str] = collections.Counter()  # EndReason value
+        self._last_loss = ""
+        self._status_asks: list[_StatusAsk] = []
         hub = runtime().hub
         # What the workers' backend reaches this process at (also put in pickled queues).
         workers_backend = runtime().get_backend(backend)
+        self._backend_name = workers_backend.name
         self._hub = runtime().addresses_for(workers_backend)
         # Workers that start on this machine's CPUs start a few at a time (see _top_up).
         self._burst = cpu_count() if workers_backend.shares_this_machine else None
@@ -949,6 +1008,7 @@ class Pool:
             raise
         self._thread = threading.Thread(target=self._master, daemon=True, name="fiber-pool-master")
         self._thread.start()
+        status.report(self)
 
     # -- workers ---------------------------------------------------------------------
 
@@ -1032,6 +1092,8 @@ class Pool:
                 while not self._incoming.empty():
                     self._adopt(*self._incoming.get())
                 with self._lock:
+                    if self._status_asks:
+                        self._answer_status()
                     if self._state == "TERMINATE":
                         break
                     if self._start_retry_at is not None and time.monotonic() >= self._start_retry_at:
@@ -1053,7 +1115,9 @@ class Pool:
         finally:
             self._sel.close()  # only the master uses the selector and the read end
             self._wake_r.close()
-            self._done.set()
+            with self._lock:
+                self._done.set()
+                self._answer_status()
 
     def _adopt(self, wid: int, sock: socket.socket) -> None:
         w = self._workers.get(wid)
@@ -1061,6 +1125,7 @@ class Pool:
             sock.close()
             return
         w.conn = Connection(sock)
+        w.since = time.monotonic()
         self._watch(sock, ("conn", w))
         if w.retiring:
             try:
@@ -1088,10 +1153,14 @@ class Pool:
                         unit.copies -= 1
                         unit.done = True
                     unit.job._set_unit(unit.index, False, err)
+                    self._tasks_done += unit.count
+                    self._tasks_failed += unit.count
                 self._retire_if_done(w)
                 return
             units = w.pending.pop(batch_id)
-            w.last_work = time.monotonic()
+            w.last_work = now = time.monotonic()
+            if not w.pending:
+                w.since = now
             if w.sent:
                 w.sent.pop(batch_id, None)
             job_id = units[0].func_id
@@ -1111,6 +1180,7 @@ class Pool:
                 if len(self._item_seconds) > _FUNC_CACHE:
                     self._item_seconds.popitem(last=False)
             w.running = None
+            done = 0
             for unit, (ok, value) in zip(units, results):
                 if backup:
                     unit.copies -= 1
@@ -1123,9 +1193,20 @@ class Pool:
                         continue
                     value = _task_error(unit, ok, value)
                     ok = False
+                    self._tasks_failed += unit.count
                 if backup:
                     unit.done = True
                 unit.job._set_unit(unit.index, ok, value)
+                done += unit.count
+            if done:  # the live view's counters: a few operations per batch
+                w.done += done
+                self._tasks_done += done
+                second = int(now)
+                per_second = self._done_per_second
+                if per_second and per_second[-1][0] == second:
+                    per_second[-1][1] += done
+                else:
+                    per_second.append([second, done])
             self._retire_if_done(w)
         elif op == POOL_RUNNING:
             w.running = decode_pool_running(msg)
@@ -1133,6 +1214,7 @@ class Pool:
             self._on_drain(w, decode_pool_drain(msg))
         elif op == POOL_READY:
             w.ready = True
+            w.since = time.monotonic()
             self._start_failures = self._start_kills = 0
             with self._lock:
                 if self._state == "RUN" or self._queue:
@@ -1146,6 +1228,7 @@ class Pool:
     def _on_drain(self, w: _Worker, keep: int) -> None:
         """The worker was told to stop: take back every batch but the one it finishes."""
         w.draining = w.retiring = True
+        w.since = time.monotonic()
         back = [units for batch, units in w.pending.items() if batch != keep]
         w.pending = {batch: units for batch, units in w.pending.items() if batch == keep}
         for units in back if self._backup is not None else ():
@@ -1179,6 +1262,7 @@ class Pool:
         if w.lost:
             return
         w.lost = True
+        w.since = time.monotonic()
         if w.conn is not None:
             if w.conn._sock is not None:
                 try:
@@ -1262,11 +1346,17 @@ class Pool:
                         unit.job._set_unit(unit.index, False, TaskLostError(
                             f"task lost: {unit.name(item)}: its worker died {times} while "
                             f"running it; the last, {what}. It is not run again"))
+                        self._tasks_done += unit.count
+                        self._tasks_failed += unit.count
                     else:
                         log.warning("fiber: %s while running %s; it runs again", what, unit.name(item))
                         self._requeue([unit])
             if w.retiring and not w.draining and culprit is None:
                 return
+            if not (code == 0 and self._maxtasks is not None and w.assigned >= self._maxtasks):
+                # (a worker that did its maxtasksperchild and left is replaced, not lost)
+                self._losses_by[reason.value if reason is not None else "unknown"] += 1
+                self._last_loss = what
             if self._state == "CLOSE" and not self._queue and not self._jobs:
                 return  # closing, and nothing is left to do
             if infrastructure and self._count_loss(w, what):
@@ -1386,6 +1476,7 @@ class Pool:
         """Let a worker go: at once if idle, after its batches otherwise; one not yet
         connected (a request not granted) is stopped."""
         w.retiring = True
+        w.since = time.monotonic()
         if w.conn is not None and not w.pending:
             try:
                 w.conn.send_frame(POOL_QUIT)
@@ -1540,9 +1631,12 @@ class Pool:
                 w.funcs.popitem(last=False)
         payload = encode_pool_tasks(batch_id, first.func_id, first.func_bytes if send_func else None,
                                     first.kind, [u.data for u in units], first.watch)
+        now = time.monotonic()
+        if not w.pending:
+            w.since = now
         w.pending[batch_id] = units
         w.assigned += len(units)
-        w.last_work = time.monotonic()
+        w.last_work = now
         assert w.conn is not None
         try:
             w.conn.send_frame(POOL_TASKS, payload)
@@ -1553,6 +1647,7 @@ class Pool:
         for w in self._workers.values():
             if not w.retiring and not w.pending:
                 w.retiring = True
+                w.since = time.monotonic()
                 if w.conn is not None:
                     try:
                         w.conn.send_frame(POOL_QUIT)
@@ -1603,6 +1698,87 @@ class Pool:
     def _job_done(self, job: Any) -> None:
         self._jobs.pop(job._job_id, None)
         self._unit_seconds.pop(job._job_id, None)
+
+    # -- the live view ---------------------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The pool's state for the live view (:mod:`fiber_core.runtime.status`).
+
+        Taken by the master thread between two rounds, under the pool lock, so that its
+        counts add up: every task of a call is queued, running or done. Waits at most
+        :data:`STATUS_WAIT_SECONDS` for the master (busy in a callback, say); then, or once
+        the master has ended, it is taken here under the lock.
+        """
+        if threading.current_thread() is not self._thread:
+            ask = _StatusAsk()
+            with self._lock:
+                alive = not self._done.is_set()
+                if alive:
+                    self._status_asks.append(ask)
+            if alive:
+                self._wake()
+                if ask.ready.wait(STATUS_WAIT_SECONDS) and ask.state is not None:
+                    return ask.state
+        with self._lock:
+            return self._snapshot_locked()
+
+    def _answer_status(self) -> None:
+        """Answer the snapshots asked for (lock held)."""
+        asks, self._status_asks = self._status_asks, []
+        if asks:
+            state = self._snapshot_locked()
+            for ask in asks:
+                ask.state = state
+                ask.ready.set()
+
+    def _snapshot_locked(self) -> dict[str, Any]:
+        now = time.monotonic()
+        queued = sum(u.count for u in self._queue)
+        running = 0
+        seen: set[int] = set()  # a unit that a backup copy runs too is counted once
+        workers = []
+        for w in list(self._workers.values()):
+            units = [u for batch in list(w.pending.values()) for u in batch]
+            if w.culprit is not None:  # lost while it ran this one: its exit decides
+                units.append(w.culprit[0])
+            in_flight = 0
+            for u in units:
+                in_flight += u.count
+                if id(u) not in seen:
+                    seen.add(id(u))
+                    running += u.count
+            job = w.process.job
+            workers.append({
+                "name": w.process.name,
+                "id": job.id if job is not None else None,
+                "backend": self._backend_name,
+                "host": job.host if job is not None else None,
+                "state": _worker_state(w),
+                "for_seconds": round(now - w.since, 3),
+                "done": w.done,
+                "in_flight": in_flight,
+            })
+        window_start = max(self._created, now - THROUGHPUT_SECONDS)
+        recent = sum(n for second, n in self._done_per_second if second >= int(window_start))
+        span = now - window_start
+        return {
+            "id": self._id[:8],
+            "state": self._state,
+            "error": None if self._error is None else str(self._error),
+            "backend": self._backend_name,
+            "size": self._processes,
+            "min_size": self._min,
+            "elastic": self._min < self._processes,
+            "age_seconds": round(now - self._created, 3),
+            "tasks": {"queued": queued, "running": running, "done": self._tasks_done,
+                      "failed": self._tasks_failed},
+            "throughput": round(recent / span, 3) if span > 0 else 0.0,
+            "throughput_seconds": THROUGHPUT_SECONDS,
+            "losses": dict(self._losses_by),
+            "last_loss": self._last_loss,
+            "calls": [_call_progress(job) for job in list(self._jobs.values())],
+            "workers": workers,
+        }
 
     # -- submitting work ------------------------------------------------------------------
 
@@ -1840,6 +2016,7 @@ class Pool:
         for w in list(self._workers.values()):
             w.process.join()
         runtime().hub.unregister(f"pool:{self._id}")
+        status.forget(self)
         self._release()
 
     def _release(self) -> None:

@@ -44,6 +44,8 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("peer_timeout", float, 30.0, "seconds after which a TCP peer that stopped answering (its host lost or cut off) counts as gone (0: the kernel's defaults, which take minutes to hours)"),
     Option("handshake_timeout", float, 10.0, "seconds a connection to a listener of the run (the hub, a manager server) has to authenticate before it is closed"),
     Option("start_timeout", float, 0.0, "seconds a job may take to reach its parent before it is failed (0: wait for the backend)"),
+    Option("status", bool, False, "show the program's state (pools, workers, tasks) to fiber top in another terminal of the same user; nothing is shown unless this or status_port is set"),
+    Option("status_port", int, None, "also serve the status page on 127.0.0.1 at this port (0: any free port); its address, with the token that opens it, is printed to stderr"),
 )
 
 

@@ -19,11 +19,14 @@ import atexit
 import multiprocessing.process
 import os
 import signal
+import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fiber_core.base.errors import ConfigError, FiberError
 from fiber_core.base.fds import raise_limit
 from fiber_core.base.log import log
 from fiber_core.contract.env import ENV_AUTHKEY, ENV_GROUP, ENV_RUN_ID, ENV_TOKEN
@@ -35,6 +38,7 @@ from fiber_core.runtime.config import (
     selected_backend_name,
 )
 from fiber_core.runtime.hub import Hub
+from fiber_core.runtime.status import StatusServer, announce, bind_error, snapshot
 
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend
@@ -46,6 +50,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.run_id = os.environ.get(ENV_RUN_ID) or os.urandom(16).hex()[:12]
+        self.started = time.time()
         # A few descriptors per job: the common soft limit of 1,024 would cap the run.
         self.fd_limits = raise_limit()
         """The soft limit on open descriptors before and after this process raised it."""
@@ -56,6 +61,7 @@ class Runtime:
         multiprocessing.process.current_process().authkey = self.authkey
         self._lock = threading.RLock()
         self._hub: Hub | None = None
+        self._status: StatusServer | None = None
         self._backends: dict[str, tuple[tuple[int, tuple[str, ...]], Backend]] = {}
         self._all_backends: list[Backend] = []
         self._rundir: str | None = None
@@ -138,7 +144,54 @@ class Runtime:
             if self._hub is None:
                 host = listen_host(self.backend)
                 self._hub = Hub(self.authkey, host, config.get("listen_port"), self.rundir)
+                self.status_from_config()
             return self._hub
+
+    def status_from_config(self) -> None:
+        """Show the run's state if the settings ask (``status``, ``status_port``): in the
+        program's first process only, once it has a hub (or is given one by ``init()``).
+        A page whose port is taken is a warning: the program's work goes on."""
+        if self.is_worker or self._hub is None or self._shut_down:
+            return
+        port = config.get("status_port")
+        if not config.get("status") and port is None:
+            return
+        try:
+            self.serve_status(page=port is not None, port=port or 0)
+        except FiberError as e:
+            log.warning("fiber: %s", e)
+
+    def serve_status(self, page: bool = False, port: int = 0) -> StatusServer:
+        """Show this process's state to ``fiber top`` (and, with ``page``, on a page on
+        127.0.0.1:``port``); see :mod:`fiber_core.runtime.status`. Idempotent."""
+        with self._lock:
+            if self._shut_down:
+                raise FiberError("the run has ended: its state is no longer shown")
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise ConfigError(f"the status page's port must be an int from 0 to 65535, not {port!r}")
+            first = self._status is None
+            if first:
+                run = {"id": self.run_id, "pid": os.getpid(), "started": self.started,
+                       "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python",
+                       "host": socket.gethostname()}
+                self._status = StatusServer(self.hub, self.authkey, self.rundir, run, self._status_state)
+            status = self._status
+            assert status is not None
+            if first:
+                announce(f"run {self.run_id} shows its state: fiber top {self.run_id}")
+            if page and status.url is None:
+                try:
+                    url = status.serve_page(port)
+                except OSError as e:
+                    raise bind_error(port, e) from e
+                announce(f"status page of run {self.run_id}: {url}")
+            return status
+
+    def _status_state(self) -> dict:
+        selected = self._selected
+        run = {**(self._status.run if self._status is not None else {}),
+               "backend": selected[1].name if selected is not None else None}
+        return snapshot(run, list(self.children))
 
     def addresses_for(self, backend: Backend) -> str:
         """This process's addresses as seen by jobs of ``backend``."""
@@ -247,6 +300,8 @@ class Runtime:
                     backend.cleanup()
                 except Exception:
                     log.exception("fiber: cleanup of backend %s failed", backend.name)
+            if self._status is not None:
+                self._status.close()
             if self._hub is not None:
                 self._hub.close()
             if self._rundir is not None:

@@ -18,7 +18,7 @@ import struct
 from fiber_core.base.errors import AuthenticationError
 from fiber_core.wire.framing import _recv_exact
 
-_MAGIC = b"FIBR\x03"  # the wire version is the last byte
+_MAGIC = b"FIBR\x04"  # the wire version is the last byte
 
 
 _NONCE = 16

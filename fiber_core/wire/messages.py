@@ -27,6 +27,8 @@ Three connections carry messages. *Process*: the parent and the job that runs a
 the pool's master thread and each pool worker. *Queue*: a queue's owner (the
 process that created it) and a handle of it in another process; a handle that
 borrows items keeps a second connection for them (see :mod:`fiber_core.parallel.queues`).
+Besides them, *status*: ``fiber top`` asking a program that shows its state
+(:mod:`fiber_core.runtime.status`) for it.
 
 Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 ``d`` float64, ``I`` uint32, ``q`` int64, ``Q`` uint64. A timeout of -1 means none.
@@ -85,10 +87,13 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `Z` | SYNC_VALUE | creator → user | pickle of the result | the result of a SYNC_CALL |
 | `X` | SYNC_ERROR | either → the other | pickle of the exception | the operation raised it (the user raises it too); or the action did |
 | `J` | SYNC_ACTION | creator → user | — | the user's Barrier.wait is the last party: run the barrier's action there and answer SYNC_DONE or SYNC_ERROR |
+| `?` | STATUS_ASK | viewer → program | — | send the program's state now (STATUS_STATE) |
+| `I` | STATUS_STATE | program → viewer | JSON of the state, UTF-8 | pools, workers, processes: what `fiber top` and the status page show |
 """
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import pickle
@@ -275,6 +280,13 @@ SYNC_ERROR = _kind(b"X", "SYNC_ERROR", "either", "the other", "", "pickle of the
 SYNC_ACTION = _kind(b"J", "SYNC_ACTION", "creator", "user", "", "",
                     "the user's Barrier.wait is the last party: run the barrier's action there "
                     "and answer SYNC_DONE or SYNC_ERROR")
+
+# -- status: a viewer (`fiber top`) and a program that shows its state (runtime/status.py) --
+
+STATUS_ASK = _kind(b"?", "STATUS_ASK", "viewer", "program", "", "",
+                   "send the program's state now (STATUS_STATE)")
+STATUS_STATE = _kind(b"I", "STATUS_STATE", "program", "viewer", "", "JSON of the state, UTF-8",
+                     "pools, workers, processes: what `fiber top` and the status page show")
 
 _ACQUIRE = struct.Struct("!cQ?d")
 _OBJ = struct.Struct("!cQ")
@@ -628,3 +640,22 @@ def decode_queue_batch(frame: bytes | bytearray) -> list[memoryview]:
         items.append(view[pos:pos + size])
         pos += size
     return items
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+def encode_status_state(state: dict[str, Any]) -> bytes:
+    """The body of a STATUS_STATE frame: JSON, so that a viewer unpickles nothing."""
+    return json.dumps(state, separators=(",", ":")).encode()
+
+
+def decode_status_state(frame: bytes | bytearray) -> dict[str, Any]:
+    _expect(STATUS_STATE, frame)
+    try:
+        state = json.loads(bytes(body(frame)))
+    except ValueError as e:
+        raise MessageError(f"a STATUS_STATE frame that is not JSON: {e}") from None
+    if not isinstance(state, dict):
+        raise MessageError("a STATUS_STATE frame whose JSON is not an object")
+    return state

@@ -1,0 +1,210 @@
+"""``fiber top`` in a real terminal (a pty) beside a program that maps on a pool while showing its state.
+
+The program (tests/status_program.py) runs with ``FIBER_STATUS=1`` in a temporary directory
+of its own, as ``TMPDIR``, which ``fiber top`` shares: there, its run is the only one and
+so the newest. The terminal's screen is read from the pty's master side: each frame of
+``fiber top`` starts with the cursor home and ends with clearing the rest of the screen.
+``T`` bounds every wait: reaching it is a failure, never a measure of speed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
+PROGRAM = Path(__file__).with_name("status_program.py")
+COLUMNS, ROWS = 120, 40
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_FRAME = re.compile(r"\x1b\[H(.*?)\x1b\[J", re.S)
+
+
+class Program:
+    """The program whose state is shown, and the environment ``fiber top`` shares with it."""
+
+    def __init__(self) -> None:
+        # Short: the hub's Unix socket lives in a directory in it, and such paths are short.
+        self.tmpdir = tempfile.mkdtemp(prefix="ftop-")
+        self.env = {**os.environ, "TMPDIR": self.tmpdir}
+        self.proc = subprocess.Popen([sys.executable, str(PROGRAM)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**self.env, "FIBER_STATUS": "1"})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # "run <id>" once the map runs
+        if not line.startswith("run "):
+            self.stop()
+            pytest.fail(f"the program did not start: {line!r} {self.proc.stderr.read() if self.proc.stderr else ''}")
+        self.run_id = line.split()[1]
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # it terminates its pool and exits
+        try:
+            self.proc.wait(T)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(T)
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+@pytest.fixture
+def program() -> Iterator[Program]:
+    p = Program()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+class Terminal:
+    """``fiber top`` on a pty of COLUMNS x ROWS; :meth:`screen` waits for a frame."""
+
+    def __init__(self, env: dict[str, str], *args: str) -> None:
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+        self.proc = subprocess.Popen([sys.executable, "-m", "fiber_core.cli", "top", *args],
+                                     stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                                     start_new_session=True, env={**env, "TERM": "xterm"})
+        os.close(slave)
+        self.output = ""
+
+    def _read(self, deadline: float) -> bool:
+        """Read what the terminal got until ``deadline``; False at its end (the pty closed)."""
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.master], [], [], left)[0]:
+            return True
+        try:
+            data = os.read(self.master, 65536)
+        except OSError:  # EIO: every holder of the pty's other side is gone
+            return False
+        if not data:
+            return False
+        self.output += data.decode("utf-8", "replace")
+        return True
+
+    def screen(self, wanted: Callable[[list[str]], bool], what: str) -> list[str]:
+        """The lines of the first new frame for which ``wanted`` is true (escapes removed)."""
+        deadline = time.monotonic() + T
+        seen = 0
+        while time.monotonic() < deadline:
+            frames = _FRAME.findall(self.output)
+            for frame in frames[seen:]:
+                lines = _ESCAPE.sub("", frame).replace("\r", "").split("\n")
+                if wanted(lines):
+                    return lines
+            seen = len(frames)
+            if not self._read(deadline):
+                break
+        pytest.fail(f"fiber top never showed {what}; the terminal got:\n{_ESCAPE.sub('', self.output)[-3000:]}")
+
+    def rest(self) -> str:
+        """Everything until the program on the pty ends."""
+        deadline = time.monotonic() + T
+        while time.monotonic() < deadline and self._read(deadline):
+            if self.proc.poll() is not None and not select.select([self.master], [], [], 0)[0]:
+                break
+        return self.output
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(T)
+        os.close(self.master)
+
+
+def _busy_pool(run_id: str) -> Callable[[list[str]], bool]:
+    def wanted(lines: list[str]) -> bool:
+        text = "\n".join(lines)
+        workers = [line for line in lines if re.match(r"\s+PoolWorker-\d+\s", line)]
+        done = re.search(r"done (\d+)", text)
+        return (f"run {run_id}" in lines[0] and len(workers) == 3
+                and all(" busy " in w for w in workers) and done is not None and int(done.group(1)) > 0
+                and "map(slow)" in text)
+    return wanted
+
+
+def test_fiber_top_in_a_terminal_shows_the_pools_workers_while_a_map_runs(program: Program) -> None:
+    term = Terminal(program.env)  # no run id: the newest of this user's runs
+    try:
+        lines = term.screen(_busy_pool(program.run_id), "the pool's three workers busy")
+        text = "\n".join(lines)
+        assert "pool " in text and "3 workers  local  RUN" in text
+        assert re.search(r"queued \d+  running \d+  done \d+  failed 0", text)
+        assert re.search(r"\[#*\.+\]\s+\d+%  \d+/100000 tasks", text)
+        header = next(line for line in lines if "WORKER" in line)
+        assert header.split() == ["WORKER", "BACKEND", "HOST", "ID", "STATE", "FOR", "DONE", "IN", "FLIGHT"]
+        for row in (line for line in lines if "PoolWorker-" in line):
+            name, backend, host, pid = row.split()[:4]
+            assert backend == "local" and host == os.uname().nodename and pid.isdigit()
+        assert all(len(line) <= COLUMNS for line in lines)
+        # It refreshes: a later frame has more tasks done.
+        first = int(re.search(r"done (\d+)", text).group(1))  # type: ignore[union-attr]
+        term.screen(lambda ls: int(re.search(r"done (\d+)", "\n".join(ls)).group(1)) > first,  # type: ignore[union-attr]
+                    "more tasks done in a later frame")
+
+        os.write(term.master, b"q")
+        assert term.proc.wait(T) == 0
+        rest = term.rest()
+        assert rest.index("\x1b[?1049h") < rest.rindex("\x1b[?1049l")  # the screen is given back
+        assert rest.endswith("\x1b[?25h\x1b[?1049l")  # the cursor too
+    finally:
+        term.close()
+
+    # Once the program ends, fiber top says so and exits.
+    term = Terminal(program.env, program.run_id[:6])
+    try:
+        term.screen(_busy_pool(program.run_id), "the pool again, by a prefix of its run id")
+        program.stop()
+        assert term.proc.wait(T) == 0
+        assert f"fiber top: run {program.run_id} ended" in term.rest()
+    finally:
+        term.close()
+
+
+def _fiber(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fiber_core.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=T)
+
+
+def test_fiber_top_without_a_terminal_prints_one_plain_frame(program: Program) -> None:
+    listed = _fiber(program.env, "top", "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split("\n")[0].split() == ["RUN", "PID", "PROGRAM", "STARTED", "PAGE"]
+    assert listed.stdout.split("\n")[1].split()[:3] == [program.run_id, str(program.proc.pid),
+                                                        "status_program.py"]
+
+    once = _fiber(program.env, "top", program.run_id)  # stdout is a pipe: one frame
+    assert once.returncode == 0, once.stderr
+    assert "\x1b" not in once.stdout
+    assert once.stdout.startswith(f"fiber top  run {program.run_id}  status_program.py  pid {program.proc.pid}")
+    assert len(re.findall(r"^\s+PoolWorker-\d+\s+local\s", once.stdout, re.M)) == 3
+
+    unknown = _fiber(program.env, "top", "nosuchrun")
+    assert unknown.returncode == 2
+    assert "no running program of yours with run id 'nosuchrun' shows its state" in unknown.stderr
+    assert program.run_id in unknown.stderr
+
+    empty = Path(program.tmpdir, "empty")
+    empty.mkdir()
+    elsewhere = _fiber({**program.env, "TMPDIR": str(empty)}, "top")
+    assert elsewhere.returncode == 2 and "start it with FIBER_STATUS=1" in elsewhere.stderr
+    assert "--interval must be above 0" in _fiber(program.env, "top", "--interval", "0").stderr
