@@ -13,8 +13,8 @@ and of the whole parent process during ``map``, divided by the number of tasks, 
 the tasks per second. Sizes run in the same program, one after another, each with a
 fresh pool (``--rounds`` times, medians).
 
-    python benchmarks/master.py --sizes 64,256,1024,4096 --tasks 200000 --task-ms 0
-    python benchmarks/master.py --sizes 64,1024 --chunksize 1 --task-ms 10
+    python benchmarks/master.py --sizes 64,256,1024,4096 --per-worker 100 --task-ms 10
+    python benchmarks/master.py --sizes 64,1024 --chunksize 1 --task-ms 0 --tasks 200000
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ def noop(x: Any) -> Any:
 
 def simulate(control: Any, task_ms: float) -> None:
     """Hold simulated workers: start the ones ``control`` names, answer their batches."""
+    # Orders are read by a thread of their own: a start waits for the parent's first
+    # frames, which it sends only once the whole group is created, and the orders of the
+    # rest of the group must not fill the pipe meanwhile.
+    import queue
+
     from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, job_token
     from fiber_core.parallel.pool import _encode_results, _load_func, _run_unit
     from fiber_core.runtime.hub import dial
@@ -60,13 +65,16 @@ def simulate(control: Any, task_ms: float) -> None:
         kind_of,
     )
 
-    # Orders are read by a thread of their own: a start waits for the parent's first
-    # frames, which it sends only once the whole group is created, and the orders of the
-    # rest of the group must not fill the pipe meanwhile.
-    import queue
-
     orders: queue.SimpleQueue = queue.SimpleQueue()
     wake_r, wake_w = socket.socketpair()
+
+    wake_w.setblocking(False)
+
+    def wake() -> None:
+        try:
+            wake_w.send(b"\0")
+        except BlockingIOError:
+            pass  # a wake-up is pending: the loop reads every order then
 
     def read_orders() -> None:
         while True:
@@ -74,9 +82,9 @@ def simulate(control: Any, task_ms: float) -> None:
                 orders.put(control.recv())
             except EOFError:
                 orders.put(None)
-                wake_w.send(b"\0")
+                wake()
                 return
-            wake_w.send(b"\0")
+            wake()
 
     threading.Thread(target=read_orders, daemon=True).start()
     sel = selectors.DefaultSelector()
@@ -84,7 +92,8 @@ def simulate(control: Any, task_ms: float) -> None:
     jobs: dict[str, tuple[Connection, Connection]] = {}
     funcs: dict[int, Any] = {}
     due: list[tuple[float, int, Connection, bytes]] = []
-    order = itertools.count()
+    sequence = itertools.count()
+    busy: dict[str, float] = {}  # when each worker's last batch is done
 
     def start(job_id: str, env: dict[str, str]) -> None:
         key = bytes.fromhex(env[ENV_AUTHKEY])
@@ -140,10 +149,13 @@ def simulate(control: Any, task_ms: float) -> None:
                 if func_bytes is not None:
                     funcs[func_id] = _load_func(func_bytes)
                 results = [_run_unit(funcs[func_id], kind, unit, None) for unit in units]
-                payload = _encode_results(batch_id, task_ms / 1000 * len(units), results)
-                if task_ms > 0:
-                    heapq.heappush(due, (time.monotonic() + task_ms / 1000 * len(units), next(order),
-                                         conn, payload))
+                # a unit of a map is a chunk: a list of its items' results
+                items = sum(len(v) if ok and isinstance(v, list) else 1 for ok, v in results)
+                seconds = task_ms / 1000 * items
+                payload = _encode_results(batch_id, seconds, results)
+                if task_ms > 0:  # a worker runs its batches one after another
+                    at = busy[job_id] = max(time.monotonic(), busy.get(job_id, 0.0)) + seconds
+                    heapq.heappush(due, (at, next(sequence), conn, payload))
                 else:
                     try:
                         conn.send_frame(POOL_RESULTS, payload)
@@ -220,7 +232,8 @@ def measure(size: int, tasks: int, chunksize: int | None) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="64,256,1024,4096")
-    ap.add_argument("--tasks", type=int, default=100_000)
+    ap.add_argument("--tasks", type=int, default=0, help="tasks per map (default: --per-worker x size)")
+    ap.add_argument("--per-worker", type=int, default=100, help="tasks per worker per map")
     ap.add_argument("--task-ms", type=float, default=0.0, help="simulated time per task (no CPU)")
     ap.add_argument("--chunksize", type=int, default=None, help="default: the Pool's own choice")
     ap.add_argument("--simulators", type=int, default=2)
@@ -253,9 +266,10 @@ def main() -> None:
     results: dict[int, list[dict[str, float]]] = {s: [] for s in sizes}
     for _ in range(args.rounds):
         for size in sizes:
-            results[size].append(measure(size, args.tasks, args.chunksize))
+            results[size].append(measure(size, args.tasks or args.per_worker * size, args.chunksize))
     chunk = args.chunksize or "default"
-    print(f"{args.tasks} tasks of {args.task_ms:g} ms per size, chunksize {chunk}, "
+    tasks = f"{args.tasks} tasks" if args.tasks else f"{args.per_worker} tasks per worker"
+    print(f"{tasks} of {args.task_ms:g} ms per size, chunksize {chunk}, "
           f"{args.simulators} simulator processes, medians of {args.rounds}")
     print(f"{'workers':>8}{'master us/task':>16}{'process us/task':>17}{'tasks/s':>10}")
     for size, runs in results.items():

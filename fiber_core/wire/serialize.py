@@ -38,7 +38,7 @@ _BUFFERS = frozenset({str, bytes, bytearray})
 
 def _small_plain(obj: Any) -> bool:
     t = type(obj)
-    if t in _SCALARS:
+    if t in _SCALARS or t is range:  # a range: the chunks of a map over one
         return True
     if t in _BUFFERS:
         return len(obj) <= _SMALL
