@@ -38,10 +38,10 @@ from fiber_core.runtime.config import (
     selected_backend_name,
 )
 from fiber_core.runtime.hub import Hub
-from fiber_core.runtime.status import StatusServer, announce, bind_error, snapshot
 
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend
+    from fiber_core.runtime.status import StatusServer
 
 
 
@@ -164,6 +164,9 @@ class Runtime:
     def serve_status(self, page: bool = False, port: int = 0) -> StatusServer:
         """Show this process's state to ``fiber top`` (and, with ``page``, on a page on
         127.0.0.1:``port``); see :mod:`fiber_core.runtime.status`. Idempotent."""
+        # Loaded only when asked: a job's start does not pay for it.
+        from fiber_core.runtime.status import StatusServer, announce, bind_error
+
         with self._lock:
             if self._shut_down:
                 raise FiberError("the run has ended: its state is no longer shown")
@@ -188,6 +191,8 @@ class Runtime:
             return status
 
     def _status_state(self) -> dict:
+        from fiber_core.runtime.status import snapshot
+
         selected = self._selected
         run = {**(self._status.run if self._status is not None else {}),
                "backend": selected[1].name if selected is not None else None}

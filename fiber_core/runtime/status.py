@@ -26,13 +26,11 @@ import os
 import socket
 import stat
 import sys
-import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
@@ -202,8 +200,7 @@ class StatusServer:
 # -- the viewer's side: finding runs, asking them ---------------------------------------
 
 
-@dataclass(frozen=True)
-class RunFile:
+class RunFile(NamedTuple):
     """A run that shows its state, as its run file says."""
 
     run_id: str
@@ -257,6 +254,8 @@ def _read_run_file(directory: str) -> RunFile | None:
 
 def find_runs(tmpdir: str | None = None) -> list[RunFile]:
     """The live runs of this user that show their state, the newest first."""
+    import tempfile  # the viewer's side only: a job's start does not load it
+
     base = tmpdir or tempfile.gettempdir()
     runs = []
     try:
@@ -276,6 +275,8 @@ def find_run(run_id: str | None = None, tmpdir: str | None = None) -> RunFile:
     """The newest live run of this user that shows its state, or the one ``run_id`` names
     (or begins with). Raises :class:`FiberError` saying what to do when there is none."""
     runs = find_runs(tmpdir)
+    import tempfile
+
     where = tmpdir or tempfile.gettempdir()
     if run_id is None:
         if not runs:
