@@ -105,7 +105,9 @@ The rules every method follows
   lost node): ``job.state.finish(code, EndReason.PREEMPTED, "pod evicted")``.
   Fiber marks ``job.state.stop_requested`` before it calls terminate or kill, so
   a plain ``finish(code)`` after those records :attr:`EndReason.STOPPED`.
-* Errors from an SDK are wrapped: ``raise BackendError("...what to do...") from e``.
+* Errors from an SDK are wrapped, the fix first and the SDK's chain of exceptions kept out
+  of the traceback (see :class:`~fiber_core.base.errors.FiberError`):
+  ``raise BackendError("...what failed. What to do...", cause=e) from None``.
 """
 
 from __future__ import annotations
