@@ -133,8 +133,11 @@ def build_image(context: str, dockerfile: str, registry: str | None) -> str:
                   "Desktop); else set FIBER_KUBERNETES_REGISTRY", file=sys.stderr)
         return f"{repo}:{tag}"
     except DockerException as e:  # includes APIError
-        kind = "build/push" if isinstance(e, APIError) else "connect to"
-        raise BackendError(f"docker {kind} failed: {e}. Is Docker running (DOCKER_HOST)?") from e
+        if isinstance(e, APIError):
+            raise BackendError(f"docker could not build or push {repo}: check the Dockerfile and the "
+                               "registry", cause=e) from None
+        raise BackendError("cannot reach Docker to build the image: start Docker, or point DOCKER_HOST "
+                           "at a running daemon, or give --image", cause=e) from None
 
 
 def run(args: argparse.Namespace) -> int:
