@@ -79,8 +79,8 @@ def test_sigterm_stops_the_children_removes_the_run_and_ends_by_the_signal(tmp_p
             p.start()
             print("pid", p.pid)
             print("rundir", runtime().rundir)
-            print("ready", flush=True)
             try:
+                print("ready", flush=True)  # in the try: SIGTERM may come before p.join()
                 p.join()
             finally:
                 print("finally ran", flush=True)
