@@ -769,10 +769,17 @@ def start_processes(processes: Sequence[Process]) -> None:
 
 
 def _exit_children() -> None:
-    """At exit, as multiprocessing does: terminate daemonic children, join the others.
+    """At exit, as multiprocessing does: run the finalizers of priority 0 and above (a
+    manager not shut down is shut down, so its server job ends), terminate daemonic
+    children, join the others.
 
     After SIGTERM every child is terminated: the program is being stopped.
     """
+    from multiprocessing import util  # at exit only: a job starts without it
+
+    run_finalizers = getattr(util, "_run_finalizers", None)
+    if run_finalizers is not None:
+        run_finalizers(0)
     rt = runtime()
     children = list(rt.children)
     for p in children:
