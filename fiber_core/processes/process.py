@@ -46,6 +46,7 @@ from fiber_core.contract.env import (
     ENV_GROUP,
     ENV_GROUP_INDEX,
     ENV_HUB,
+    ENV_PARENT_RUNDIR,
     ENV_RUN_ID,
     ENV_TOKEN,
     group_token,
@@ -460,6 +461,7 @@ class _JobRun:
             ENV_HUB: hub,
             ENV_TOKEN: token,
             ENV_RUN_ID: rt.run_id,
+            ENV_PARENT_RUNDIR: rt.rundir,  # where a job on this machine keeps its files
             ENV_AUTHKEY: rt.authkey.hex(),
             "PYTHONUNBUFFERED": "1",
         }
