@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,11 +69,9 @@ def _env(tempdir: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def tempdir() -> Iterator[Path]:
-    """The temp dir of this test's programs (``TMPDIR``); short, as Unix sockets are made in it."""
-    path = Path(tempfile.mkdtemp(prefix="t-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def tempdir(own_tmpdir: str) -> Path:
+    """The temp dir of this test's programs (``TMPDIR``)."""
+    return Path(own_tmpdir)
 
 
 def _left(tempdir: Path) -> list[str]:
