@@ -47,6 +47,7 @@ from fiber_core.contract import (
     Job,
     JobSpec,
     exitcode_from_status,
+    install_elsewhere,
 )
 
 OPTIONS: tuple[Option, ...] = (
@@ -199,7 +200,7 @@ class DockerBackend(Backend):
         raise BackendError(
             "no image for docker jobs: set FIBER_DOCKER_IMAGE (or [docker] image in .fiberconfig, "
             "or fiber_core.init(docker_image=...)) to an image that has python3 and fiber-core "
-            "installed, e.g. one built FROM python:3.11-slim with `pip install fiber-core`"
+            f"installed, e.g. one built FROM python:3.11-slim: {install_elsewhere(image=True)}"
         )
 
     def _check_image(self, image: str, python: str) -> None:
@@ -269,8 +270,8 @@ class DockerBackend(Backend):
                                       "(FIBER_PYTHON) to the interpreter's path in the image")
         if "No module named 'fiber_core'" in out:
             return _ImageCheck(False, f"image {shown} has Python but not fiber-core (`{python} -c "
-                                      "'import fiber_core'` failed). Install it in the image: "
-                                      "RUN pip install fiber-core (the version this process runs)")
+                                      "'import fiber_core'` failed). Install it in the image, the "
+                                      f"version this process runs: {install_elsewhere(image=True)}")
         return _ImageCheck(False, f"image {shown} cannot run the fiber worker: `{python} -c "
                                   f"'import fiber_core'` exited {status}:\n{tail}")
 

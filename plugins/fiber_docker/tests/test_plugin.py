@@ -60,3 +60,13 @@ def test_unreachable_daemon_keeps_the_cause(tmp_path: Path) -> None:
     assert isinstance(e.value.cause, docker.errors.DockerException)
     assert e.value.__context__ is e.value.cause and e.value.__suppress_context__
     assert e.value.__cause__ is None
+
+
+def test_the_readme_dockerfile_installs_fiber_core_as_the_errors_say() -> None:
+    from fiber_core.contract import install_elsewhere
+
+    hint = install_elsewhere(image=True)  # from this checkout: the wheels that build-dists.sh makes
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for line in ("COPY fiber-dist/ /tmp/fiber/", "RUN pip install --find-links /tmp/fiber fiber-core"):
+        assert line in hint and f"\n{line}" in readme, line
+    assert "pip install fiber-core" not in readme

@@ -67,6 +67,7 @@ from fiber_core.contract import (
     Option,
     Watcher,
     exitcode_from_status,
+    install_elsewhere,
     keepalive,
 )
 
@@ -699,7 +700,7 @@ class SshBackend(Backend):
         if "fiber_core_error" in info:
             raise BackendError(
                 f"fiber-core is not installed for {python} on {host.name} ({info['fiber_core_error']}); "
-                f"install it there: {python} -m pip install fiber-core"
+                f"install it there: {install_elsewhere(python=python)}"
             )
         if info.get("workdir") is False:
             raise BackendError(f"the working directory {workdir!r} does not exist on {host.name}; "

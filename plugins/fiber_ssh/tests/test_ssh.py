@@ -620,8 +620,12 @@ def test_refused_login_names_user_and_host(make_backend: Any) -> None:
 def test_missing_python_or_fiber_core(make_backend: Any) -> None:
     with pytest.raises(BackendError, match=r"Python '/opt/no/python3' is not found on root@10\.231\.77"):
         make_backend(python="/opt/no/python3").start_job(py("pass"))
-    with pytest.raises(BackendError, match=r"fiber-core is not installed for /usr/bin/python3 on root@"):
+    with pytest.raises(BackendError, match=r"fiber-core is not installed for /usr/bin/python3 on root@") as e:
         make_backend(python="/usr/bin/python3").start_job(py("pass"))
+    # A command that works there: the wheels of this checkout, not a name no index serves.
+    assert re.search(r"install it there: build the wheels: bash \S*scripts/build-dists\.sh fiber-dist here, copy "
+                     r"fiber-dist to the host, and there run: /usr/bin/python3 -m pip install --find-links "
+                     r"fiber-dist fiber-core$", str(e.value)), str(e.value)
 
 
 def test_process_start_raises_the_clear_error(hosts: dict[str, str]) -> None:
