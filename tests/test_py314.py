@@ -1,0 +1,68 @@
+"""Python 3.14's changes to multiprocessing, concurrent.futures and pickle that touch Fiber's
+drop-in API, checked on every Python (``scripts/test-pythons.sh`` runs this file on each).
+
+3.14 lists the stdlib's start methods from its table (where Fiber registers ``"fiber"``),
+adds ``Process.interrupt()``, ``ProcessPoolExecutor.terminate_workers()``/``kill_workers()``
+and ``Executor.map(buffersize=)``, a ``set`` type to ``SyncManager``, and notes to pickling
+errors. Fiber offers the new methods on every Python.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.managers
+import os
+import select
+from typing import Any
+
+import pytest
+
+import fiber_core
+
+T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
+
+
+def _wait_gone(pid: int) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        assert select.select([fd], [], [], T)[0], f"process {pid} did not end"
+    finally:
+        os.close(fd)
+
+
+# -- start methods ------------------------------------------------------------------------
+
+
+def test_the_stdlibs_list_of_start_methods_leaves_fiber_out() -> None:
+    table: Any = multiprocessing.context._concrete_contexts  # type: ignore[attr-defined]
+    # 3.14's get_all_start_methods(): the default first, then every name in the table.
+    default = multiprocessing.context._default_context._default_context.get_start_method()  # type: ignore[attr-defined]
+    as_314_lists = [default, *(name for name in table if name != default)]
+    assert "fiber" not in as_314_lists and "fiber" not in multiprocessing.get_all_start_methods()
+    assert set(as_314_lists) == set(multiprocessing.get_all_start_methods())
+    assert "fiber" not in table and "fiber" not in dict(table)
+    # ... and the name is still found, by the stdlib's get_context and in the table.
+    assert multiprocessing.get_context("fiber") is fiber_core.get_context() is table["fiber"]
+    with pytest.raises(ValueError, match="cannot find context for 'nonesuch'"):
+        multiprocessing.get_context("nonesuch")
+
+
+def test_get_start_method_allow_none_says_whether_one_was_chosen(run_script) -> None:  # noqa: ANN001
+    out = run_script("""
+        import multiprocessing
+        import fiber_core
+
+        seen = [(multiprocessing.get_start_method(allow_none=True), fiber_core.get_start_method(allow_none=True))]
+        seen.append(fiber_core.get_start_method())  # asking fixes it, as the stdlib's does
+        seen.append(fiber_core.get_start_method(allow_none=True))
+        fiber_core.set_start_method(None, force=True)
+        seen.append(fiber_core.get_start_method(allow_none=True))
+        fiber_core.set_start_method("spawn")
+        seen.append(fiber_core.get_start_method(allow_none=True))
+        print(seen)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(None, None), 'fiber', 'fiber', None, 'spawn']"
