@@ -13,6 +13,8 @@ import multiprocessing
 import multiprocessing.managers
 import os
 import select
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -66,3 +68,48 @@ def test_get_start_method_allow_none_says_whether_one_was_chosen(run_script) -> 
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[(None, None), 'fiber', 'fiber', None, 'spawn']"
+
+
+# -- Process.interrupt() --------------------------------------------------------------------
+
+
+def _wait_for_interrupt(q: Any) -> None:
+    try:
+        q.put("ready")
+        threading.Event().wait(T)  # until interrupted
+    finally:
+        q.put("finally ran")
+
+
+def test_interrupt_raises_keyboardinterrupt_in_the_job() -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_wait_for_interrupt, args=(q,))
+    p.interrupt()  # not started: nothing to do, as terminate()
+    p.start()
+    assert q.get(timeout=T) == "ready"
+    p.interrupt()
+    p.join(T)
+    assert p.exitcode == 1  # an uncaught KeyboardInterrupt, as under the stdlib
+    assert q.get(timeout=T) == "finally ran"
+    p.interrupt()  # ended: nothing to do
+    p.close()
+    with pytest.raises(ValueError, match="closed"):
+        p.interrupt()
+
+
+def _exit_on_sigint(q: Any) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(5))
+    q.put("ready")
+    threading.Event().wait(T)  # until interrupted
+
+
+def test_interrupt_runs_the_jobs_own_handler() -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_exit_on_sigint, args=(q,))
+    p.start()
+    assert q.get(timeout=T) == "ready"
+    p.interrupt()
+    p.join(T)
+    assert p.exitcode == 5

@@ -276,6 +276,16 @@ class Process(BaseProcess):
         if self._run is not None:
             self._run.stop(force=True)
 
+    def interrupt(self) -> None:
+        """Send the job SIGINT, as Python 3.14's ``Process.interrupt()`` does: its main thread
+        gets ``KeyboardInterrupt`` (or the handler the job installed), so ``finally`` clauses
+        run; uncaught, the job ends with exit code 1. On every Python and backend: the signal
+        travels on the job's connection (or once it has connected). A no-op on a job that
+        has ended or not started."""
+        self._check_closed()
+        if self._run is not None:
+            self._run.interrupt()
+
     def join(self, timeout: float | None = None) -> None:
         """Wait until the job ends, or ``timeout`` seconds pass."""
         self._check_closed()
