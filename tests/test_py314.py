@@ -9,17 +9,21 @@ errors. Fiber offers the new methods on every Python.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import multiprocessing.managers
 import os
 import select
 import sys
 import threading
+from concurrent.futures import CancelledError
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import pytest
 
 import fiber_core
+from fiber_core.futures import ProcessPoolExecutor
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -113,3 +117,56 @@ def test_interrupt_runs_the_jobs_own_handler() -> None:
     p.interrupt()
     p.join(T)
     assert p.exitcode == 5
+
+
+# -- ProcessPoolExecutor ------------------------------------------------------------------------
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_map_with_buffersize_reads_its_input_as_results_are_taken() -> None:
+    taken: list[int] = []
+
+    def endless() -> Any:
+        for i in itertools.count():
+            taken.append(i)
+            yield i
+
+    with ProcessPoolExecutor(2) as ex:
+        results = ex.map(_square, endless(), buffersize=3)
+        assert list(itertools.islice(results, 6)) == [i * i for i in range(6)]
+        assert len(taken) <= 6 + 3 + 1  # what was yielded, the buffer, and one refill
+        results.close()
+        with pytest.raises(ValueError, match="buffersize must be None or > 0"):
+            ex.map(_square, [1], buffersize=0)
+        with pytest.raises(TypeError, match="buffersize must be an integer or None"):
+            ex.map(_square, [1], buffersize=1.5)  # type: ignore[arg-type]
+        assert list(ex.map(_square, range(7), chunksize=2, buffersize=2)) == [i * i for i in range(7)]
+
+
+def _hold(q: Any) -> None:
+    q.put(os.getpid())
+    threading.Event().wait(T)  # until stopped (bounded: a failing test does not hang the exit)
+
+
+@pytest.mark.parametrize("how", ["terminate_workers", "kill_workers"])
+def test_terminate_and_kill_workers(how: str) -> None:
+    q = fiber_core.Queue()
+    ex = ProcessPoolExecutor(1)
+    running = [ex.submit(_hold, q) for _ in range(2)]  # handed to the pool (2 per worker)
+    queued = [ex.submit(_square, i) for i in range(3)]
+    worker = q.get(timeout=T)
+    getattr(ex, how)()
+    for f in running:
+        with pytest.raises(BrokenProcessPool):
+            f.result(T)
+    for f in queued:
+        with pytest.raises(CancelledError):
+            f.result(T)
+    with pytest.raises((BrokenProcessPool, RuntimeError)):
+        ex.submit(_square, 1)
+    _wait_gone(worker)
+    ex.shutdown()
+    getattr(ProcessPoolExecutor(1), how)()  # never used: nothing to stop
