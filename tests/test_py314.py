@@ -23,7 +23,9 @@ from typing import Any
 import pytest
 
 import fiber_core
+from fiber_core.base.errors import PicklingError
 from fiber_core.futures import ProcessPoolExecutor
+from fiber_core.parallel.managers import SyncManager
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -170,3 +172,34 @@ def test_terminate_and_kill_workers(how: str) -> None:
     _wait_gone(worker)
     ex.shutdown()
     getattr(ProcessPoolExecutor(1), how)()  # never used: nothing to stop
+
+
+# -- managers and pickling ------------------------------------------------------------------------
+
+
+def test_the_sync_manager_serves_every_stdlib_type() -> None:
+    # 3.14 adds SyncManager.set(), and methods to the list and dict proxies: Fiber's manager
+    # serves the stdlib's registry and proxies, so they come with the Python.
+    assert set(multiprocessing.managers.SyncManager._registry) <= set(SyncManager._registry)
+    with fiber_core.Manager() as m:
+        d, lst = m.dict(a=1), m.list([1, 2])
+        d["b"] = 2
+        lst.append(3)
+        assert (dict(d), list(lst)) == ({"a": 1, "b": 2}, [1, 2, 3])
+        if "set" in multiprocessing.managers.SyncManager._registry:  # 3.14
+            s = m.set([1])
+            s.add(2)
+            assert set(s) == {1, 2}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are new in 3.11")
+def test_a_pickling_error_names_where_it_failed() -> None:
+    class Unpicklable:
+        def __reduce__(self) -> Any:
+            e = TypeError("cannot pickle this")
+            e.add_note("when serializing dict item 'x'")  # as 3.14's pickler notes it
+            raise e
+
+    with pytest.raises(PicklingError) as info:
+        fiber_core.Process(target=print, args=({"x": Unpicklable()},)).start()
+    assert str(info.value).endswith("cannot pickle this (when serializing dict item 'x')"), str(info.value)
