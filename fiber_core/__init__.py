@@ -32,7 +32,7 @@ from fiber_core.runtime.status import StatusServer
 __version__ = "0.1.0"
 
 F = TypeVar("F", bound=Callable[..., Any])
-_context = get_context()
+_context = get_context("fiber")  # the default context, not yet "in use" (get_start_method)
 # "fiber" becomes a start method name of the stdlib's multiprocessing.get_context, for
 # libraries that take a name (gymnasium's AsyncVectorEnv(context="fiber")).
 register_start_method()
@@ -139,8 +139,8 @@ def set_start_method(method: str | None, force: bool = False) -> None:
     _context.set_start_method(method, force)
 
 
-def get_start_method(allow_none: bool = False) -> str:
-    return _context.get_start_method(allow_none)
+def get_start_method(allow_none: bool = False) -> str | None:
+    return _context._default_start_method(allow_none)
 
 
 def get_all_start_methods() -> list[str]:

@@ -2,14 +2,18 @@
 # Build the wheel and sdist of each of the five distributions (fiber-core and the four
 # plugins) into one directory, then check them with `twine check --strict`. A build that
 # makes setuptools warn (a deprecated field, say) fails too.
-# Usage: bash scripts/build-dists.sh [OUT_DIR]    (default: dist; PYTHON picks the interpreter,
-# which needs the packages build and twine: requirements-test.txt)
+# Usage: bash scripts/build-dists.sh [OUT_DIR]    (OUT_DIR relative to the current directory;
+# default: dist in the checkout; PYTHON picks the interpreter, which needs the packages build
+# and twine: requirements-test.txt)
 set -euo pipefail
+if [ -n "${1:-}" ]; then
+  mkdir -p "$1"
+  out=$(cd "$1" && pwd)
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PYTHON:-python3}
-out=${1:-dist}
+out=${out:-$PWD/dist}
 mkdir -p "$out"
-out=$(cd "$out" && pwd)
 rm -f "$out"/fiber_*.whl "$out"/fiber_*.tar.gz
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the core's version-sensitive tests (managers, the local backend's conformance, the
-# concurrent.futures executor and the start method name)
+# concurrent.futures executor, the start method name, and what Python 3.14 changed there)
 # on every other Python from 3.10 to 3.14 that pyenv provides.
 # Usage: bash scripts/test-pythons.sh
 set -euo pipefail
@@ -18,7 +18,7 @@ for v in 3.10 3.12 3.13 3.14; do
   "$venv/bin/python" -m pip install -q -e . pytest pytest-timeout
   echo "test-pythons: $("$venv/bin/python" --version)"
   "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_managers.py tests/test_context.py \
-    tests/test_conformance_local.py -k "not torch"
+    tests/test_conformance_local.py tests/test_py314.py -k "not torch"
   # the executor and the start method name lean on the stdlib's private parts
   "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_executor.py tests/test_clients.py \
     -k "not gym and not sb3"

@@ -2,13 +2,21 @@
 
 Every test runs real processes on the local backend. ``T`` bounds each wait (a test that
 needs it has failed: it is never a measure of speed).
+
+The suite runs with a temp dir of its own (``TMPDIR``), which it must leave without a
+``fiber-*`` or ``pymp-*`` entry: a run leaves nothing behind, however it ends. A test
+that SIGKILLs a program gives it a temp dir of the test's own (``own_tmpdir``): what a
+killed program leaves is removed by the next run (``tests/test_leftovers.py``), not by it.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +30,70 @@ from fiber_core.runtime.config import config, plugins
 
 T = 30.0
 """Upper bound of any single wait in the tests."""
+
+
+LEFTOVER_PREFIXES = ("fiber-", "pymp-")
+"""What Fiber's run directories and multiprocessing's temp dirs are named."""
+
+
+class _SuiteTempdir:
+    """The core suite's temp dir: made before its first test, checked after its last one."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.saved: tuple[str | None, str | None] = (None, None)
+
+    def start(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="core-suite-tmp-"))
+        self.saved = os.environ.get("TMPDIR"), tempfile.tempdir
+        os.environ["TMPDIR"] = tempfile.tempdir = str(self.path)
+
+    def finish(self) -> None:
+        """Give the temp dir back; an error naming every run or pymp dir the suite left."""
+        private, self.path = self.path, None
+        if private is None:
+            return
+        if self.saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = self.saved[0]
+        tempfile.tempdir = self.saved[1]
+        from fiber_core.runtime import run  # this process's own are in use until it exits
+
+        live = {getattr(run._runtime, "_rundir", None),
+                multiprocessing.current_process()._config.get("tempdir")}  # type: ignore[attr-defined]
+        left = sorted(p for p in private.iterdir() if p.name.startswith(LEFTOVER_PREFIXES) and str(p) not in live)
+        if left:
+            listing = "\n".join(f"  {p}: {sorted(os.listdir(p)) if p.is_dir() else 'a file'}" for p in left)
+            raise AssertionError(f"the core suite left {len(left)} run or multiprocessing temp dir(s) in "
+                                 f"its temp dir {private}:\n{listing}")
+        shutil.rmtree(private, ignore_errors=True)
+
+
+_suite_tempdir = _SuiteTempdir()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_tempdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    tmp_path_factory.getbasetemp()  # pytest's own directories stay where they are
+    _suite_tempdir.start()
+    yield
+    _suite_tempdir.finish()
+
+
+@pytest.hookimpl(trylast=True)  # after the test's fixtures are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # The check ends with the core suite, also when other suites (the plugins') run after it.
+    if nextitem is None or Path(__file__).parent not in Path(nextitem.path).parents:
+        _suite_tempdir.finish()
+
+
+@pytest.fixture
+def own_tmpdir() -> Iterator[str]:
+    """A temp dir for the programs of one test that it kills (SIGKILL): removed after the test."""
+    path = tempfile.mkdtemp(prefix="t-")  # short: Unix sockets are made in it
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -271,10 +271,11 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("ending", ["killed", "normal"])
-def test_no_segment_outlives_the_program(ending: str, tmp_path) -> None:  # noqa: ANN001
+def test_no_segment_outlives_the_program(ending: str, tmp_path, own_tmpdir: str) -> None:  # noqa: ANN001
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+           "TMPDIR": own_tmpdir}  # it may be killed
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env, cwd=tmp_path)
     try:

@@ -79,8 +79,8 @@ def test_sigterm_stops_the_children_removes_the_run_and_ends_by_the_signal(tmp_p
             p.start()
             print("pid", p.pid)
             print("rundir", runtime().rundir)
-            print("ready", flush=True)
             try:
+                print("ready", flush=True)  # in the try: SIGTERM may come before p.join()
                 p.join()
             finally:
                 print("finally ran", flush=True)
@@ -145,3 +145,21 @@ def test_a_child_forked_by_other_code_does_not_end_the_run(run_script) -> None: 
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[0, 1, 4]", out.stderr
+
+
+def test_a_manager_not_shut_down_is_shut_down_at_exit(run_script) -> None:  # noqa: ANN001
+    # As multiprocessing does at exit: the manager's finalizer runs before the children are
+    # joined, so its server job ends instead of being waited for forever.
+    out = run_script("""
+        import fiber_core
+
+        if __name__ == "__main__":
+            m = fiber_core.Manager()
+            d = m.dict()
+            d["x"] = 1
+            print("server", m._process.pid, dict(d), flush=True)
+    """, timeout=T)
+    assert out.returncode == 0, out.stderr
+    key, pid, rest = out.stdout.split(" ", 2)
+    assert (key, rest.strip()) == ("server", "{'x': 1}"), out.stdout
+    assert _gone(int(pid))

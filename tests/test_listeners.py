@@ -296,11 +296,13 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(120)
-def test_a_flood_beyond_the_descriptor_limit_leaves_jobs_dialing_in_over_tcp(tmp_path: Path) -> None:
+def test_a_flood_beyond_the_descriptor_limit_leaves_jobs_dialing_in_over_tcp(tmp_path: Path,
+                                                                            own_tmpdir: str) -> None:
     script = tmp_path / "script.py"
     script.write_text(_FLOODED)
     parent = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "TMPDIR": own_tmpdir})  # killed at the end
     flooder = None
     try:
         assert parent.stdin is not None and parent.stdout is not None

@@ -36,12 +36,13 @@ if __name__ == "__main__":
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("start", ["template", "fresh"])
-def test_a_job_inside_a_long_c_call_ends_when_its_parent_is_killed(tmp_path: Path, start: str) -> None:
+def test_a_job_inside_a_long_c_call_ends_when_its_parent_is_killed(tmp_path: Path, start: str,
+                                                                   own_tmpdir: str) -> None:
     script = tmp_path / "parent.py"
     script.write_text(_PARENT)
     # The C call outlasts the wait below: the job must be ended, not finish by itself.
     parent = subprocess.Popen([sys.executable, str(script), str(int(3 * T)), start], stdout=subprocess.PIPE,
-                              text=True, cwd=tmp_path)
+                              text=True, cwd=tmp_path, env={**os.environ, "TMPDIR": own_tmpdir})
     job = None
     try:
         assert parent.stdout is not None

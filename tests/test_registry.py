@@ -21,6 +21,7 @@ from fiber_core.contract.registry import (
     BackendRegistrar,
     Registry,
     install_command,
+    install_elsewhere,
 )
 from fiber_core.runtime.config import plugins, selected_backend_name
 
@@ -121,6 +122,45 @@ def test_install_command_from_an_index(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(registry, "CHECKOUT", tmp_path)
     monkeypatch.setattr(registry, "_core_source", lambda: None)
     assert install_command("fiber-k8s") == "pip install fiber-k8s"
+
+
+def test_install_elsewhere_from_a_checkout_builds_the_wheels(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """For an image or another host, a checkout's paths do not exist there: the hint builds the
+    wheels with the checkout's build-dists.sh and installs them with --find-links."""
+    root = tmp_path / "checkout"
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "build-dists.sh").write_text("")
+    monkeypatch.setattr(registry, "CHECKOUT", root)
+    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    monkeypatch.chdir(root)
+    assert install_elsewhere(image=True) == (
+        "build the wheels: bash ./scripts/build-dists.sh <build context>/fiber-dist, then in the Dockerfile: "
+        "COPY fiber-dist/ /tmp/fiber/ and RUN pip install --find-links /tmp/fiber fiber-core")
+    monkeypatch.chdir(_elsewhere(tmp_path))
+    assert install_elsewhere(("fiber-core", "fiber-k8s"), python="/opt/py/bin/python3") == (
+        f"build the wheels: bash {root}/scripts/build-dists.sh fiber-dist here, copy fiber-dist to the host, "
+        "and there run: /opt/py/bin/python3 -m pip install --find-links fiber-dist fiber-core fiber-k8s")
+    # installed from the checkout without -e: the checkout is where pip took it from
+    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(registry, "_core_source", lambda: root)
+    assert f"bash {root}/scripts/build-dists.sh fiber-dist here" in install_elsewhere()
+
+
+def test_install_elsewhere_from_a_wheelhouse_or_an_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "fiber_core-0.1.0-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(registry, "_core_source", lambda: wheels / "fiber_core-0.1.0-py3-none-any.whl")
+    monkeypatch.chdir(_elsewhere(tmp_path))
+    assert install_elsewhere() == (f"copy the wheels of {wheels} to fiber-dist here, copy fiber-dist to the "
+                                   "host, and there run: python3 -m pip install --find-links fiber-dist fiber-core")
+    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    version = fiber_core.__version__
+    assert install_elsewhere() == f"python3 -m pip install fiber-core=={version}"
+    assert install_elsewhere(("fiber-core", "fiber-k8s"), image=True) == (
+        f"in the Dockerfile: RUN pip install fiber-core=={version} fiber-k8s")
 
 
 def test_unknown_third_party_name() -> None:

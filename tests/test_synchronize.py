@@ -420,10 +420,12 @@ def _wait_for_exit(pid: int) -> None:
 
 
 @pytest.mark.parametrize("end", ["exit", "kill-myself"])
-def test_no_segment_or_semaphore_outlives_the_run(run_script, tmp_path: Path, end: str) -> None:  # noqa: ANN001
+def test_no_segment_or_semaphore_outlives_the_run(run_script, tmp_path: Path, end: str,  # noqa: ANN001
+                                                  own_tmpdir: str) -> None:
     (tmp_path / "sync_tasks.py").write_text(Path(sync_tasks.__file__).read_text())
     result = run_script(CLEANUP.replace("sys.argv[1:]", repr([end])),
-                        env={"PYTHONPATH": os.pathsep.join([str(WT), str(tmp_path)])})
+                        env={"PYTHONPATH": os.pathsep.join([str(WT), str(tmp_path)]),
+                             "TMPDIR": own_tmpdir})  # it may kill itself
     lines = result.stdout.split()
     run_id = lines[0]
     if end == "exit":

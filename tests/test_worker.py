@@ -84,10 +84,11 @@ ORPHANS = """
 
 
 
-def test_jobs_die_with_a_killed_parent(tmp_path: Path) -> None:
+def test_jobs_die_with_a_killed_parent(tmp_path: Path, own_tmpdir: str) -> None:
     script = tmp_path / "orphans.py"
     script.write_text(textwrap.dedent(ORPHANS))
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": own_tmpdir})
     pids: list[int] = []
     try:
         for line in parent.stdout:  # the test's timeout bounds this if the script misbehaves

@@ -25,8 +25,8 @@ class ShellBackend(Backend):
                 env={**os.environ, **spec.env}, cwd=spec.cwd, start_new_session=True,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         except OSError as e:
-            raise BackendError(f"cannot run the shell {self.settings['shell']!r}: {e}; "
-                               "set FIBER_SHELL_SHELL to one that exists") from e
+            raise BackendError(f"cannot run the shell {self.settings['shell']!r}: set "
+                               "FIBER_SHELL_SHELL to one that exists", cause=e) from None
         job = Job(id=str(popen.pid), spec=spec, handle=popen)
         threading.Thread(target=self._follow, args=(job,), daemon=True).start()
         return job

@@ -86,9 +86,8 @@ class LocalBackend(Backend):
                 )
         except OSError as e:
             raise BackendError(
-                f"cannot start {spec.command[0]!r} for {spec.name}: {e.strerror or e}. "
-                "Check the python setting (FIBER_PYTHON) or the job's command."
-            ) from e
+                f"cannot start {spec.command[0]!r} for {spec.name}: check the python setting "
+                "(FIBER_PYTHON) or the job's command", cause=e) from None
         return Job(id=str(popen.pid), spec=spec, handle=_Local(popen, path, ooms),
                    host=socket.gethostname())
 

@@ -66,6 +66,10 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, logfd: 
                 os.close(fd)
         os.environ.clear()
         os.environ.update(request["env"])
+        util = sys.modules.get("multiprocessing.util")
+        if util is not None:  # as for the stdlib's fork children: the template's exit work is not theirs
+            util._finalizer_registry.clear()  # type: ignore[attr-defined]
+            util.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
         if parent_pidfd is not None:
             os.environ[ENV_PARENT_PIDFD] = str(parent_pidfd)
         if os.environ.get("PYTHONUNBUFFERED"):  # what the interpreter would have made of it

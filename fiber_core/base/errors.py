@@ -8,6 +8,9 @@ working when a program switches to Fiber.
 from __future__ import annotations
 
 import multiprocessing
+from typing import Any
+
+from fiber_core.base.log import log
 
 ProcessError = multiprocessing.ProcessError
 
@@ -21,8 +24,53 @@ TimeoutError = multiprocessing.TimeoutError  # noqa: A001 - same name as the std
 AuthenticationError = multiprocessing.AuthenticationError
 
 
+SUMMARY_CHARS = 300
+"""At most this much of a cause's first line goes into the message of the error that wraps it."""
+
+
+def summary(error: BaseException) -> str:
+    """One line that names ``error``: its qualified type and the first line of its message."""
+    cls = type(error)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    lines = str(error).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    if len(first) > SUMMARY_CHARS:
+        first = first[:SUMMARY_CHARS - 3] + "..."
+    return f"{name}: {first}" if first else name
+
+
 class FiberError(ProcessError):
-    """Base class of the errors that only Fiber raises."""
+    """Base class of the errors that only Fiber raises.
+
+    An error that wraps another library's exception (an SDK's, a socket's) is raised with
+    ``cause=``: ``raise BackendError("what failed. What to do", cause=e)``. Its message says
+    what to do first and ends with the cause's one-line :func:`summary`; a traceback shows it
+    alone, not the SDK's chain of exceptions above it, as ``raise ... from None`` would
+    (PEP 409). The original is kept for debugging on :attr:`cause` and ``__context__``
+    (PEP 415): ``traceback.print_exception(err.cause)`` prints its traceback, and so does
+    the ``fiber`` logger at DEBUG level (``fiber_core.log_to_stderr(logging.DEBUG)``) when
+    the error is made. The cause does not travel when the error is pickled to another process.
+    """
+
+    cause: BaseException | None = None
+    """The exception this error wraps (``cause=``), or None."""
+
+    def __init__(self, *args: object, cause: BaseException | None = None) -> None:
+        if cause is not None:
+            if args and isinstance(args[0], str):
+                args = (f"{args[0]} (cause: {summary(cause)})", *args[1:])
+            self.cause = cause
+            self.__context__ = cause
+            self.__suppress_context__ = True
+            if log.isEnabledFor(10):  # logging.DEBUG
+                log.debug("fiber: %s", args[0] if args else type(self).__name__, exc_info=cause)
+        super().__init__(*args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Like BaseException's, without the cause: an SDK's exception may not pickle, and the
+        # message already carries its summary.
+        state = {k: v for k, v in self.__dict__.items() if k != "cause"}
+        return (type(self), self.args, state) if state else (type(self), self.args)
 
 
 class ConfigError(FiberError, ValueError):
@@ -50,8 +98,9 @@ class JobStartError(BackendError):
     ``exitcode`` and ``logs`` carry what is known of the failed job.
     """
 
-    def __init__(self, message: str, exitcode: int | None = None, logs: str = "") -> None:
-        super().__init__(message)
+    def __init__(self, message: str, exitcode: int | None = None, logs: str = "",
+                 cause: BaseException | None = None) -> None:
+        super().__init__(message, cause=cause)
         self.exitcode = exitcode
         self.logs = logs
 

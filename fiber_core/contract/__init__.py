@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
     )
     from fiber_core.contract.hookspecs import hookimpl
     from fiber_core.contract.jobs import LOG_LIMIT, EndReason, JobState, LogRing, Watcher
+    from fiber_core.contract.registry import install_elsewhere
 
 _EXPORTS = {
     "BackendError": "fiber_core.base.errors",
@@ -56,6 +57,7 @@ _EXPORTS = {
     "JobState": "fiber_core.contract.jobs",
     "LogRing": "fiber_core.contract.jobs",
     "Watcher": "fiber_core.contract.jobs",
+    "install_elsewhere": "fiber_core.contract.registry",
 }
 
 __all__ = [
@@ -63,7 +65,7 @@ __all__ = [
     "ENV_TOKEN",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
     "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
-    "Watcher", "exitcode_from_status", "hookimpl", "keepalive", "parse_pairs",
+    "Watcher", "exitcode_from_status", "hookimpl", "install_elsewhere", "keepalive", "parse_pairs",
 ]
 
 

@@ -58,8 +58,8 @@ runs it; ``examples/backend_template/`` is it as a distribution, and
                     env={**os.environ, **spec.env}, cwd=spec.cwd, start_new_session=True,
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             except OSError as e:
-                raise BackendError(f"cannot run the shell {self.settings['shell']!r}: {e}; "
-                                   "set FIBER_SHELL_SHELL to one that exists") from e
+                raise BackendError(f"cannot run the shell {self.settings['shell']!r}: set "
+                                   "FIBER_SHELL_SHELL to one that exists", cause=e) from None
             job = Job(id=str(popen.pid), spec=spec, handle=popen)
             threading.Thread(target=self._follow, args=(job,), daemon=True).start()
             return job
@@ -105,7 +105,9 @@ The rules every method follows
   lost node): ``job.state.finish(code, EndReason.PREEMPTED, "pod evicted")``.
   Fiber marks ``job.state.stop_requested`` before it calls terminate or kill, so
   a plain ``finish(code)`` after those records :attr:`EndReason.STOPPED`.
-* Errors from an SDK are wrapped: ``raise BackendError("...what to do...") from e``.
+* Errors from an SDK are wrapped, the fix first and the SDK's chain of exceptions kept out
+  of the traceback (see :class:`~fiber_core.base.errors.FiberError`):
+  ``raise BackendError("...what failed. What to do...", cause=e) from None``.
 """
 
 from __future__ import annotations

@@ -35,6 +35,11 @@ ENV_PARENT_PIDFD = "FIBER_PARENT_PIDFD"
 its parent): a pidfd of the parent, opened while the parent was surely alive, that the job
 watches instead of opening one by :data:`ENV_PARENT_PID`."""
 
+ENV_PARENT_RUNDIR = "FIBER_PARENT_RUNDIR"
+"""The parent's run directory (a path on the parent's machine). A job that finds it (a
+directory of its user) keeps its own run files there, and multiprocessing's temp files
+too, so that the parent's exit removes them whatever the job's end; elsewhere it is unused."""
+
 ENV_JOB_HOST = "FIBER_JOB_HOST"
 """Set by a backend that runs jobs on machines other than the parent's, where its jobs on
 one machine share that machine's ``/dev/shm``: the machine's name (as in ``Job.host``).
@@ -71,5 +76,6 @@ def job_token(environ: dict[str, str] | None = None) -> str:
     raise KeyError(f"{ENV_TOKEN} (or {ENV_GROUP} and {ENV_GROUP_INDEX}) is not set: "
                    "this process was not started by Fiber")
 
-__all__ = ["ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_PARENT_PIDFD", "ENV_RUN_ID",
+__all__ = ["ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_PARENT_PIDFD",
+           "ENV_PARENT_RUNDIR", "ENV_RUN_ID",
            "ENV_TOKEN", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "group_token", "job_token"]

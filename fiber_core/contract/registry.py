@@ -19,7 +19,7 @@ import threading
 import urllib.parse
 import urllib.request
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -69,6 +69,43 @@ def install_command(package: str) -> str:
         if any(wheelhouse.glob(f"{folder}-*.whl")) or any(wheelhouse.glob(f"{folder}-*.tar.gz")):
             return f"pip install --find-links {_shown(wheelhouse)} {package}"
     return f"pip install {package}"
+
+
+DIST_DIR = "fiber-dist"
+"""The directory the remote install hints have ``scripts/build-dists.sh`` build the wheels into."""
+IMAGE_DIST_DIR = "/tmp/fiber"
+"""Where the Dockerfile lines of :func:`install_elsewhere` copy those wheels in an image."""
+
+
+def install_elsewhere(packages: Sequence[str] = ("fiber-core",), python: str = "python3",
+                      image: bool = False) -> str:
+    """How to install the project's distributions ``packages`` where this machine's paths do not
+    exist: on another host (``python -m pip``), or in a container image (Dockerfile lines).
+
+    The same source as :func:`install_command`: from a checkout, the wheels that its
+    ``scripts/build-dists.sh`` builds; from a directory of wheels, a copy of it; otherwise (an
+    index) the names, at the version of this fiber-core.
+    """
+    source = _core_source()
+    wheelhouse = source.parent if source is not None and source.is_file() else None
+    checkouts = [CHECKOUT, *([source] if source is not None and source.is_dir() else [])]
+    checkout = next((root for root in checkouts if (root / "scripts" / "build-dists.sh").is_file()), None)
+    names = " ".join(packages)
+    into = f"<build context>/{DIST_DIR}" if image else DIST_DIR
+    made = None
+    if checkout is not None:
+        made = f"build the wheels: bash {_shown(checkout / 'scripts' / 'build-dists.sh')} {into}"
+    elif wheelhouse is not None:
+        made = f"copy the wheels of {_shown(wheelhouse)} to {into}"
+    if made is not None:
+        if image:
+            return (f"{made}, then in the Dockerfile: COPY {DIST_DIR}/ {IMAGE_DIST_DIR}/ and RUN pip "
+                    f"install --find-links {IMAGE_DIST_DIR} {names}")
+        return (f"{made} here, copy {DIST_DIR} to the host, and there run: {python} -m pip install "
+                f"--find-links {DIST_DIR} {names}")
+    version = installed_version("fiber-core")
+    pinned = " ".join(f"{n}=={version}" if n == "fiber-core" and version else n for n in packages)
+    return f"in the Dockerfile: RUN pip install {pinned}" if image else f"{python} -m pip install {pinned}"
 
 
 def _core_source() -> Path | None:

@@ -42,6 +42,7 @@ class FiberContext:
     def __init__(self, method: str = "fiber") -> None:
         self._method = method
         self._chosen = False  # set_start_method() was called
+        self._fixed = False  # the module-level get_start_method(allow_none=True) answers the method
 
     @property
     def Process(self) -> type:  # noqa: N802 - multiprocessing's name
@@ -50,7 +51,7 @@ class FiberContext:
 
     def get_start_method(self, allow_none: bool = False) -> str:
         # The first thing concurrent.futures.ProcessPoolExecutor asks of its mp_context
-        # (3.10.13 and every 3.11-3.13): refuse there, before it builds pipes and locks.
+        # (3.10.13 and every 3.11-3.14): refuse there, before it builds pipes and locks.
         if sys._getframe(1).f_globals.get("__name__") == "concurrent.futures.process":
             raise ValueError(
                 "concurrent.futures.ProcessPoolExecutor cannot run its workers on Fiber's context: "
@@ -60,13 +61,22 @@ class FiberContext:
             )
         return self._method
 
+    def _default_start_method(self, allow_none: bool = False) -> str | None:
+        """The module-level ``get_start_method``, as the stdlib's default context answers it:
+        ``None`` with ``allow_none`` while no method was set or asked for (so ``is None``
+        means "nobody has chosen"); asking without ``allow_none`` fixes the method."""
+        if allow_none and not self._fixed:
+            return None
+        self._fixed = True
+        return self._method
+
     def set_start_method(self, method: str | None, force: bool = False) -> None:
         """Remember ``method`` (what ``get_start_method()`` returns); any accepted one runs jobs."""
         _check_method(method)
         if self._chosen and not force:
             raise RuntimeError("context has already been set")
         self._method = method or "fiber"
-        self._chosen = method is not None
+        self._chosen = self._fixed = method is not None
 
     def get_all_start_methods(self) -> list[str]:
         return list(_METHODS)
@@ -268,7 +278,23 @@ _default = FiberContext()
 def get_context(method: str | None = None) -> FiberContext:
     """Return a context; every accepted start method gives Fiber's job-backed processes."""
     _check_method(method)
+    if method is None:
+        _default._fixed = True  # as the stdlib's: the default context is now in use
     return _default if method in (None, "fiber") else FiberContext(method)
+
+
+class _StartMethods(dict):
+    """The stdlib's table of start methods, with the same entries, that also finds ``"fiber"``.
+
+    ``"fiber"`` is found (``__missing__``) but is not one of its keys, so what lists the
+    table is unchanged: CPython 3.14's ``multiprocessing.get_all_start_methods()`` lists
+    its keys, where 3.10 to 3.13 list fixed names.
+    """
+
+    def __missing__(self, key: str) -> Any:
+        if key == "fiber":
+            return _default
+        raise KeyError(key)
 
 
 def register_start_method() -> bool:
@@ -277,11 +303,13 @@ def register_start_method() -> bool:
     Libraries that take a start method *name* (gymnasium's ``AsyncVectorEnv(context=)``,
     Stable-Baselines3's ``SubprocVecEnv(start_method=)``) look it up with the stdlib's
     ``get_context``, which reads the table ``multiprocessing.context._concrete_contexts``
-    (the same dict, looked up the same way, in CPython 3.10 to 3.13). Fiber adds itself
-    there as ``"fiber"`` when ``fiber_core`` is imported, so such a library runs its
-    processes as Fiber jobs, unpatched. Nothing else changes: the stdlib's default start
-    method and ``multiprocessing.get_all_start_methods()`` stay as they were, and
-    ``multiprocessing.set_start_method("fiber")`` is refused (see ``_check_available``).
+    (a module global, looked up the same way, in CPython 3.10 to 3.14). Fiber replaces it,
+    when ``fiber_core`` is imported, with a table of the same entries that also finds
+    ``"fiber"`` (:class:`_StartMethods`), so such a library runs its processes as Fiber
+    jobs, unpatched. Nothing else changes: the stdlib's default start method and
+    ``multiprocessing.get_all_start_methods()`` stay as they were (on 3.14 too, which lists
+    the table), and ``multiprocessing.set_start_method("fiber")`` is refused (see
+    ``_check_available``).
 
     Returns False, registering nothing, where this Python keeps no such table or another
     package has taken the name: ``get_context("fiber")`` then raises the stdlib's
@@ -290,8 +318,12 @@ def register_start_method() -> bool:
     table = getattr(multiprocessing.context, "_concrete_contexts", None)
     if not isinstance(table, dict):
         return False
-    current = table.get("fiber")
+    current = dict.get(table, "fiber")
     if current is not None and not isinstance(current, FiberContext):
         return False
-    table["fiber"] = _default
+    if isinstance(table, _StartMethods):
+        table.pop("fiber", None)
+    else:
+        multiprocessing.context._concrete_contexts = _StartMethods(  # type: ignore[attr-defined]
+            (name, ctx) for name, ctx in table.items() if name != "fiber")
     return True

@@ -47,7 +47,7 @@ from concurrent.futures import Executor, Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from fiber_core.base.errors import JobStartError, PicklingError, TaskLostError
+from fiber_core.base.errors import FiberError, JobStartError, PicklingError, TaskLostError
 from fiber_core.base.log import log
 from fiber_core.parallel.context import FiberContext
 from fiber_core.parallel.pool import Pool
@@ -156,6 +156,15 @@ class _Dispatcher:
         # From a done-callback (the pool's master thread) waiting would wait for itself.
         if wait and thread is not None and not getattr(_callbacks, "active", False):
             thread.join()
+
+    def stop_workers(self, how: str) -> None:
+        """``terminate_workers()``/``kill_workers()``: no new call, the queued ones cancelled,
+        the running ones broken; the feeder then ends the pool at once."""
+        self.shutdown(wait=False, cancel_futures=True)
+        with self.cond:
+            started = self.pool is not None
+        if started:
+            self._break(FiberError(f"the executor's workers were stopped by {how}()"))
 
     # -- the feeder thread --------------------------------------------------------------
 
@@ -336,22 +345,36 @@ class ProcessPoolExecutor(Executor):
         return self._dispatcher.submit(_Call(fn, args, kwargs))
 
     def map(self, fn: Callable, *iterables: Iterable, timeout: float | None = None,
-            chunksize: int = 1) -> Iterator:
+            chunksize: int = 1, buffersize: int | None = None) -> Iterator:
         """``map(fn, *iterables)`` in the workers: results in order, as an iterator.
 
-        All calls are submitted now; ``timeout`` (seconds, from this call) bounds the wait
-        for each result. ``chunksize`` calls travel and run as one task.
+        All calls are submitted now, unless ``buffersize`` (Python 3.14's argument, on every
+        Python here): then at most that many tasks wait for their result to be taken, and
+        the input is read as results are (an endless iterable works). ``timeout`` (seconds,
+        from this call) bounds the wait for each result. ``chunksize`` calls travel and run
+        as one task.
         """
+        if buffersize is not None and (not isinstance(buffersize, int) or isinstance(buffersize, bool)):
+            raise TypeError("buffersize must be an integer or None")
+        if buffersize is not None and buffersize < 1:
+            raise ValueError("buffersize must be None or > 0")
         if chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         end_time = None if timeout is None else timeout + time.monotonic()
-        fs = [self._dispatcher.submit(_Call(fn, (), {}, chunk))
-              for chunk in _chunks(iterables, chunksize)]
+        chunks = _chunks(iterables, chunksize)
+        fs = collections.deque(self._dispatcher.submit(_Call(fn, (), {}, chunk))
+                               for chunk in itertools.islice(chunks, buffersize))
+        executor = weakref.ref(self)  # the iterator keeps no executor alive (as the stdlib's)
 
         def result_iterator() -> Iterator:
             try:
                 fs.reverse()  # pop from the end: no reference kept to a yielded result
                 while fs:
+                    if buffersize is not None and (e := executor()) is not None:
+                        chunk = next(chunks, None)
+                        if chunk is not None:
+                            fs.appendleft(e._dispatcher.submit(_Call(fn, (), {}, chunk)))
+                        del e
                     if end_time is None:
                         yield from _result_or_cancel(fs.pop())
                     else:
@@ -366,6 +389,20 @@ class ProcessPoolExecutor(Executor):
         """No new calls; with ``wait``, return once every submitted call has finished and
         the workers have exited. ``cancel_futures`` cancels the calls not yet running."""
         self._dispatcher.shutdown(wait, cancel_futures)
+
+    def terminate_workers(self) -> None:
+        """End every worker now (Python 3.14's method, on every Python here): the calls not
+        yet running are cancelled, the running ones fail with ``BrokenProcessPool``, and the
+        executor takes no new call. Returns without waiting for the workers to end.
+
+        The same as :meth:`kill_workers` here: SIGTERM asks a Fiber pool worker to finish its
+        batch first (it is how a platform drains it), so both stop the jobs at once."""
+        self._dispatcher.stop_workers("terminate_workers")
+
+    def kill_workers(self) -> None:
+        """End every worker now with SIGKILL (Python 3.14's method, on every Python here);
+        otherwise as :meth:`terminate_workers`."""
+        self._dispatcher.stop_workers("kill_workers")
 
     def __reduce__(self) -> None:  # type: ignore[override]
         raise TypeError("executor objects cannot be passed between processes or pickled")

@@ -47,6 +47,7 @@ from fiber_core.contract.env import (
     ENV_GROUP,
     ENV_GROUP_INDEX,
     ENV_HUB,
+    ENV_PARENT_RUNDIR,
     ENV_RUN_ID,
     ENV_TOKEN,
     group_token,
@@ -276,6 +277,16 @@ class Process(BaseProcess):
         if self._run is not None:
             self._run.stop(force=True)
 
+    def interrupt(self) -> None:
+        """Send the job SIGINT, as Python 3.14's ``Process.interrupt()`` does: its main thread
+        gets ``KeyboardInterrupt`` (or the handler the job installed), so ``finally`` clauses
+        run; uncaught, the job ends with exit code 1. On every Python and backend: the signal
+        travels on the job's connection (or once it has connected). A no-op on a job that
+        has ended or not started."""
+        self._check_closed()
+        if self._run is not None:
+            self._run.interrupt()
+
     def join(self, timeout: float | None = None) -> None:
         """Wait until the job ends, or ``timeout`` seconds pass."""
         self._check_closed()
@@ -465,6 +476,7 @@ class _JobRun:
             ENV_HUB: hub,
             ENV_TOKEN: token,
             ENV_RUN_ID: rt.run_id,
+            ENV_PARENT_RUNDIR: rt.rundir,  # where a job on this machine keeps its files
             ENV_AUTHKEY: rt.authkey.hex(),
             "PYTHONUNBUFFERED": "1",
         }
@@ -777,10 +789,17 @@ def start_processes(processes: Sequence[Process]) -> None:
 
 
 def _exit_children() -> None:
-    """At exit, as multiprocessing does: terminate daemonic children, join the others.
+    """At exit, as multiprocessing does: run the finalizers of priority 0 and above (a
+    manager not shut down is shut down, so its server job ends), terminate daemonic
+    children, join the others.
 
     After SIGTERM every child is terminated: the program is being stopped.
     """
+    from multiprocessing import util  # at exit only: a job starts without it
+
+    run_finalizers = getattr(util, "_run_finalizers", None)
+    if run_finalizers is not None:
+        run_finalizers(0)
     rt = runtime()
     children = list(rt.children)
     for p in children:

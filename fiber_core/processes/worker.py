@@ -21,7 +21,14 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.contract.env import ENV_HUB, ENV_PARENT_PID, ENV_PARENT_PIDFD, job_token
+from fiber_core.base import rundirs
+from fiber_core.contract.env import (
+    ENV_HUB,
+    ENV_PARENT_PID,
+    ENV_PARENT_PIDFD,
+    ENV_PARENT_RUNDIR,
+    job_token,
+)
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
@@ -267,9 +274,45 @@ def _join_threads() -> None:
             thread.join()
 
 
+def _keep_temp_files_in_the_parents_run_dir() -> None:
+    """On the parent's machine, multiprocessing's temp files (a manager's socket, ...) go in the
+    parent's run directory, which the parent's exit removes however this job ends; elsewhere
+    they go where the stdlib puts them (``pymp-*``), removed by :func:`_exit` on a clean end."""
+    inside = rundirs.usable(os.environ.get(ENV_PARENT_RUNDIR))
+    if inside is not None and len(inside) <= _TEMPDIR_MAX:
+        multiprocessing.current_process()._config.setdefault("tempdir", inside)  # type: ignore[attr-defined]
+
+
+_TEMPDIR_MAX = 80
+"""The longest parent run directory that multiprocessing's temp files go in: a listener's
+socket there (``/listener-`` and 8 characters) must fit a Unix socket's path (104 bytes on
+some systems). Past it, they go where the stdlib puts them."""
+
+
+def _exit() -> None:
+    """What a process of the stdlib runs when its target returns, then this process's run exit.
+
+    multiprocessing's exit finalizers (a manager's shutdown, removing its ``pymp-*`` temp
+    dir, joining its own children), as ``BaseProcess._bootstrap`` runs them; then Fiber's
+    exit sequence for the processes this job started (its own run directory goes).
+    """
+    from multiprocessing import util  # at exit only: a job starts without it
+
+    exit_function = getattr(util, "_exit_function", None)
+    if exit_function is not None:
+        try:
+            exit_function()
+        except Exception:
+            import traceback  # only to report an error
+
+            traceback.print_exc()
+    runtime().shutdown()
+
+
 def main() -> int:
     if os.environ.get(ENV_PARENT_PID, "").isdigit():
         _watch_parent_outside(int(os.environ[ENV_PARENT_PID]))
+    _keep_temp_files_in_the_parents_run_dir()
     rt = runtime()
     try:
         sock = dial(os.environ[ENV_HUB], rt.authkey, f"proc:{job_token()}")
@@ -333,6 +376,7 @@ def main() -> int:
     except Exception:
         pass
     _join_threads()
+    _exit()
     queues = sys.modules.get("fiber_core.parallel.queues")  # only if this job used a queue
     if queues is not None:
         queues.settle()  # os._exit skips atexit: acknowledge the items this process took

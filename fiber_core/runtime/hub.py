@@ -228,11 +228,18 @@ class Hub:
         self._tcp: dict[str, str] = {}  # listen host -> "tcp:host:port"
         self._listeners: list[socket.socket] = []
         self._handshakes = Handshakes()
-        self._unix_path = os.path.join(rundir, "hub.sock")
+        self._unix: str | None = os.path.join(rundir, "hub.sock")
         unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        unix.bind(self._unix_path)
-        unix.listen(512)
-        self._listen(unix)
+        try:
+            unix.bind(self._unix)
+        except OSError as e:  # a path too long for a Unix socket (a deep TMPDIR): TCP only
+            unix.close()
+            log.debug("fiber: no Unix socket for the hub at %s (%s): jobs on this host use TCP",
+                      self._unix, e)
+            self._unix = None
+        else:
+            unix.listen(512)
+            self._listen(unix)
         self.addresses = self.addresses_for(host)
 
     def _listen(self, lsock: socket.socket) -> None:
@@ -257,7 +264,7 @@ class Hub:
                 shown = f"[{host}]" if ":" in host else host
                 self._tcp[host] = f"tcp:{shown}:{tcp.getsockname()[1]}"
                 self._listen(tcp)
-            return f"unix:{self._unix_path},{self._tcp[host]}"
+            return f"unix:{self._unix},{self._tcp[host]}" if self._unix else self._tcp[host]
 
     def register(self, target: str, route: Route) -> None:
         with self._lock:

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fiber_core.base import rundirs
 from fiber_core.base.errors import ConfigError, FiberError
 from fiber_core.base.fds import raise_limit
 from fiber_core.base.log import log
-from fiber_core.contract.env import ENV_AUTHKEY, ENV_GROUP, ENV_RUN_ID, ENV_TOKEN
+from fiber_core.contract.env import ENV_AUTHKEY, ENV_GROUP, ENV_PARENT_RUNDIR, ENV_RUN_ID, ENV_TOKEN
 from fiber_core.runtime.config import (
     config,
     create_backend,
@@ -96,12 +97,23 @@ class Runtime:
 
     @property
     def rundir(self) -> str:
+        """This process's private directory for the run's files, made on first use.
+
+        Inside the parent's run directory when this is a job on the parent's machine (the
+        parent's exit removes it with its own); else in the temp dir, locked while this
+        process lives, after removing the run directories there whose creator has died.
+        Removed at exit (:meth:`shutdown`).
+        """
         with self._lock:
             if self._rundir is None:
-                import tempfile  # on first use: a job that serves nothing starts without it
-
-                self._rundir = tempfile.mkdtemp(prefix=f"fiber-{self.run_id}-")
-                os.chmod(self._rundir, 0o700)
+                inside = rundirs.usable(os.environ.get(ENV_PARENT_RUNDIR))
+                if inside is None:
+                    for path in rundirs.remove_stale():
+                        log.debug("fiber: removed %s, left by a run that has ended", path)
+                # Short inside the parent's, whose name says the run: the hub's socket path
+                # must fit a Unix socket's 107 bytes however deep jobs nest.
+                prefix = "job-" if inside else f"{rundirs.PREFIX}{self.run_id}-"
+                self._rundir = rundirs.make(prefix, inside)
                 self.handle_sigterm()
             return self._rundir
 
@@ -310,9 +322,7 @@ class Runtime:
             if self._hub is not None:
                 self._hub.close()
             if self._rundir is not None:
-                import shutil  # at exit, and only if there is a run directory
-
-                shutil.rmtree(self._rundir, ignore_errors=True)
+                rundirs.remove(self._rundir)
             if self.terminating:
                 self._die_by_sigterm()
 

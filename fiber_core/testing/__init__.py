@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BackendConformance", "service_missing"]
+__all__ = ["BackendConformance", "glance", "service_missing"]
 
 
 def service_missing(reason: str) -> None:
@@ -32,6 +32,27 @@ def service_missing(reason: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} (CI is set: the services must be up)")
     pytest.skip(reason)
+
+
+def glance(stderr: str, script: str, above: int = 1) -> str:
+    """Check that a program's failure reads at a glance; return its error line.
+
+    ``stderr`` is what ``python script`` printed when it ended with an exception. Its
+    traceback must start with the script's own frame (at most ``above`` lines above it: the
+    ``Traceback`` header), chain no other exception ("The above exception was the direct
+    cause", "During handling of the above exception"), and end with the error, on one line.
+    A backend's tests assert what that line says (the fix first, then the cause's summary).
+    """
+    lines = stderr.rstrip().splitlines()
+    frame = next((i for i, line in enumerate(lines) if line.strip().startswith(f'File "{script}"')), None)
+    if frame is None or frame > above:
+        raise AssertionError(f"the script's own frame is not within the first {above + 1} lines:\n{stderr}")
+    for chained in ("The above exception was the direct cause", "During handling of the above exception"):
+        if chained in stderr:
+            raise AssertionError(f"a chained exception is printed ({chained!r}):\n{stderr}")
+    if not lines[-1] or lines[-1].startswith(" "):
+        raise AssertionError(f"stderr does not end with the error on one line:\n{stderr}")
+    return lines[-1]
 
 
 def __getattr__(name: str) -> Any:

@@ -205,8 +205,12 @@ def dumps(obj: Any) -> bytes:
     try:
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
+        # Python 3.14's pickler notes where in the object the failure is ("when serializing
+        # dict item 'lock'"): in the message, which may be all a log shows.
+        where = "; ".join(getattr(e, "__notes__", None) or ())
         raise PicklingError(
             f"cannot send {type(obj).__name__} object to another process: {e}"
+            + (f" ({where})" if where else "")
         ) from e
 
 

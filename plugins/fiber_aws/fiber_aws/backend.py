@@ -61,7 +61,7 @@ DEFAULT_MEMORY = 2048  # MiB
 CLEAN_REASON = "fiber clean: left behind by a crashed run"
 
 OPTIONS: tuple[Option, ...] = (
-    Option("region", str, None, "AWS region of the job queues (default: the boto3 chain, e.g. AWS_REGION)"),
+    Option("region", str, None, "AWS region of the job queues (default: the boto3 chain, e.g. AWS_DEFAULT_REGION)"),
     Option("queue", str, None, "job queue for CPU jobs"),
     Option("gpu_queues", list, [], "job queue per GPU type: a10g:QUEUE,v100:QUEUE; the type is matched "
            "case-insensitively against meta(gpu_type=...)"),
@@ -108,11 +108,13 @@ _SPOT_WORDS = re.compile(r"spot|interrupt", re.I)
 class _AwsError(Exception):
     """A failed AWS call, stripped of botocore's types (so this module need not import them)."""
 
-    def __init__(self, operation: str, code: str, message: str) -> None:
+    def __init__(self, operation: str, code: str, message: str, unreachable: bool = False) -> None:
         super().__init__(f"{operation}: {code}: {message}" if code else f"{operation}: {message}")
         self.code = code
         self.message = message
         self.throttled = code in _THROTTLED
+        self.unreachable = unreachable
+        """The endpoint did not answer (no connection, or a timeout): no permission is at fault."""
 
 
 @dataclass(eq=False)
@@ -333,7 +335,7 @@ class AwsBatchBackend(Backend):
         if not session.region_name:
             raise BackendError(
                 "no AWS region for the aws-batch backend: set [aws] region in .fiberconfig "
-                "(FIBER_AWS_REGION), or AWS_REGION / a profile's region for boto3"
+                "(FIBER_AWS_REGION), or AWS_DEFAULT_REGION / a profile's region for boto3"
             )
         if session.get_credentials() is None:
             raise BackendError(
@@ -356,7 +358,8 @@ class AwsBatchBackend(Backend):
 
     def _call(self, client: Any, operation: str, **kwargs: Any) -> dict[str, Any]:
         """One AWS call; botocore's errors become :class:`_AwsError`."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
 
         try:
             return getattr(client, operation)(**kwargs)
@@ -364,7 +367,17 @@ class AwsBatchBackend(Backend):
             err = e.response.get("Error", {})
             raise _AwsError(operation, err.get("Code", ""), err.get("Message", str(e))) from e
         except BotoCoreError as e:
-            raise _AwsError(operation, type(e).__name__, str(e)) from e
+            unreachable = isinstance(e, (BotoConnectionError, HTTPClientError))
+            raise _AwsError(operation, type(e).__name__, str(e), unreachable) from e
+
+    def _error(self, e: _AwsError, failed: str, fix: str) -> BackendError:
+        """A failed call as the BackendError to raise: what failed, what to do, then the cause's
+        summary (botocore's error). An endpoint that did not answer has its own fix."""
+        if e.unreachable:
+            fix = (f"{self._where()} does not answer; check the network, the region ([aws] region) "
+                   "and [aws] endpoint_url (FIBER_AWS_ENDPOINT_URL)")
+        cause = e.__cause__ if isinstance(e.__cause__, Exception) else e
+        return BackendError(f"{failed}: {fix}", cause=cause)
 
     def _where(self) -> str:
         endpoint = self.settings["endpoint_url"]
@@ -443,10 +456,10 @@ class AwsBatchBackend(Backend):
                            Description=f"fiber: the key of run {self.run_id}",
                            Tags=[{"Key": "fiber.run", "Value": _sanitise_tag(self.run_id, 256)}])
             except _AwsError as e:
-                raise BackendError(f"cannot store the run's key in SSM Parameter Store ({name}) on "
-                                   f"{self._where()}: {e}. Allow ssm:PutParameter and ssm:DeleteParameter "
-                                   "on parameter/fiber/* to these credentials, or set key_from = "
-                                   "environment") from e
+                raise self._error(e, f"cannot store the run's key in SSM Parameter Store ({name}) on "
+                                  f"{self._where()}", "allow ssm:PutParameter and ssm:DeleteParameter "
+                                  "on parameter/fiber/* to these credentials, or set key_from = "
+                                  "environment") from None
             self._key_parameter, self._key_value = name, value
             return name
 
@@ -519,10 +532,9 @@ class AwsBatchBackend(Backend):
                                      type="container", containerProperties=props,
                                      tags={"fiber": "job-definition"})["jobDefinitionArn"]
             except _AwsError as e:
-                raise BackendError(
-                    f"cannot register a job definition for image {image} on {self._where()}: "
-                    f"{e}. Check the credentials' batch:RegisterJobDefinition permission"
-                ) from e
+                raise self._error(e, f"cannot register a job definition for image {image} on "
+                                  f"{self._where()}", "check the credentials' batch:DescribeJobDefinitions "
+                                  "and batch:RegisterJobDefinition permissions") from None
             self._jobdefs[name] = arn
             if key_parameter:
                 self._secret_jobdefs.append(arn)
@@ -600,7 +612,7 @@ class AwsBatchBackend(Backend):
             hint = (f"check that job queue {queue!r} exists in {self.region} and is ENABLED "
                     "([aws] queue / gpu_queues)") if e.code in ("ClientException", "") else \
                 "check the credentials' batch:SubmitJob permission and the endpoint"
-            raise BackendError(f"AWS Batch did not accept {spec.name} on queue {queue!r}: {e}; {hint}") from e
+            raise self._error(e, f"AWS Batch did not accept {spec.name} on queue {queue!r}", hint) from None
         ids = [resp["jobId"]] if len(specs) == 1 else [f"{resp['jobId']}:{i}" for i in range(len(specs))]
         jobs = [Job(id=i, spec=s, handle=BatchJob(job_name=job_name, queue=queue, memory=memory))
                 for i, s in zip(ids, specs)]
@@ -623,7 +635,8 @@ class AwsBatchBackend(Backend):
         except _AwsError as e:
             with self._lock:
                 handle.stop_reason = None
-            raise BackendError(f"cannot terminate AWS Batch job {job.id} on {self._where()}: {e}") from e
+            raise self._error(e, f"cannot terminate AWS Batch job {job.id} on {self._where()}",
+                              "check the credentials' batch:TerminateJob permission") from None
         with self._lock:
             if self._poller is not None:
                 self._poller.wake()
@@ -726,12 +739,11 @@ class AwsBatchBackend(Backend):
                     for block in blocks or [vpc["CidrBlock"]]:
                         networks.append(ipaddress.ip_network(block, strict=False))
         except _AwsError as e:
-            raise BackendError(
-                f"cannot find the VPC where the jobs of queue(s) {', '.join(queues)} run ({e}); set "
+            raise self._error(
+                e, f"cannot find the VPC where the jobs of queue(s) {', '.join(queues)} run", "set "
                 "listen_host (FIBER_LISTEN_HOST) to this machine's address that the jobs can reach, "
                 "or allow batch:DescribeJobQueues, batch:DescribeComputeEnvironments, "
-                "ec2:DescribeSubnets and ec2:DescribeVpcs"
-            ) from e
+                "ec2:DescribeSubnets and ec2:DescribeVpcs") from None
         self._networks = networks
         return networks
 
@@ -774,11 +786,16 @@ class AwsBatchBackend(Backend):
         prefix = f"fiber-{run_id}-" if run_id else "fiber-"
         removed = []
         for queue in {q for q in (backend.settings["queue"], *backend.gpu_queues.values()) if q}:
-            for summary in backend._list_jobs(queue, prefix):
-                if summary.get("status") in _FINAL:
-                    continue
-                backend._call(backend.batch, "terminate_job", jobId=summary["jobId"], reason=CLEAN_REASON)
-                removed.append(f"AWS Batch job {summary['jobId']} ({summary['jobName']}, queue {queue})")
+            try:
+                for summary in backend._list_jobs(queue, prefix):
+                    if summary.get("status") in _FINAL:
+                        continue
+                    backend._call(backend.batch, "terminate_job", jobId=summary["jobId"], reason=CLEAN_REASON)
+                    removed.append(f"AWS Batch job {summary['jobId']} ({summary['jobName']}, queue {queue})")
+            except _AwsError as e:
+                raise backend._error(e, f"cannot list or terminate the jobs in queue {queue!r} on "
+                                     f"{backend._where()}", "check the credentials' batch:ListJobs and "
+                                     "batch:TerminateJob permissions") from None
         removed += backend._clean_keys(run_id)
         return removed
 

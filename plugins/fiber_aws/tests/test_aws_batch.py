@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -34,7 +35,7 @@ import fiber_core
 import pytest
 from fiber_core.contract import Backend, BackendError, ConfigError, EndReason, Job, JobSpec
 from fiber_core.runtime.config import config, create_backend, listen_host, plugins
-from fiber_core.testing import BackendConformance
+from fiber_core.testing import BackendConformance, glance
 
 from fiber_aws.backend import AwsBatchBackend
 
@@ -672,6 +673,33 @@ def test_missing_credentials_or_region(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     with pytest.raises(BackendError, match=r"no AWS credentials found.*standard chain"):
         make_backend("t")
+
+
+def test_unreachable_endpoint_reads_at_a_glance(tmp_path: Path) -> None:
+    """An endpoint that does not answer: the program's frame first, then one line that says to check
+    the network and endpoint (not a permission), with botocore's error summed up, not chained."""
+    with socket.socket() as s:  # a port of this machine where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "FIBER_BACKEND": "aws-batch", "FIBER_AWS_ENDPOINT_URL": endpoint,
+           "FIBER_LISTEN_HOST": "127.0.0.1", "FIBER_AWS_API_TIMEOUT": "5"}
+    script = tmp_path / "app.py"
+    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
+                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=WAIT)
+    assert out.returncode == 1, out.stderr
+    line = glance(out.stderr, str(script))
+    assert line.startswith(f"fiber_core.base.errors.BackendError: cannot register a job definition for image "
+                           f"{IMAGE} on AWS Batch in {REGION} at {endpoint}: AWS Batch in {REGION} at "
+                           f"{endpoint} does not answer; check the network"), line
+    assert "permission" not in line
+    assert line.index("FIBER_AWS_ENDPOINT_URL") < line.index("(cause: botocore.exceptions.EndpointConnectionError: ")
+    # fiber clean says the same, and keeps botocore's error.
+    with pytest.raises(BackendError, match="does not answer") as e:
+        AwsBatchBackend.clean(make_backend(endpoint_url=endpoint).settings, "r")
+    assert type(e.value.cause).__name__ == "EndpointConnectionError"
 
 
 def test_credentials_in_fiber_configuration_are_refused(monkeypatch: pytest.MonkeyPatch,

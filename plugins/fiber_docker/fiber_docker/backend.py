@@ -47,6 +47,7 @@ from fiber_core.contract import (
     Job,
     JobSpec,
     exitcode_from_status,
+    install_elsewhere,
 )
 
 OPTIONS: tuple[Option, ...] = (
@@ -204,7 +205,7 @@ class DockerBackend(Backend):
         raise BackendError(
             "no image for docker jobs: set FIBER_DOCKER_IMAGE (or [docker] image in .fiberconfig, "
             "or fiber_core.init(docker_image=...)) to an image that has python3 and fiber-core "
-            "installed, e.g. one built FROM python:3.11-slim with `pip install fiber-core`"
+            f"installed, e.g. one built FROM python:3.11-slim: {install_elsewhere(image=True)}"
         )
 
     def _check_image(self, image: str, python: str) -> None:
@@ -218,10 +219,9 @@ class DockerBackend(Backend):
             raise BackendError(
                 f"image {image!r} is not on the Docker daemon at {self._where}: build it "
                 f"(docker build -t {image} .) or pull it (docker pull {image}), or set "
-                "FIBER_DOCKER_IMAGE to an image that exists"
-            ) from e
+                "FIBER_DOCKER_IMAGE to an image that exists", cause=e) from None
         except Exception as e:  # APIError, or the daemon went away (requests' errors)
-            raise BackendError(f"cannot inspect image {image!r} on {self._where}: {_explain(e)}") from e
+            raise BackendError(f"cannot inspect image {image!r} on {self._where}", cause=e) from None
         if not self.settings.get("check_image", True):
             return
         key = (str(api.base_url), image_id, python)
@@ -275,8 +275,8 @@ class DockerBackend(Backend):
                                       "(FIBER_PYTHON) to the interpreter's path in the image")
         if "No module named 'fiber_core'" in out:
             return _ImageCheck(False, f"image {shown} has Python but not fiber-core (`{python} -c "
-                                      "'import fiber_core'` failed). Install it in the image: "
-                                      "RUN pip install fiber-core (the version this process runs)")
+                                      "'import fiber_core'` failed). Install it in the image, the "
+                                      f"version this process runs: {install_elsewhere(image=True)}")
         return _ImageCheck(False, f"image {shown} cannot run the fiber worker: `{python} -c "
                                   f"'import fiber_core'` exited {status}:\n{tail}")
 
@@ -330,10 +330,10 @@ class DockerBackend(Backend):
             )["Id"]
         except docker.errors.ImageNotFound as e:
             raise BackendError(f"image {image!r} is not on the Docker daemon at {self._where}: "
-                               f"build or pull it, or set FIBER_DOCKER_IMAGE") from e
+                               f"build or pull it, or set FIBER_DOCKER_IMAGE", cause=e) from None
         except Exception as e:  # APIError, or the daemon went away (requests' errors)
             raise BackendError(f"cannot create a container for {spec.name} from {image!r} on "
-                               f"{self._where}: {_explain(e)}") from e
+                               f"{self._where}", cause=e) from None
         if stdin:
             try:  # the daemon keeps it for the container's start; detaching then ends its stdin
                 _send_and_close(self._stream_api.attach_socket(cid, params={"stdin": 1, "stream": 1}), stdin)
@@ -343,7 +343,7 @@ class DockerBackend(Backend):
                 except Exception:
                     pass
                 raise BackendError(f"cannot send {spec.name} its key on the stdin of its container on "
-                                   f"{self._where}: {_explain(e)}") from e
+                                   f"{self._where}", cause=e) from None
         job = Job(id=cid, spec=spec, handle=_Container(id=cid, name=name), host=self._daemon_name)
         with self._lock:
             self._by_id[cid] = job
@@ -393,16 +393,18 @@ class DockerBackend(Backend):
         """End a job whose container the daemon would not start, and raise why."""
         import docker
 
+        hint = ""
         if isinstance(e, docker.errors.APIError):
             msg = _explain(e)
             if job.spec.gpu and ("device driver" in msg or "gpu" in msg.lower()):
-                msg += (". The job asks for GPUs: the Docker daemon needs a GPU and the NVIDIA "
+                hint = (": the job asks for GPUs, so the Docker daemon needs a GPU and the NVIDIA "
                         "Container Toolkit (nvidia-ctk runtime configure --runtime=docker)")
         else:
             msg = str(e)
-        job.state.log.append(f"fiber: docker could not start the container: {msg}\n")
-        self._forget(job, START_FAILED, EndReason.NEVER_STARTED, f"the daemon would not start it: {msg}")
-        raise BackendError(f"cannot start the container of {job.spec.name} ({job.handle.name}): {msg}") from e
+        job.state.log.append(f"fiber: docker could not start the container: {msg}{hint}\n")
+        self._forget(job, START_FAILED, EndReason.NEVER_STARTED, f"the daemon would not start it: {msg}{hint}")
+        raise BackendError(f"cannot start the container of {job.spec.name} ({job.handle.name}){hint}",
+                           cause=e) from None
 
     def _start_and_read(self, job: Job) -> None:
         try:
@@ -462,12 +464,10 @@ class DockerBackend(Backend):
             self._api.kill(c.id, signal=sig)
         except docker.errors.NotFound:
             pass  # already exited and removed: its die event gives the code
-        except docker.errors.APIError as e:
-            if e.status_code == 409:  # not running (exiting, or being removed)
-                return
-            raise BackendError(f"cannot signal container {c.name}: {_explain(e)}") from e
-        except Exception as e:  # the daemon went away (requests' errors)
-            raise BackendError(f"cannot signal container {c.name} on {self._where}: {e}") from e
+        except Exception as e:  # APIError, or the daemon went away (requests' errors)
+            if isinstance(e, docker.errors.APIError) and e.status_code == 409:
+                return  # not running (exiting, or being removed)
+            raise BackendError(f"cannot signal container {c.name} on {self._where}", cause=e) from None
 
     def terminate_job(self, job: Job) -> None:
         self._signal(job, "SIGTERM")
@@ -664,10 +664,9 @@ def _connect(settings: Mapping[str, Any]) -> tuple[Any, Any, str]:
         streams = docker.APIClient(version=api.api_version, timeout=None, **kwargs)
     except Exception as e:  # DockerException, requests' ConnectionError, a bad URL
         raise BackendError(
-            f"cannot reach the Docker daemon at {where} (from {source}): {e}. Start Docker, or point "
-            "DOCKER_HOST or FIBER_DOCKER_BASE_URL at a running daemon; a user other than root needs "
-            "access to its socket (the docker group)"
-        ) from e
+            f"cannot reach the Docker daemon at {where} (from {source}). Start Docker, or point "
+            "DOCKER_HOST or FIBER_DOCKER_BASE_URL at a running daemon; a user other than root must be "
+            "in the docker group to use its socket", cause=e) from None
     return api, streams, where
 
 

@@ -350,7 +350,8 @@ def test_end_host_lost(tmp_path: Path, docker_host: str, docker_api: docker.APIC
 @pytest.mark.parametrize(("image", "expected"), [
     ("fiber-test-missing:nope", r"not on the Docker daemon.*docker build"),
     (NOPYTHON_IMAGE, r"has no 'python3'"),
-    (NOFIBER_IMAGE, r"has Python but not fiber-core.*pip install fiber-core"),
+    (NOFIBER_IMAGE, r"has Python but not fiber-core.*build-dists\.sh <build context>/fiber-dist.*COPY fiber-dist/ /tmp/fiber/ "
+                    r"and RUN pip install --find-links /tmp/fiber fiber-core"),
 ])
 def test_bad_image(image: str, expected: str, monkeypatch: pytest.MonkeyPatch,
                    docker_api: docker.APIClient) -> None:

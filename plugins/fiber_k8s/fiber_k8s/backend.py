@@ -612,8 +612,11 @@ class KubernetesBackend(Backend):
     def get_listen_addr(self) -> str:
         """In a pod, the pod's IP; else an error saying what to set.
 
-        Fiber asks this only when ``listen_host`` is not set.
+        Fiber asks this only when ``listen_host`` is not set. Without a cluster (no
+        kubeconfig, not in a pod) that is the error: an address would not help.
         """
+        if not in_pod():
+            _ = self.cluster  # no cluster configured: say so first (it reads files, calls no API)
         if in_pod():
             ip = os.environ.get("POD_IP")
             if not ip:

@@ -73,7 +73,8 @@ class Cluster:
             try:
                 config.load_incluster_config(client_configuration=conf)
             except ConfigException as e:
-                raise BackendError(f"cannot use this pod's service account to reach the cluster: {e}") from e
+                raise BackendError("cannot use this pod's service account to reach the cluster: check "
+                                   f"its token and CA in {SA_DIR}", cause=e) from None
             self.where = "the pod's service account"
         else:
             paths = _kubeconfig_paths(kubeconfig)
@@ -89,8 +90,9 @@ class Cluster:
                 context_ns = ((chosen or {}).get("context") or {}).get("namespace")
             except (ConfigException, OSError, ValueError, KeyError, TypeError) as e:
                 raise BackendError(f"cannot load kubeconfig {path}"
-                                   f"{f' (context {context})' if context else ''}: {e}. Check the file, "
-                                   "or choose another with KUBECONFIG / FIBER_KUBERNETES_KUBECONFIG.") from e
+                                   f"{f' (context {context})' if context else ''}. Check the file, "
+                                   "or choose another with KUBECONFIG / FIBER_KUBERNETES_KUBECONFIG.",
+                                   cause=e) from None
             self.where = f"kubeconfig {path}" + (f" (context {context})" if context else "")
         self.api = client.ApiClient(conf)
         self.host = conf.host
@@ -124,11 +126,11 @@ class Cluster:
                 resp.read()
                 raise ApiException.from_response(http_resp=resp, body=None, data=None)
         except ApiException as e:
-            raise api_error(e, verb, resource, self.namespace) from e
+            raise api_error(e, verb, resource, self.namespace) from None
         except Exception as e:  # urllib3 / socket errors: the server is not reachable
             raise BackendError(
                 f"cannot reach the Kubernetes API server at {self.host} (from {self.where}) to {verb} "
-                f"{resource}: {e}. Check that the cluster is up and reachable from here.") from e
+                f"{resource}. Check that the cluster is up and reachable from here.", cause=e) from None
         if stream:
             return resp.response
         data = resp.read()
@@ -210,7 +212,7 @@ def api_status(e: Any) -> dict[str, Any]:
 
 def http_status(e: BaseException) -> int | None:
     """The HTTP status of the API error behind a BackendError raised by :meth:`Cluster.call`."""
-    return getattr(e.__cause__, "status", None)
+    return getattr(getattr(e, "cause", None), "status", None)
 
 
 def api_error(e: Any, verb: str, resource: str, namespace: str) -> BackendError:
@@ -220,17 +222,17 @@ def api_error(e: Any, verb: str, resource: str, namespace: str) -> BackendError:
     if e.status == 403:
         return BackendError(
             f"Kubernetes refused to {verb} {resource} in namespace {namespace!r}: {message}. "
-            f"The account lacks the '{verb}' verb on '{resource}': {RBAC_HINT}.")
+            f"The account lacks the '{verb}' verb on '{resource}': {RBAC_HINT}.", cause=e)
     if e.status == 401:
         return BackendError(
             f"Kubernetes rejected the credentials ({message}) when trying to {verb} {resource}: "
             "the token or certificate in the kubeconfig is missing or expired; refresh it "
-            "(e.g. `gcloud container clusters get-credentials`, `aws eks update-kubeconfig`).")
+            "(e.g. `gcloud container clusters get-credentials`, `aws eks update-kubeconfig`).", cause=e)
     if e.status == 404 and (status.get("details") or {}).get("kind") == "namespaces":
         return BackendError(
             f"namespace {namespace!r} does not exist: create it (`kubectl create namespace "
-            f"{namespace}`) or set FIBER_KUBERNETES_NAMESPACE / [kubernetes] namespace.")
+            f"{namespace}`) or set FIBER_KUBERNETES_NAMESPACE / [kubernetes] namespace.", cause=e)
     if e.status == 422:
-        return BackendError(f"Kubernetes rejected the {resource} manifest: {message}")
+        return BackendError(f"Kubernetes rejected the {resource} manifest: {message}", cause=e)
     return BackendError(f"Kubernetes API error on {verb} {resource} in namespace {namespace!r}: "
-                        f"{e.status} {message}")
+                        f"{e.status} {message}", cause=e)

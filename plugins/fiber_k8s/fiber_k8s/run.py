@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 from fiber_core.base.errors import FiberError
-from fiber_core.contract import ENV_RUN_ID, BackendError, JobSpec, parse_pairs
+from fiber_core.contract import ENV_RUN_ID, BackendError, JobSpec, install_elsewhere, parse_pairs
 from fiber_core.runtime.config import GLOBAL_OPTIONS, config, selected_backend_name
 
 from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend, load_pod_template
@@ -104,7 +104,8 @@ def build_image(context: str, dockerfile: str, registry: str | None) -> str:
         raise FiberError("fiber run --build needs the docker SDK: pip install docker") from None
     if not os.path.isfile(os.path.join(context, dockerfile)):
         raise FiberError(f"no {dockerfile} in {os.path.abspath(context)}: write one (FROM an image with "
-                         "Python; pip install fiber-core and your code), or give --image")
+                         f"Python; {install_elsewhere(('fiber-core', 'fiber-k8s'), image=True)}; then "
+                         "COPY your code), or give --image")
     repo = image_repository(context, registry)
     try:
         client = docker.from_env()
@@ -133,8 +134,11 @@ def build_image(context: str, dockerfile: str, registry: str | None) -> str:
                   "Desktop); else set FIBER_KUBERNETES_REGISTRY", file=sys.stderr)
         return f"{repo}:{tag}"
     except DockerException as e:  # includes APIError
-        kind = "build/push" if isinstance(e, APIError) else "connect to"
-        raise BackendError(f"docker {kind} failed: {e}. Is Docker running (DOCKER_HOST)?") from e
+        if isinstance(e, APIError):
+            raise BackendError(f"docker could not build or push {repo}: check the Dockerfile and the "
+                               "registry", cause=e) from None
+        raise BackendError("cannot reach Docker to build the image: start Docker, or point DOCKER_HOST "
+                           "at a running daemon, or give --image", cause=e) from None
 
 
 def run(args: argparse.Namespace) -> int:

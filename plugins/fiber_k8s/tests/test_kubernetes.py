@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -33,7 +34,7 @@ import yaml
 from fiber_core.contract import BackendError, ConfigError, EndReason, JobSpec
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 from fiber_core.runtime.run import runtime
-from fiber_core.testing import BackendConformance
+from fiber_core.testing import BackendConformance, glance
 from k8s_helpers import WAIT, Emu, start_emulator
 from kubernetes import client, watch
 
@@ -340,6 +341,55 @@ def test_no_kubeconfig_and_not_in_a_cluster(tmp_path: Path, monkeypatch: pytest.
     msg = str(e.value)
     assert "no Kubernetes cluster configured" in msg and "KUBERNETES_SERVICE_HOST is not set" in msg
     assert str(tmp_path / "missing") in msg and "FIBER_KUBERNETES_KUBECONFIG" in msg
+
+
+def test_no_cluster_is_reported_before_the_listen_address(tmp_path: Path) -> None:
+    """Outside a pod, with no kubeconfig and no listen_host, the error is the missing cluster (an
+    address would not help), in a traceback that starts at the program's own frame."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FIBER_", "KUBE")) and k != "KUBERNETES_SERVICE_HOST"}
+    env.update(FIBER_BACKEND="kubernetes", HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "missing"))
+    script = tmp_path / "app.py"
+    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
+                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=WAIT)
+    assert out.returncode == 1, out.stderr
+    line = glance(out.stderr, str(script))
+    assert line.startswith("fiber_core.base.errors.BackendError: no Kubernetes cluster configured: this "
+                           "process is not in a pod"), line
+    assert str(tmp_path / "missing") in line and "KUBECONFIG" in line
+    assert "listen_host" not in line and "LISTEN_HOST" not in line
+    # The same backend asked directly: the cluster first, here too.
+    b = KubernetesBackend({"kubeconfig": str(tmp_path / "missing")}, "r1")
+    with pytest.raises(BackendError, match="no Kubernetes cluster configured"):
+        b.get_listen_addr()
+
+
+def test_unreachable_api_server_reads_at_a_glance(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port of this machine where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "gone",
+        "clusters": [{"name": "gone", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "u"}}]}))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FIBER_", "KUBE")) and k != "KUBERNETES_SERVICE_HOST"}
+    env.update(FIBER_BACKEND="kubernetes", KUBECONFIG=str(kubeconfig), FIBER_LISTEN_HOST="127.0.0.1",
+               FIBER_KUBERNETES_IMAGE="unused", FIBER_KUBERNETES_API_TIMEOUT="5")
+    script = tmp_path / "app.py"
+    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
+                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=WAIT)
+    assert out.returncode == 1, out.stderr
+    line = glance(out.stderr, str(script))
+    assert line.startswith(f"fiber_core.base.errors.BackendError: cannot reach the Kubernetes API server at "
+                           f"http://127.0.0.1:{port} (from kubeconfig {kubeconfig})"), line
+    assert line.index("Check that the cluster is up") < line.index("(cause: urllib3.exceptions."), line
 
 
 def test_listen_address_outside_a_cluster_must_be_configured(k8s_env: dict[str, str], tmp_path: Path) -> None:

@@ -67,6 +67,7 @@ from fiber_core.contract import (
     Option,
     Watcher,
     exitcode_from_status,
+    install_elsewhere,
     keepalive,
 )
 
@@ -279,7 +280,8 @@ class SshBackend(Backend):
             try:
                 ssh_config = paramiko.SSHConfig.from_path(path)
             except Exception as e:
-                raise ConfigError(f"cannot read the SSH client configuration {path}: {e}") from e
+                raise ConfigError(f"cannot read the SSH client configuration {path}: fix it, or set "
+                                  "[ssh] ssh_config to another file", cause=e) from None
         return [self._resolve(s, ssh_config) for s in specs]
 
     # -- the contract -------------------------------------------------------------------
@@ -297,9 +299,8 @@ class SshBackend(Backend):
                 return self._listen_addr
         except OSError as e:
             raise BackendError(
-                f"cannot find this machine's address on the route to {host.addr} ({e}); "
-                "set listen_host (FIBER_LISTEN_HOST) to an address the SSH hosts can reach"
-            ) from e
+                f"cannot find this machine's address on the route to {host.addr}: set listen_host "
+                "(FIBER_LISTEN_HOST) to an address the SSH hosts can reach", cause=e) from None
 
     def create_job(self, spec: JobSpec) -> Job:
         if spec.volumes:
@@ -383,6 +384,12 @@ class SshBackend(Backend):
                 if len(errors) == 1:
                     raise errors[0]
                 raise BackendError("; ".join(str(e) for e in errors))
+            if all(r is not None for r in results):
+                raise BackendError(
+                    "no SSH host is reachable. Check that the hosts are up and run sshd, and the "
+                    "[ssh] hosts setting (FIBER_SSH_HOSTS): "
+                    + "; ".join(f"{h.name}: {r}" for h, r in zip(hosts, results))
+                )
             slots = []
             for h, reason in zip(hosts, results):
                 n = h.spec.slots or (h.info or {}).get("cpus") or 1
@@ -390,11 +397,6 @@ class SshBackend(Backend):
                 if reason is not None:
                     h.lost_reason, h.lost_at = reason, time.monotonic()
                     log.warning("fiber-ssh: host %s is unreachable: %s", h.name, reason)
-            if all(r is not None for r in results):
-                raise BackendError(
-                    "no SSH host is reachable: "
-                    + "; ".join(f"{h.name}: {r}" for h, r in zip(hosts, results))
-                )
             with self._lock:
                 self._slots = slots
             self._hosts = hosts
@@ -537,7 +539,8 @@ class SshBackend(Backend):
                         try:
                             keys.load(file)
                         except (OSError, paramiko.SSHException) as e:
-                            raise ConfigError(f"cannot read known_hosts file {file}: {e}") from e
+                            raise ConfigError(f"cannot read known_hosts file {file}: fix or remove "
+                                              "the bad line", cause=e) from None
                 self._known = (user, system)
             return self._known
 
@@ -597,12 +600,15 @@ class SshBackend(Backend):
                 try:
                     pkey = paramiko.PKey.from_path(path)
                 except FileNotFoundError as e:
-                    raise BackendError(f"the key file {path} for {host.name} does not exist; fix [ssh] key") from e
+                    raise BackendError(f"the key file {path} for {host.name} does not exist: fix [ssh] key "
+                                       "(FIBER_SSH_KEY)", cause=e) from None
                 except paramiko.PasswordRequiredException:
                     log.warning("fiber-ssh: skipping %s: it needs a passphrase (load it into ssh-agent)", path)
                     continue
                 except (OSError, paramiko.SSHException, ValueError) as e:
-                    raise BackendError(f"cannot read the key file {path} for {host.name}: {e}") from e
+                    raise BackendError(f"cannot read the key file {path} for {host.name}: give a private "
+                                       "key in OpenSSH or PEM format in [ssh] key (FIBER_SSH_KEY)",
+                                       cause=e) from None
                 with self._known_lock:
                     self._pkeys[path] = pkey
             yield path, pkey
@@ -624,8 +630,8 @@ class SshBackend(Backend):
             except paramiko.BadAuthenticationType as e:
                 raise BackendError(
                     f"{host.name} does not accept key login (it allows: {', '.join(e.allowed_types)}); "
-                    "fiber-ssh logs in with keys only"
-                ) from e
+                    "fiber-ssh logs in with keys only: enable PubkeyAuthentication in its sshd", cause=e
+                ) from None
             except paramiko.AuthenticationException:
                 tried.append(desc)
                 continue
@@ -699,7 +705,7 @@ class SshBackend(Backend):
         if "fiber_core_error" in info:
             raise BackendError(
                 f"fiber-core is not installed for {python} on {host.name} ({info['fiber_core_error']}); "
-                f"install it there: {python} -m pip install fiber-core"
+                f"install it there: {install_elsewhere(python=python)}"
             )
         if info.get("workdir") is False:
             raise BackendError(f"the working directory {workdir!r} does not exist on {host.name}; "
@@ -857,7 +863,8 @@ class SshBackend(Backend):
                 finally:
                     sftp.close()
             except (paramiko.SSHException, OSError, EOFError) as e:
-                raise BackendError(f"uploading {Path.cwd()} to {host.name}:{target} failed: {e}") from e
+                raise BackendError(f"uploading {Path.cwd()} to {host.name}:{target} failed: check the "
+                                   "space and permissions there, or [ssh] workdir", cause=e) from None
             if created and not self.settings["workdir"]:
                 host.created_dir = target
             host.workdir = target

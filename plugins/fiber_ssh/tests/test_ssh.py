@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import getpass
 import multiprocessing.process
 import os
 import re
@@ -37,7 +38,7 @@ from fiber_core.base.errors import BackendError, ConfigError
 from fiber_core.contract import EndReason
 from fiber_core.contract.backend import Backend, JobSpec
 from fiber_core.runtime.config import config, create_backend, plugins
-from fiber_core.testing import BackendConformance
+from fiber_core.testing import BackendConformance, glance
 
 from fiber_ssh.backend import LOST, SshBackend
 
@@ -619,8 +620,12 @@ def test_refused_login_names_user_and_host(make_backend: Any) -> None:
 def test_missing_python_or_fiber_core(make_backend: Any) -> None:
     with pytest.raises(BackendError, match=r"Python '/opt/no/python3' is not found on root@10\.231\.77"):
         make_backend(python="/opt/no/python3").start_job(py("pass"))
-    with pytest.raises(BackendError, match=r"fiber-core is not installed for /usr/bin/python3 on root@"):
+    with pytest.raises(BackendError, match=r"fiber-core is not installed for /usr/bin/python3 on root@") as e:
         make_backend(python="/usr/bin/python3").start_job(py("pass"))
+    # A command that works there: the wheels of this checkout, not a name no index serves.
+    assert re.search(r"install it there: build the wheels: bash \S*scripts/build-dists\.sh fiber-dist here, copy "
+                     r"fiber-dist to the host, and there run: /usr/bin/python3 -m pip install --find-links "
+                     r"fiber-dist fiber-core$", str(e.value)), str(e.value)
 
 
 def test_process_start_raises_the_clear_error(hosts: dict[str, str]) -> None:
@@ -631,6 +636,27 @@ def test_process_start_raises_the_clear_error(hosts: dict[str, str]) -> None:
     with fresh_runtime({**ssh_env(hosts), "FIBER_SSH_HOSTS": ""}):
         with pytest.raises(ConfigError, match="no SSH hosts configured"):
             fiber_core.Process(target=_square, args=(2,)).start()
+
+
+def test_unreachable_or_missing_hosts_read_at_a_glance(tmp_path: Path) -> None:
+    """What `FIBER_BACKEND=ssh python app.py` prints when no host answers, or none is configured: the
+    program's frame first, one line that says what to check, and no warning or chain above it."""
+    with socket.socket() as s:  # a port of this machine where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "SSH_"))}
+    env.update(FIBER_BACKEND="ssh", HOME=str(tmp_path))
+    script = tmp_path / "app.py"
+    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
+                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
+    for hosts, says in ((f"127.0.0.1:{port}", "fiber_core.base.errors.BackendError: no SSH host is reachable. "
+                         "Check that the hosts are up and run sshd, and the [ssh] hosts setting "
+                         f"(FIBER_SSH_HOSTS): {getpass.getuser()}@127.0.0.1:{port}: cannot connect"),
+                        ("", "fiber_core.base.errors.ConfigError: no SSH hosts configured: set [ssh] hosts")):
+        out = subprocess.run([sys.executable, str(script)], env={**env, "FIBER_SSH_HOSTS": hosts},
+                             cwd=tmp_path, capture_output=True, text=True, timeout=T)
+        assert out.returncode == 1, out.stderr
+        assert glance(out.stderr, str(script)).startswith(says), out.stderr
 
 
 # -- failures -----------------------------------------------------------------------------------
