@@ -73,6 +73,8 @@ PLOTS = [
     Plot("sync_served.png", "served operation (us)", ["local job, `FIBER_SYNC_SERVED=1`", "Docker job"],
          "Synchronization objects, served by their creator", "microseconds (log scale)", log=True,
          labels={"local job, `FIBER_SYNC_SERVED=1`": "local job, served", "Docker job": "Docker job"}),
+    Plot("broadcast.png", "1 GiB table", ["PSS (GiB)"],
+         "A 1 GiB table held by every worker: memory of the program's processes", "GiB"),
     Plot("master.png", "workers (master)", ["master thread (us/task)", "parent process (us/task)"],
          "Pool master: CPU per task, simulated workers (10 ms tasks)", "microseconds per task"),
     Plot("transport.png", "transport", ["round trip (us)"],

@@ -289,6 +289,7 @@ def test_sb3_ppo_example(backend: str, tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend", ["local", "docker"])
 def test_es_example(backend: str, tmp_path: Path) -> None:
+    pytest.importorskip("gymnasium")
     # Each task checks that it reads the weights version its iteration published.
     out = run_example("es.py", ["--iterations", "3", "--population", "8", "--workers", "2",
                                 "--noise-mib", "16"], backend, tmp_path)

@@ -877,3 +877,18 @@ def test_work_starts_before_all_workers_are_up() -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_a_short_task_is_not_sent_behind_a_task_of_unknown_length() -> None:
+    """A task queued while the only worker runs a task of unknown length waits in the pool,
+    not in that worker's socket: a worker that becomes ready meanwhile runs it."""
+    with Pool(1) as pool:
+        assert pool.map(sqr, range(20)) == [x * x for x in range(20)]  # sqr's time is known: tiny
+        gate, started = fiber_core.Queue(), fiber_core.Queue()
+        held = pool.apply_async(gated, (1, gate, started))
+        assert started.get(timeout=T) == 1
+        quick = pool.apply_async(sqr, (3,))
+        pool.resize(2)
+        assert quick.get(timeout=T) == 9  # on the new worker, while the first is held
+        gate.put(None)
+        assert held.get(timeout=T) == 1

@@ -1550,7 +1550,7 @@ class Pool:
                     is_map = type(front.job) is MapResult
                     target = MAP_BATCH_SECONDS if is_map else TARGET_BATCH_SECONDS
                     size = max(1, min(int(target / est), MAX_BATCH_UNITS, share))
-                    if level and (self._prefetch_too_big(w, front) or (
+                    if level and (self._prefetch_too_big(w, front) or self._running_long(w) or (
                             len(self._queue) < sharers if is_map
                             else est * size >= PREFETCH_BELOW_SECONDS)):
                         continue
@@ -1589,6 +1589,20 @@ class Pool:
             log.debug("fiber: a backup copy of a late batch (%d units) goes to %s",
                       len(units), spare.process.name)
             self._send_units(spare, units)
+
+    def _running_long(self, w: _Worker) -> bool:
+        """Whether the batch a worker runs may take long (its time unknown, or more than
+        PREFETCH_BELOW_SECONDS): work sent behind it would wait there while another worker,
+        one that becomes ready meanwhile, could run it."""
+        units = next(iter(w.pending.values()), None)
+        if not units:
+            return False
+        first = units[0]
+        est = self._unit_seconds.get(first.func_id)
+        if est is None:
+            per_item = self._item_seconds.get(hash(first.func_bytes))
+            est = None if per_item is None else per_item * first.count
+        return est is None or est * len(units) >= PREFETCH_BELOW_SECONDS
 
     def _prefetch_too_big(self, w: _Worker, front: _Unit) -> bool:
         """A prefetch waits in the socket until the worker is done: it must fit there."""
