@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
 from fiber_core.base.log import get_logger, log_to_stderr
@@ -26,8 +26,9 @@ from fiber_core.processes.process import (
     parent_process,
 )
 from fiber_core.runtime.config import config
-from fiber_core.runtime.run import runtime
-from fiber_core.runtime.status import StatusServer
+
+if TYPE_CHECKING:
+    from fiber_core.runtime.status import StatusServer
 
 __version__ = "0.1.0"
 
@@ -48,7 +49,9 @@ def init(**kwargs: Any) -> None:
     """
     config.init(**kwargs)
     if "status" in kwargs or "status_port" in kwargs:
-        runtime().status_from_config()  # at once if the run is under way, else when it starts
+        from fiber_core.runtime import run  # not as a name here: fiber_core.runtime is the package
+
+        run.runtime().status_from_config()  # at once if the run is under way, else when it starts
 
 
 def serve_status(page: bool = False, port: int = 0) -> StatusServer:
@@ -61,7 +64,9 @@ def serve_status(page: bool = False, port: int = 0) -> StatusServer:
     holder of the run's key (or of the page's token) sees it. Calling it again returns
     the same server (adding the page if asked).
     """
-    return runtime().serve_status(page, port)
+    from fiber_core.runtime import run
+
+    return run.runtime().serve_status(page, port)
 
 
 def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None = None,
