@@ -59,6 +59,12 @@ def as_host(host: str) -> None:
     os.environ[ENV_JOB_HOST] = host
 
 
+def summary_together(barrier: Any, handle: Any) -> dict[str, Any]:
+    """:func:`summary`, once every party of ``barrier`` holds a task: each in its own worker."""
+    barrier.wait(60)
+    return summary(handle)
+
+
 def read_as_host(handle: Any, host: str, out: Any, hold: Any = None) -> None:
     """Read as a process of machine ``host`` would (its own directory of copies); then
     stay, while ``hold`` is given and not set, as a user of that directory."""

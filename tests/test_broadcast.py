@@ -8,15 +8,16 @@ plugin's tests do the same across real hosts.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import broadcast_tasks as tasks
 import numpy as np
 import pytest
+from procs import wait_until
 
 import fiber_core
 from fiber_core.base.errors import FiberError
@@ -69,10 +70,12 @@ def test_pool_workers_see_each_version_in_order_through_an_initializer() -> None
 
 def test_readers_on_one_host_map_one_segment_read_only() -> None:
     b = fiber_core.broadcast(table(7, 1 << 20))
+    barrier = fiber_core.Barrier(3)
     with fiber_core.Pool(3) as pool:
-        seen = pool.map(tasks.summary, [b] * 9)
+        # each task waits for the other two: three workers read it, each in its own process
+        seen = pool.map(functools.partial(tasks.summary_together, barrier), [b] * 3, chunksize=1)
     path = os.path.join(store_dir(), segments(store_dir())[0])
-    assert len({r["pid"] for r in seen}) >= 2
+    assert len({r["pid"] for r in seen}) == 3
     for r in seen:
         assert r["values"] == [7.0] and r["version"] == 1
         assert r["shared"] is True and r["writeable"] is False
@@ -97,10 +100,9 @@ def test_each_other_host_fetches_a_version_once_and_its_readers_share_it() -> No
     mappings = {r["mapping"] for r in seen}
     assert {os.path.dirname(m[0]) for m in mappings} == {store_dir("hosta"), store_dir("hostb")}
     assert len(mappings) == 2 and all(r["values"] == [3.0] and r["shared"] for r in seen)
-    deadline = time.monotonic() + T
-    while (os.path.exists(store_dir("hosta")) or os.path.exists(store_dir("hostb"))) and time.monotonic() < deadline:
-        time.sleep(0.02)  # their trackers remove them once the readers are gone
-    assert not os.path.exists(store_dir("hosta")) and not os.path.exists(store_dir("hostb"))
+    # their trackers remove them once the readers are gone
+    wait_until(lambda: not os.path.exists(store_dir("hosta")) and not os.path.exists(store_dir("hostb")),
+               "the two hosts' directories are removed")
 
 
 def test_a_version_replaced_is_fetched_anew_and_the_old_copy_removed() -> None:
@@ -291,10 +293,8 @@ def test_no_segment_outlives_the_program(ending: str, tmp_path, own_tmpdir: str)
         def left() -> list[str]:
             return [n for n in os.listdir(SHM_ROOT) if n.startswith(f"fiber-bc-{run_id}")]
 
-        deadline = time.monotonic() + T
-        while left() and time.monotonic() < deadline:
-            time.sleep(0.05)  # the jobs' trackers remove them once the last user is gone
-        assert left() == []
+        # the jobs' trackers remove them once the last user is gone
+        wait_until(lambda: not left(), f"no directory of run {run_id} is left in {SHM_ROOT}")
     finally:
         proc.kill()
         proc.wait(T)

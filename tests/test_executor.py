@@ -15,13 +15,13 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import wait_until
 
 import fiber_core
 import fiber_core.futures
@@ -103,15 +103,6 @@ def held_on_first_run(x: int, marker: str, started: fiber_core.Queue, gate: fibe
 
 # -- helpers -------------------------------------------------------------------------
 
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = T) -> None:
-    """Poll state that has no event to wait on; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        pause.wait(0.01)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ it leaves there is exactly what the test sees.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from procs import wait_gone
 
 from fiber_core.base import rundirs
 
@@ -77,18 +77,6 @@ def tempdir(own_tmpdir: str) -> Path:
 def _left(tempdir: Path) -> list[str]:
     return sorted(os.listdir(tempdir))
 
-
-def _wait_gone(pid: int) -> None:
-    """Wait until process ``pid`` (not our child) has ended."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        ready, _, _ = select.select([fd], [], [], T)
-        assert ready, f"process {pid} is still running {T} s after its parent was killed"
-    finally:
-        os.close(fd)
 
 
 def test_nothing_is_left_after_a_clean_exit(tmp_path: Path, tempdir: Path) -> None:
@@ -156,7 +144,7 @@ def test_a_killed_runs_files_go_at_the_next_start_and_a_live_runs_stay(tmp_path:
         killed.kill()
         killed.wait(T)
     for pid in jobs:  # the jobs end with their parent
-        _wait_gone(pid)
+        wait_gone(pid)
     assert _left(tempdir) == [dead_run]  # SIGKILL leaves it; the next run removes it
 
     # The next run removes it, and keeps its own while another run starts, cleans and ends.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -219,6 +220,29 @@ def test_a_gang_ring_starts_its_members_together() -> None:
     assert sorted(out.get(timeout=30) for _ in range(3)) == [(0, 3), (1, 3), (2, 3)]
     with pytest.raises(ValueError, match="gang_timeout must be a number of seconds above 0"):
         mp.Ring(2, abs, gang=True, gang_timeout=0)
+
+
+def _cannot_be_rebuilt() -> None:
+    raise RuntimeError("this argument cannot be rebuilt in a job")
+
+
+class _Unloadable:
+    """Pickles here; fails to unpickle in the job, so every member ends before the gang starts."""
+
+    def __reduce__(self) -> tuple:
+        return _cannot_be_rebuilt, ()
+
+
+def test_a_gang_ring_whose_member_ends_before_it_starts_fails_at_once() -> None:
+    from fiber_core.parallel.ring import RingError
+
+    ring = mp.Ring(2, functools.partial(_put_rank, _Unloadable()), gang=True, gang_timeout=3600)
+    with pytest.raises(RingError, match=r"ring member \d \(Ring-\d\) exited with code 1 before the ring started"):
+        ring.start()  # not after gang_timeout: the pytest timeout fails a wait that long
+
+
+def _put_rank(what: object, rank: int, size: int) -> None:
+    pass
 
 
 def test_ring_member_failure_stops_the_others() -> None:

@@ -21,10 +21,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from procs import wait_until
 
 import fiber_core
 from fiber_core.base.errors import BackendError, FiberError, JobStartError, PicklingError
@@ -164,15 +165,6 @@ def report_at(x: int, marks: frozenset[int], reports: fiber_core.Queue,
 
 # -- helpers -------------------------------------------------------------------------
 
-
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = T) -> None:
-    """Poll pool state that has no event to wait on; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        pause.wait(0.01)
 
 
 def pid_gone(pid: int) -> bool:

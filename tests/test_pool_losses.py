@@ -21,6 +21,7 @@ from concurrent.futures import CancelledError
 from pathlib import Path
 
 import pytest
+from procs import wait_until
 
 import fiber_core
 from fiber_core.base.errors import (
@@ -143,15 +144,6 @@ def ms_task(x: int) -> int:
 
 # -- helpers -------------------------------------------------------------------------
 
-
-def wait_until(predicate: object, what: str, timeout: float = T) -> None:
-    """Poll pool state that has no event to wait on; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        pause.wait(0.01)
 
 
 # -- only the running task is charged -------------------------------------------------

@@ -13,7 +13,6 @@ import itertools
 import multiprocessing
 import multiprocessing.managers
 import os
-import select
 import sys
 import threading
 from concurrent.futures import CancelledError
@@ -21,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import pytest
+from procs import wait_gone
 
 import fiber_core
 from fiber_core.base.errors import PicklingError
@@ -29,16 +29,6 @@ from fiber_core.parallel.managers import SyncManager
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
-
-def _wait_gone(pid: int) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        assert select.select([fd], [], [], T)[0], f"process {pid} did not end"
-    finally:
-        os.close(fd)
 
 
 # -- start methods ------------------------------------------------------------------------
@@ -169,7 +159,7 @@ def test_terminate_and_kill_workers(how: str) -> None:
             f.result(T)
     with pytest.raises((BrokenProcessPool, RuntimeError)):
         ex.submit(_square, 1)
-    _wait_gone(worker)
+    wait_gone(worker)
     ex.shutdown()
     getattr(ProcessPoolExecutor(1), how)()  # never used: nothing to stop
 

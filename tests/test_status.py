@@ -16,12 +16,12 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import wait_until
 
 import fiber_core
 from fiber_core.base.errors import ConfigError, FiberError
@@ -37,15 +37,6 @@ def ms_task(x: int) -> int:
     time.sleep(0.005)  # the work itself, not synchronisation
     return x
 
-
-def wait_until(predicate: Any, what: str, timeout: float = T) -> None:
-    """Poll state that has no event to wait on; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        pause.wait(0.01)
 
 
 def _pool_in(state: dict[str, Any], pool: Pool) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import functools
 import logging
 import os
 import pickle
-import select
 import signal
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import sync_tasks
+from procs import wait_gone
 
 import fiber_core
 import fiber_core.synchronize
@@ -408,16 +408,6 @@ if __name__ == "__main__":
 """
 
 
-def _wait_for_exit(pid: int) -> None:
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        assert select.select([fd], [], [], T)[0], f"process {pid} did not end"
-    finally:
-        os.close(fd)
-
 
 @pytest.mark.parametrize("end", ["exit", "kill-myself"])
 def test_no_segment_or_semaphore_outlives_the_run(run_script, tmp_path: Path, end: str,  # noqa: ANN001
@@ -432,10 +422,10 @@ def test_no_segment_or_semaphore_outlives_the_run(run_script, tmp_path: Path, en
         assert result.returncode == 0, result.stderr
         assert lines[1:4] == ["attached"] * 3
         assert "leaked" not in result.stderr  # nothing to say about a job's exit
-        _wait_for_exit(int(lines[4]))  # the killed job's tracker removes what it created
+        wait_gone(int(lines[4]))  # the killed job's tracker removes what it created
     else:
         assert result.returncode == -signal.SIGKILL, result.stderr
-        _wait_for_exit(int(lines[1]))  # the killed creator's tracker removes what it created
+        wait_gone(int(lines[1]))  # the killed creator's tracker removes what it created
     assert _leftovers(run_id) == []
 
 

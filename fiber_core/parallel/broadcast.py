@@ -326,8 +326,17 @@ class Broadcast:
 
     def __init__(self, value: Any) -> None:
         self._fiber_ref: Ref | None = None
+        _route(runtime().hub)
+        self._setup(ref_for_pickle(self), publisher=True)
+        weakref.finalize(self, _forget_published, self._bid)
+        self.publish(value)
+
+    def _setup(self, ref: Ref, publisher: bool) -> None:
+        """The state of a publisher or, rebuilt from a pickle, of a reader."""
+        self._fiber_ref = ref
+        self._bid = f"{ref.token}-{ref.oid}"
         self._lock = threading.Lock()
-        self._publisher = True
+        self._publisher = publisher
         self._closed = False
         self._value: Any = None
         self._version = 0
@@ -336,11 +345,12 @@ class Broadcast:
         """In a reader: whether its value maps this host's shared copy."""
         self.fetches = 0
         """In the publisher: how many times a whole version was sent to a host."""
-        _route(runtime().hub)
-        self._ref = ref_for_pickle(self)
-        self._bid = f"{self._ref.token}-{self._ref.oid}"
-        weakref.finalize(self, _forget_published, self._bid)
-        self.publish(value)
+
+    @property
+    def _ref(self) -> Ref:
+        ref = self._fiber_ref
+        assert ref is not None
+        return ref
 
     # -- the publisher's side --
 
@@ -541,12 +551,7 @@ def _rebuild(ref: Ref) -> Broadcast:
     if obj is not None:
         return obj  # type: ignore[no-any-return]
     reader = Broadcast.__new__(Broadcast)
-    reader._fiber_ref, reader._ref = ref, ref
-    reader._bid = f"{ref.token}-{ref.oid}"
-    reader._lock = threading.Lock()
-    reader._publisher, reader._closed = False, False
-    reader._value, reader._version, reader._copy = None, 0, None
-    reader.shared, reader.fetches = True, 0
+    reader._setup(ref, publisher=False)
     return remember(ref, reader)  # type: ignore[no-any-return]
 
 

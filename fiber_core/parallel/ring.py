@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -118,17 +117,25 @@ class Ring:
             self._wait_gang(gang)
 
     def _wait_gang(self, gang: Barrier) -> None:
-        """Release the members once all run; stop them all if they do not within the timeout."""
-        end = time.monotonic() + self._gang_timeout
+        """Release the members once all run; stop them all if they do not within the
+        timeout, or at once if one ends first."""
+        started = threading.Event()
+
+        def watch() -> None:  # a member that ends before the gang starts breaks it now
+            if wait([p.sentinel for p in self.members], self._gang_timeout) and not started.is_set():
+                gang.abort()
+
+        threading.Thread(target=watch, daemon=True, name="fiber-ring-gang").start()
         try:
             gang.wait(self._gang_timeout)
+            started.set()
             return
         except threading.BrokenBarrierError:
-            pass
+            started.set()
         running = sum(1 for p in self.members if p._run is not None and p._run.connected.is_set())
         ended = [(rank, p) for rank, p in enumerate(self.members) if p.exitcode is not None]
         self.terminate()
-        if ended and time.monotonic() < end:
+        if ended:
             rank, p = ended[0]
             raise RingError(f"ring member {rank} ({p.name}) exited with code {p.exitcode} "
                             "before the ring started", rank, p.exitcode)
