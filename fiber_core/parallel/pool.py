@@ -96,7 +96,7 @@ from fiber_core.base.errors import (
     TaskLostError,
     TimeoutError,
 )
-from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
+from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error, readable
 from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 from fiber_core.contract.jobs import EndReason
@@ -1315,6 +1315,11 @@ class Pool:
         return True
 
     def _on_exit(self, w: _Worker) -> None:
+        # What the worker sent before it ended comes first (its exit and its last messages
+        # may be seen in the same round): a result, or which item it started, which is
+        # the one its death is charged to.
+        while w.conn is not None and not w.lost and w.conn._sock is not None and readable(w.conn._sock):
+            self._on_message(w)
         self._lose(w)
         try:
             self._sel.unregister(w.process.sentinel)
