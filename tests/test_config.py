@@ -6,6 +6,9 @@ with no FIBER_* variable and a reset configuration.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,16 @@ def test_key_value_entries_parse_or_name_the_bad_one() -> None:
     for bad in ("NOEQUALS", "=value", " =v"):
         with pytest.raises(ConfigError, match=f"bad extra_env entry {bad!r}: expected KEY=VALUE"):
             parse_pairs(["A=1", bad], "extra_env")
+
+
+def test_a_builtin_backends_settings_come_from_its_variables(tmp_path: Path) -> None:
+    # In a fresh interpreter: the plugins are not loaded there, as in any program that
+    # uses the local backend only (in this session another test may have loaded them).
+    program = ("from fiber_core.runtime.run import runtime\n"
+               "b = runtime().get_backend('local')\n"
+               "print(b.settings['start'], b.settings['preload'])\n")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, env={**os.environ, "FIBER_LOCAL_START": "fresh",
+                                            "FIBER_LOCAL_PRELOAD": "json,decimal"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["fresh", "['json',", "'decimal']"]

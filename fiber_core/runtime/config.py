@@ -13,7 +13,6 @@ Every value is parsed to its declared type when it is read, and a bad one raises
 
 from __future__ import annotations
 
-import configparser
 import os
 import threading
 from collections.abc import Iterable
@@ -23,6 +22,8 @@ from fiber_core.base.errors import ConfigError, UnknownBackendError
 from fiber_core.base.options import Option
 
 if TYPE_CHECKING:
+    import configparser
+
     from fiber_core.contract.backend import Backend
     from fiber_core.contract.registry import Registry
 
@@ -127,6 +128,8 @@ class Config:
         with self._lock:
             if self._file is not None:
                 return self._file
+            import configparser  # when a setting is looked up: a job given its parent's needs none
+
             parser = configparser.ConfigParser(interpolation=None)
             path = os.path.abspath(CONFIG_FILE)
             if os.path.exists(path):
@@ -282,6 +285,9 @@ def selected_backend_name(explicit: str | None = None) -> str:
 def create_backend(name: str, run_id: str, rundir: str | None = None) -> Backend:
     """A new instance of the backend ``name`` with its settings resolved now."""
     cls = plugins().get_class(name)
+    # A built-in backend is found without loading the plugins, whose registration would
+    # make its options known: made known here, or its FIBER_* variables would be ignored.
+    config.register_backend_options(cls.settings_section(), cls.options)
     config.check_section(cls.settings_section())
     backend = cls(config.backend_settings(cls.settings_section()), run_id, rundir)
     backend.peer_timeout = config.get("peer_timeout")
