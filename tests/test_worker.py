@@ -142,3 +142,37 @@ def test_a_payload_that_fails_to_load_is_explained_in_the_parent(run_script) -> 
     err = out.stderr.splitlines()
     assert "[loader] fiber worker: cannot load the process to run:" in err
     assert "[loader] RuntimeError: cannot be rebuilt here" in err
+
+
+LEAN = """
+    import os, sys, fiber_core
+
+    COUNT = 0
+
+    def report(q):
+        global COUNT
+        COUNT += 1
+        # The job's main module is this file, imported as __mp_main__: a function's globals
+        # are that module's, as in any imported module.
+        q.put((os.getppid(), sorted(set(sys.modules) & set(sys.argv[1].split(","))),
+               sys.modules["__mp_main__"].COUNT))
+
+    if __name__ == "__main__":
+        q = fiber_core.Queue()
+        p = fiber_core.Process(target=report, args=(q,))
+        p.start()
+        ppid, loaded, count = q.get(timeout=30)
+        p.join()
+        print(ppid == os.getpid(), loaded, count)
+"""
+
+
+def test_a_job_starts_without_what_it_does_not_use(tmp_path: Path) -> None:
+    # Started as a new interpreter (as on every remote backend), a job imports none of the
+    # modules that only some calls need: each costs every job's start a millisecond or more.
+    (tmp_path / "script.py").write_text(textwrap.dedent(LEAN))
+    unwanted = "configparser,json,pkgutil,tempfile,shutil,subprocess,logging"
+    out = subprocess.run([sys.executable, "script.py", unwanted], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=2 * T, env={**os.environ, "FIBER_LOCAL_START": "fresh"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "[]", "1"]  # the parent's child, lean, globals shared

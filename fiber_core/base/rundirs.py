@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 
 LOCK = "lock"
 """The file in a top-level run directory whose flock its creator holds."""
@@ -53,6 +52,8 @@ def make(prefix: str, inside: str | None = None) -> str:
     Inside ``inside`` (a run directory that its creator's lock covers) as it is; else in
     the temp dir, locked while this process lives. Remove it with :func:`remove`.
     """
+    import tempfile  # when a directory is made: a job that makes none starts without it
+
     if inside is not None:
         return tempfile.mkdtemp(prefix=prefix, dir=inside)
     path = tempfile.mkdtemp(prefix=prefix)
@@ -87,6 +88,7 @@ def remove_stale(tempdir: str | None = None) -> list[str]:
     """Remove the run directories in ``tempdir`` (default: the temp dir) whose creator has
     ended; return their paths. Only this user's, and only those that hold a lock file."""
     import fcntl
+    import tempfile
 
     where = tempdir or tempfile.gettempdir()
     removed: list[str] = []

@@ -93,7 +93,6 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 import pickle
@@ -647,10 +646,14 @@ def decode_queue_batch(frame: bytes | bytearray) -> list[memoryview]:
 
 def encode_status_state(state: dict[str, Any]) -> bytes:
     """The body of a STATUS_STATE frame: JSON, so that a viewer unpickles nothing."""
+    import json  # the status view only: a job starts without it
+
     return json.dumps(state, separators=(",", ":")).encode()
 
 
 def decode_status_state(frame: bytes | bytearray) -> dict[str, Any]:
+    import json
+
     _expect(STATUS_STATE, frame)
     try:
         state = json.loads(bytes(body(frame)))
