@@ -272,7 +272,7 @@ def duration_label(seconds: float) -> str:
 
 def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[str, str],
            n_scale: int, command: str, reps: int, elapsed: float, load: tuple[float, float],
-           stale: list[str]) -> None:
+           stale: list[str], scale_rounds: int = 1) -> None:
     checks: list[tuple[str, bool]] = []
     print()
     print(f"Command: `{command}`")
@@ -280,7 +280,7 @@ def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[s
     print(f"Python {platform.python_version()} on {platform.system()} {platform.machine()}, "
           f"{os.cpu_count()} CPUs, affinity {sorted(os.sched_getaffinity(0))}; fiber backend "
           f"`{_backend_name()}`; multiprocessing start method `spawn`; {WORKERS} workers; medians "
-          f"over {reps} interleaved repetitions; load average {load[0]:.2f} at the start, "
+          f"over {reps} interleaved repetitions (scale: {scale_rounds} each); load average {load[0]:.2f} at the start, "
           f"{load[1]:.2f} at the end; {elapsed:.0f} s in all.")
     if stale and sys.dont_write_bytecode:
         print()
@@ -288,51 +288,52 @@ def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[s
               f"stale bytecode ({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''}): every "
               f"fiber worker compiled them at start. `python -m compileall fiber_core` first.")
     print()
-    print("### Framework overhead: time to finish a batch whose ideal time is 1 s")
-    print()
-    print("| task | batch | sleep floor (s) | fiber (s) | multiprocessing (s) | fiber / mp "
-          "| fiber / floor | mp / floor | mp chunksize=1 (s) | fiber range | mp range |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for seconds, batch in CASES:
-        row = results[("sleep", seconds)]
-        fl, f, m, c1 = (med(row[k]) for k in ("floor", FIBER, MP, "mp-c1"))
-        print(f"| {duration_label(seconds)} | {batch} | {fl:.4f} | {f:.4f} | {m:.4f} | {f / m:.3f} "
-              f"| {f / fl:.3f} | {m / fl:.3f} | {c1:.4f} | {spread(row[FIBER])} | {spread(row[MP])} |")
-        checks.append((f"{duration_label(seconds)} tasks: fiber median <= multiprocessing median "
-                       f"({f:.4f} s vs {m:.4f} s)", f <= m))
-    print()
-    print("sleep floor = one process's time for the whole batch of sleeps / 5 workers. "
-          "Ratios are medians' ratios.")
-    print()
-    print(f"### Tiny tasks: {TINY_TASKS:,} no-op tasks through `map`, {WORKERS} workers")
-    print()
-    print("| chunksize | fiber (tasks/s) | multiprocessing (tasks/s) | time ratio fiber / mp "
-          "| fiber range | mp range |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for chunksize in (None, 1):
-        row = results[("tiny", chunksize)]
-        f, m = med(row[FIBER]), med(row[MP])
-        label = "default" if chunksize is None else str(chunksize)
-        print(f"| {label} | {f:,.0f} | {m:,.0f} | {m / f:.2f} | {spread(row[FIBER], 1, 0)} "
-              f"| {spread(row[MP], 1, 0)} |")
-        checks.append((f"tiny tasks, chunksize={label}: fiber at least multiprocessing's "
-                       f"throughput ({f:,.0f} vs {m:,.0f} tasks/s)", f >= m))
-    print()
-    print(f"### Pool start to first result: `Pool({WORKERS})` + `apply(noop)`")
-    print()
-    print("| | fiber (ms) | multiprocessing (ms) | fiber / mp | fiber range | mp range |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for key, label in (("first result", "warm: in this process"),
-                       ("cold", "cold: fresh interpreter, import included")):
-        row = results[("start", key)]
-        f, m = med(row[FIBER]), med(row[MP])
-        print(f"| {label} | {f * 1e3:.1f} | {m * 1e3:.1f} | {f / m:.2f} "
-              f"| {spread(row[FIBER], 1e3, 1)} | {spread(row[MP], 1e3, 1)} |")
-        checks.append((f"pool start to first result, {label.split(':')[0]}: fiber no slower than "
-                       f"multiprocessing ({f * 1e3:.1f} vs {m * 1e3:.1f} ms)", f <= m))
+    if reps:  # not with --scale-only
+        print("### Framework overhead: time to finish a batch whose ideal time is 1 s")
+        print()
+        print("| task | batch | sleep floor (s) | fiber (s) | multiprocessing (s) | fiber / mp "
+              "| fiber / floor | mp / floor | mp chunksize=1 (s) | fiber range | mp range |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for seconds, batch in CASES:
+            row = results[("sleep", seconds)]
+            fl, f, m, c1 = (med(row[k]) for k in ("floor", FIBER, MP, "mp-c1"))
+            print(f"| {duration_label(seconds)} | {batch} | {fl:.4f} | {f:.4f} | {m:.4f} | {f / m:.3f} "
+                  f"| {f / fl:.3f} | {m / fl:.3f} | {c1:.4f} | {spread(row[FIBER])} | {spread(row[MP])} |")
+            checks.append((f"{duration_label(seconds)} tasks: fiber median <= multiprocessing median "
+                           f"({f:.4f} s vs {m:.4f} s)", f <= m))
+        print()
+        print("sleep floor = one process's time for the whole batch of sleeps / 5 workers. "
+              "Ratios are medians' ratios.")
+        print()
+        print(f"### Tiny tasks: {TINY_TASKS:,} no-op tasks through `map`, {WORKERS} workers")
+        print()
+        print("| chunksize | fiber (tasks/s) | multiprocessing (tasks/s) | time ratio fiber / mp "
+              "| fiber range | mp range |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for chunksize in (None, 1):
+            row = results[("tiny", chunksize)]
+            f, m = med(row[FIBER]), med(row[MP])
+            label = "default" if chunksize is None else str(chunksize)
+            print(f"| {label} | {f:,.0f} | {m:,.0f} | {m / f:.2f} | {spread(row[FIBER], 1, 0)} "
+                  f"| {spread(row[MP], 1, 0)} |")
+            checks.append((f"tiny tasks, chunksize={label}: fiber at least multiprocessing's "
+                           f"throughput ({f:,.0f} vs {m:,.0f} tasks/s)", f >= m))
+        print()
+        print(f"### Pool start to first result: `Pool({WORKERS})` + `apply(noop)`")
+        print()
+        print("| | fiber (ms) | multiprocessing (ms) | fiber / mp | fiber range | mp range |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for key, label in (("first result", "warm: in this process"),
+                           ("cold", "cold: fresh interpreter, import included")):
+            row = results[("start", key)]
+            f, m = med(row[FIBER]), med(row[MP])
+            print(f"| {label} | {f * 1e3:.1f} | {m * 1e3:.1f} | {f / m:.2f} "
+                  f"| {spread(row[FIBER], 1e3, 1)} | {spread(row[MP], 1e3, 1)} |")
+            checks.append((f"pool start to first result, {label.split(':')[0]}: fiber no slower than "
+                           f"multiprocessing ({f * 1e3:.1f} vs {m * 1e3:.1f} ms)", f <= m))
     if scale or scale_errors:
         print()
-        print(f"### Scale: {n_scale} local workers, one master (one run each)")
+        print(f"### Scale: {n_scale} local workers, one master (medians of {scale_rounds} runs each)")
         print()
         libs = [lib for lib in (FIBER, MP) if lib in scale or lib in scale_errors]
         print("| metric | " + " | ".join(libs) + " |")
@@ -390,10 +391,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="workers in the scale run (default 256; 32 with --quick)")
     parser.add_argument("--scale-fiber-only", action="store_true",
                         help="run the scale run with fiber only")
+    parser.add_argument("--scale-only", action="store_true", help="the scale run only")
+    parser.add_argument("--scale-rounds", type=int, default=1,
+                        help="scale runs of each library, alternating which goes first (medians)")
     args = parser.parse_args(argv)
     reps = args.reps if args.reps is not None else (1 if args.quick else 5)
     if reps < 1:
         parser.error("--reps must be at least 1")
+    if args.scale_only and args.skip_scale:
+        parser.error("--scale-only and --skip-scale exclude each other")
+    if args.scale_rounds < 1:
+        parser.error("--scale-rounds must be at least 1")
+    if args.scale_only:
+        reps = 0
     n_scale = args.scale_workers or (32 if args.quick else 256)
     noop_tasks = 20_000 if args.quick else 100_000
     sleep_per_worker = 10 if args.quick else 40
@@ -403,20 +413,26 @@ def main(argv: list[str] | None = None) -> int:
     stale = stale_bytecode()
     started = time.perf_counter()
     run_reps(reps, results)
-    scale: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     scale_errors: dict[str, str] = {}
     if not args.skip_scale:
-        for lib in [FIBER] if args.scale_fiber_only else [FIBER, MP]:
-            t = time.perf_counter()
-            try:
-                scale[lib] = scale_run(lib, n_scale, noop_tasks, sleep_per_worker)
-            except Exception as e:
-                scale_errors[lib] = f"{type(e).__name__}: {e}"
-            print(f"scale run, {lib}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        libs = [FIBER] if args.scale_fiber_only else [FIBER, MP]
+        for r in range(args.scale_rounds):
+            for lib in libs if r % 2 == 0 else libs[::-1]:
+                if lib in scale_errors:
+                    continue
+                t = time.perf_counter()
+                try:
+                    runs[lib].append(scale_run(lib, n_scale, noop_tasks, sleep_per_worker))
+                except Exception as e:
+                    scale_errors[lib] = f"{type(e).__name__}: {e}"
+                print(f"scale run {r + 1}, {lib}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    scale = {lib: {k: med([run[k] for run in done if k in run]) for k in done[0]}
+             for lib, done in runs.items() if done}
     command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     stale = sorted(set(stale) | set(stale_bytecode()))
     report(results, scale, scale_errors, n_scale, command, reps, time.perf_counter() - started,
-           (load0, os.getloadavg()[0]), stale)
+           (load0, os.getloadavg()[0]), stale, args.scale_rounds)
     return 0
 
 

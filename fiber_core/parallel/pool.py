@@ -39,7 +39,9 @@ results, only how work is grouped). When ``map``/``starmap`` get no
 ``chunksize``, the input is cut into ``AUTO_UNITS_PER_WORKER * processes``
 units of equal size (give or take one item; one item each for short inputs):
 fine enough that the last units balance well, coarse enough that per-unit costs
-vanish for tiny tasks. When an earlier job timed the same function, fewer units
+vanish for tiny tasks. Big pools get fewer per worker, :data:`AUTO_UNITS_MAX` in
+all (but at least 4 per worker): the last units of a map travel one per message,
+and with hundreds of workers those messages, not the work, set the pace. When an earlier job timed the same function, fewer units
 if that leaves each :data:`MIN_UNIT_SECONDS` of work (never fewer than 4 per
 worker, multiprocessing's default). ``imap`` and ``imap_unordered`` default to
 one item, as in the stdlib.
@@ -150,6 +152,9 @@ MIN_SPLIT_SECONDS = 0.001
 
 
 AUTO_UNITS_PER_WORKER = 64
+
+
+AUTO_UNITS_MAX = 4096
 
 
 MIN_UNIT_SECONDS = 0.001
@@ -1861,10 +1866,11 @@ class Pool:
             func_bytes = dumps(func)
         if chunksize is None:
             # Units fine enough to balance, coarse enough to be cheap: as many as
-            # AUTO_UNITS_PER_WORKER per worker, their sizes differing by one item at most;
+            # AUTO_UNITS_PER_WORKER per worker (AUTO_UNITS_MAX in all for big pools, at least
+            # 4 per worker), their sizes differing by one item at most;
             # fewer if this function's tasks are known to be tiny, so that a unit holds
             # MIN_UNIT_SECONDS of work, but never fewer than multiprocessing's 4 per worker.
-            nunits = AUTO_UNITS_PER_WORKER * self._processes
+            nunits = min(AUTO_UNITS_PER_WORKER * self._processes, max(4 * self._processes, AUTO_UNITS_MAX))
             per_item = self._item_seconds.get(hash(func_bytes))
             if per_item is not None:
                 nunits = min(nunits, max(4 * self._processes,
