@@ -7,6 +7,8 @@ flips every repetition); every figure is the median over all samples.
    - a bare job: ``backend.start_job()`` of ``python3 -c "print(time.time())"``; the
      clock is read before the call and by the job's first statement (containers share
      this machine's clock);
+   - the same bare job whose program imports ``fiber_core`` first, as a Fiber program
+     does: the platform's own start of the program's first line;
    - a ``fiber_core.Process``: the clock before ``start()`` and at the first line of its
      target, sent home through a ``Queue`` (its travel time is not counted). This adds
      Fiber's worker bootstrap: connect back, authenticate, unpickle.
@@ -61,11 +63,11 @@ def whoami(seconds: float) -> str:
     return os.environ["FIBER_PROCESS_TOKEN"]  # one per job (pids repeat across containers)
 
 
-def job_start(backend: str) -> float:
+def job_start(backend: str, preamble: str = "") -> float:
     b = runtime().get_backend(backend)
     python = "python3" if backend == "docker" else sys.executable
     t0 = time.time()
-    job = b.start_job(JobSpec(command=[python, "-c", "import time; print(repr(time.time()))"],
+    job = b.start_job(JobSpec(command=[python, "-c", preamble + "import time; print(repr(time.time()))"],
                               name="bench-start"))
     if b.wait_for_job(job, TIMEOUT) != 0:
         raise RuntimeError(f"bare job failed: {b.get_job_logs(job)}")
@@ -118,6 +120,7 @@ def run(reps: int, starts: int) -> dict:
         for backend in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
             for _ in range(starts):
                 results[("start", "job")][backend].append(job_start(backend))
+                results[("start", "job+import")][backend].append(job_start(backend, "import fiber_core; "))
                 first, returned = process_start(backend)
                 results[("start", "process")][backend].append(first)
                 results[("start", "returns")][backend].append(returned)
@@ -138,11 +141,16 @@ def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[fl
     print("| | docker | local | docker - local | docker range |")
     print("|---|---:|---:|---:|---:|")
     for key, label in (("job", "bare job: `start_job()` -> first instruction"),
+                       ("job+import", "bare job importing fiber_core first -> its next instruction"),
                        ("process", "`Process.start()` -> first instruction of the target"),
                        ("returns", "`Process.start()` returns")):
         d, lo = results[("start", key)]["docker"], results[("start", key)]["local"]
         print(f"| {label} | {med(d) * 1e3:.0f} | {med(lo) * 1e3:.0f} | {(med(d) - med(lo)) * 1e3:.0f} "
               f"| {min(d) * 1e3:.0f}-{max(d) * 1e3:.0f} |")
+    process = med(results[("start", "process")]["docker"])
+    print(f"\nOn docker, `Process.start()` -> target's first line is "
+          f"{process / med(results[('start', 'job')]['docker']):.2f}x the bare job and "
+          f"{process / med(results[('start', 'job+import')]['docker']):.2f}x the bare job that imports fiber_core.")
     print(f"\n### Fiber paper overhead workload: Pool({WORKERS}), ideal time 1 s per batch (s)\n")
     print("| task | batch | docker | local | docker / local | docker range | local range |")
     print("|---|---:|---:|---:|---:|---:|---:|")

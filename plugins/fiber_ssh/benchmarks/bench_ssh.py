@@ -117,14 +117,27 @@ def process_start(results: dict, name: str) -> None:
     results[("job", "Process start() + join(), no-op (ms)")][name].append((time.perf_counter() - t0) * 1e3)
 
 
-def bare_command(backend: Any, results: dict) -> None:
-    """One ``exec true`` on an open connection to each host: the login shell's own cost."""
+def bare_command(backend: Any, python: str, results: dict) -> None:
+    """On an open connection to each host: one ``exec true`` (the login shell's own cost),
+    and the platform's own start of a Python program, bare and importing fiber_core first
+    (as a Fiber program's main module does), to its first line."""
     for host in backend._hosts:
         t = next(x for x in host.transports if x.is_active())
         t0 = time.perf_counter()
         backend._run(host, t, "true")
         results[("job", "exec `true` on an open connection (ms)")]["ssh"].append(
             (time.perf_counter() - t0) * 1e3)
+        for label, program in ((EXEC_PYTHON, FIRST_LINE), (EXEC_IMPORT, "import fiber_core; " + FIRST_LINE)):
+            t0 = time.time()
+            code, out, err = backend._run(host, t, shlex.join([python, "-c", program]))
+            if code != 0:
+                raise RuntimeError(f"exec of python on {host.name} failed ({code}): {err}")
+            started = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("t "))
+            results[("job", label)]["ssh"].append((started - t0) * 1e3)
+
+
+EXEC_PYTHON = "exec `python -c <first line>` on an open connection -> first line (ms)"
+EXEC_IMPORT = "the same, importing fiber_core first -> first line after it (ms)"
 
 
 # -- the overhead workload ---------------------------------------------------------------------
@@ -186,7 +199,7 @@ def run(reps: int, jobs_per_rep: int) -> dict:
                     job_start(backends[name], pythons[name], results, name)
                 process_start(results, name)
                 if name == "ssh":
-                    bare_command(backends["ssh"], results)
+                    bare_command(backends["ssh"], pythons["ssh"], results)
                 pool_turn(name, results)
             print(f"repetition {r + 1}/{reps}: {time.perf_counter() - t:.1f} s "
                   f"(load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
@@ -217,6 +230,13 @@ def report(results: dict, hosts: str, reps: int) -> str:
     row("Pool(5) -> first result (s)", ("pool", "Pool(5) -> first result (s)"), "{:.2f}")
     for seconds, batch in CASES:
         row(f"map: {batch} x sleep {seconds * 1000:g} ms (s; ideal 1.00)", ("sleep", seconds), "{:.3f}")
+    process = results[("job", "Process.start() -> target's first line (ms)")]["ssh"]
+    if process and results[("job", EXEC_PYTHON)]["ssh"]:
+        p, bare, imp = (statistics.median(results[("job", k)]["ssh"])
+                        for k in ("Process.start() -> target's first line (ms)", EXEC_PYTHON, EXEC_IMPORT))
+        lines.append("")
+        lines.append(f"On ssh, `Process.start()` -> target's first line is {p / bare:.2f}x the exec of a "
+                     f"bare Python program and {p / imp:.2f}x the exec of one that imports fiber_core.")
     spread = results[("pool", "hosts the 5 workers ran on")]["ssh"]
     if spread:
         lines.append("")
@@ -229,6 +249,8 @@ _JOB_ORDER = [
     "start -> first instruction (ms)",
     "start -> exit code known (ms)",
     "exec `true` on an open connection (ms)",
+    EXEC_PYTHON,
+    EXEC_IMPORT,
     "Process.start() -> target's first line (ms)",
     "Process start() + join(), no-op (ms)",
 ]
