@@ -77,3 +77,18 @@ def test_jobs_start_fresh_when_the_template_is_gone(template: int, caplog: pytes
     p.join(T)
     assert ppid == os.getpid() and p.exitcode == 0  # a new interpreter, child of this process
     assert "local jobs start as new interpreters" in caplog.text
+
+
+def modules_loaded(q: fiber_core.Queue, names: list[str]) -> None:
+    q.put((os.getppid(), [name in sys.modules for name in names]))
+
+
+def test_the_template_preloads_what_pool_workers_import(template: int) -> None:
+    # Forked from the template, a job has the worker's and the Pool's modules already (a
+    # pool worker would otherwise import the Pool's first: about half of its start).
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=modules_loaded,
+                           args=(q, ["fiber_core.processes.worker", "fiber_core.parallel.pool"]))
+    p.start()
+    assert q.get(timeout=T) == (template, [True, True])  # forked from the template, both there
+    p.join(T)

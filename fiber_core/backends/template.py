@@ -20,8 +20,9 @@ template -> backend
     :mod:`multiprocessing` has it: ``-9`` after SIGKILL).
 
 The template ends when the socket closes (its parent ended or cleaned up). It
-preloads the worker module and the modules named by the ``forkserver_preload``
-setting (``fiber_core.set_forkserver_preload``).
+preloads the worker module, the Pool's module (a pool worker imports it first: about
+6 ms of CPU each, as much as the rest of its start) and the modules named by the
+``forkserver_preload`` setting (``fiber_core.set_forkserver_preload``).
 """
 
 from __future__ import annotations
@@ -338,6 +339,7 @@ class Template:
 
 if __name__ == "__main__":
     try:
-        serve(socket.socket(fileno=int(sys.argv[1])), ["fiber_core.processes.worker", *sys.argv[2:]])
+        serve(socket.socket(fileno=int(sys.argv[1])),
+              ["fiber_core.processes.worker", "fiber_core.parallel.pool", *sys.argv[2:]])
     except (ConnectionError, KeyboardInterrupt):
         pass  # the backend went away meanwhile: nothing is left to serve
