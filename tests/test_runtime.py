@@ -17,6 +17,7 @@ import pytest
 import fiber_core
 from fiber_core.backends.local import LocalBackend
 from fiber_core.base.errors import AuthenticationError
+from fiber_core.base.net import connect_tcp
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.auth import _MAGIC
@@ -150,6 +151,34 @@ def test_silent_clients_do_not_block_the_run(kind: str) -> None:
     finally:
         for sock in [*idle, half_open]:
             sock.close()
+
+
+@pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_a_numeric_address_is_connected_to_without_the_resolver(
+        family: int, host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        server = socket.socket(family, socket.SOCK_STREAM)
+        server.bind((host, 0))
+    except OSError:
+        pytest.skip(f"no {host} here")
+    server.listen()
+    port = server.getsockname()[1]
+
+    def no_resolver(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the resolver was asked")
+
+    with server:
+        monkeypatch.setattr(socket, "getaddrinfo", no_resolver)
+        with connect_tcp(host, port, T) as sock:
+            peer, _ = server.accept()
+            peer.sendall(b"x")
+            assert sock.recv(1) == b"x" and sock.gettimeout() == T
+            peer.close()
+        with pytest.raises(AssertionError, match="resolver"):
+            connect_tcp("localhost", port, T)  # a name is resolved, as create_connection does
+        monkeypatch.undo()
+    with pytest.raises(ConnectionRefusedError):
+        connect_tcp(host, port, T)  # nothing listens there any more
 
 
 def test_right_key_unknown_target_is_a_clear_error() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from fiber_core.base.errors import AuthenticationError
 from fiber_core.base.log import log
-from fiber_core.base.net import keepalive
+from fiber_core.base.net import connect_tcp, keepalive
 from fiber_core.runtime.config import config
 from fiber_core.wire.auth import client_handshake, server_handshake
 
@@ -49,7 +49,7 @@ def dial(addresses: str, key: bytes, target: str, timeout: float = 30.0) -> sock
                 sock.connect(rest)
             elif kind == "tcp":
                 host, _, port = rest.rpartition(":")
-                sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+                sock = connect_tcp(host.strip("[]"), int(port), timeout)
             else:
                 raise ValueError(f"unknown address kind {kind!r}")
             try:
