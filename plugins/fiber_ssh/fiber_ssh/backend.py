@@ -41,6 +41,7 @@ import hashlib
 import itertools
 import json
 import logging
+import marshal
 import math
 import os
 import selectors
@@ -765,18 +766,18 @@ class SshBackend(Backend):
         env[ENV_JOB_HOST] = host.hostname  # its jobs share one copy of a broadcast value there
         if placement.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, placement.gpus))
-        job_line = json.dumps({
-            "argv": spec.command,
+        job_line = base64.b64encode(marshal.dumps({  # see supervisor.py
+            "argv": list(spec.command),
             "env": env,
             "cwd": spec.cwd or host.workdir,
             "orphan_timeout": self.settings["orphan_timeout"] or None,
-        })
+        }, 4))
         python = self.settings["python"] or "python3"
         command = (f"exec {shlex.quote(python)} -I -S -c {shlex.quote(_SUPERVISOR)} "
                    f"fiber-ssh {shlex.quote(self.run_id or '-')}")
         try:
             chan.exec_command(command)
-            chan.sendall(job_line.encode() + b"\n")
+            chan.sendall(job_line + b"\n")
         except (paramiko.SSHException, OSError, EOFError) as e:
             chan.close()
             raise _Unreachable(f"{host.name} did not start the job: {e}") from e

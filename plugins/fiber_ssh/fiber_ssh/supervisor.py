@@ -5,9 +5,10 @@ it needs nothing but the standard library and sees nothing of the job's environm
 It talks to the backend over the channel:
 
 stdin, first line
-    The job as JSON: ``{"argv": [...], "env": {...}, "cwd": ..., "orphan_timeout": s}``.
-    The environment travels here, not on the command line, where ``ps`` would show
-    the run's key to every user of the host.
+    The job, ``{"argv": [...], "env": {...}, "cwd": ..., "orphan_timeout": s}``, as
+    :mod:`marshal` data (format 4) in base64: read with two built-in modules, where
+    JSON's parser would import ``re`` first. The environment travels here, not on the
+    command line, where ``ps`` would show the run's key to every user of the host.
 stdin, then one command per line
     ``T``: SIGTERM to the job's process group; ``K``: SIGKILL to it; ``h``: heartbeat.
     End of file (the connection to the parent is gone) kills the group, and so does
@@ -29,18 +30,19 @@ killed too. SIGTERM sent to this supervisor is passed on to the job's group (it
 stays until the job ends); if the supervisor itself is killed, the job's first
 process gets SIGKILL from the kernel (Linux: ``PR_SET_PDEATHSIG``), so no job is
 left running that nobody can stop.
+
+The job is started before anything else is imported: what this supervisor needs only
+later (select, signal, time) loads while the job's interpreter starts.
 """
 
 from __future__ import annotations
 
-import json
+import binascii
+import marshal
 import os
-import select
-import signal
-import subprocess
 import sys
-import threading
-import time
+
+_SIGKILL, _SIGTERM = 9, 15  # Linux's numbers: the signal module is imported after the job starts
 
 
 def _say(line: str) -> None:
@@ -85,14 +87,61 @@ def _oom_kills() -> int | None:
     return None
 
 
-def _die_with_supervisor() -> None:
-    """In the job's process, before it runs: SIGKILL when this supervisor dies (Linux)."""
+def _death_signal():  # noqa: ANN202 - a callable or None
+    """What the job's process calls before it runs: SIGKILL when this supervisor dies.
+
+    ``prctl(PR_SET_PDEATHSIG)``, looked up here before the fork; None where there is
+    no such call (not Linux): the job then outlives a killed supervisor.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass  # not Linux: the job then outlives a killed supervisor
+        return None
+    return lambda: prctl(1, _SIGKILL, 0, 0, 0)
+
+
+def _spawn(argv: list[str], env: dict[str, str], cwd: str | None) -> int:
+    """Start the job in a new session, stdin from /dev/null, stdout and stderr to ours.
+
+    Raises the OSError that kept it from starting (its command or directory missing...),
+    reported by the child through a pipe that a successful exec closes.
+    """
+    die_with_us = _death_signal()
+    r, w = os.pipe()  # both close on exec
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            if die_with_us is not None:
+                die_with_us()
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(2, 1)
+            os.close(null)
+            if cwd:
+                os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        except BaseException as e:
+            err = e if isinstance(e, OSError) else OSError(0, repr(e))
+            try:
+                os.write(w, marshal.dumps((err.errno or 0, err.strerror or str(err), err.filename), 4))
+            finally:
+                os._exit(127)
+    os.close(w)
+    report = b""
+    while chunk := os.read(r, 65536):
+        report += chunk
+    os.close(r)
+    if report:
+        os.waitpid(pid, 0)
+        errno, strerror, filename = marshal.loads(report)
+        raise OSError(errno, strerror, filename)
+    return pid
 
 
 def main() -> int:
@@ -103,17 +152,13 @@ def main() -> int:
             return 2  # the parent went away before it sent the job
         buf += chunk
     line, buf = buf.split(b"\n", 1)
-    job = json.loads(line)
+    job = marshal.loads(binascii.a2b_base64(line))
     env = dict(os.environ)
     env.update(job.get("env") or {})
     argv = job["argv"]
     ooms = _oom_kills()
     try:
-        # No thread runs yet here, so a preexec_fn is safe; the main thread, which forks, lives
-        # as long as this process (PDEATHSIG follows the forking thread).
-        proc = subprocess.Popen(argv, env=env, cwd=job.get("cwd") or None, stdin=subprocess.DEVNULL,
-                                stdout=2, stderr=2, start_new_session=True,
-                                preexec_fn=_die_with_supervisor if sys.platform == "linux" else None)
+        pid = _spawn(argv, env, job.get("cwd") or None)
     except OSError as e:
         where = " in " + job["cwd"] if job.get("cwd") else ""
         why = f"cannot start {argv[0]!r}{where}: {e}"
@@ -121,50 +166,67 @@ def main() -> int:
         _say("error " + why.replace("\n", " "))
         _say("exit 127")
         return 127
-    _say(f"pid {proc.pid}")
-    signal.signal(signal.SIGTERM, lambda *_: _killpg(proc.pid, signal.SIGTERM))
-    done_r, done_w = os.pipe()
+    _say(f"pid {pid}")
+    import select  # the job is starting meanwhile
+    import signal
+    import time
 
-    def reap() -> None:
-        proc.wait()
-        os.write(done_w, b"x")
+    signal.signal(signal.SIGTERM, lambda *_: _killpg(pid, _SIGTERM))
+    try:
+        ended = os.pidfd_open(pid)  # readable once the job has ended (Linux 5.3+)
+    except (AttributeError, OSError):
+        import threading
 
-    threading.Thread(target=reap, daemon=True).start()
+        ended, done_w = os.pipe()
+
+        def reap() -> None:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # reaped below
+            os.write(done_w, b"x")
+
+        threading.Thread(target=reap, daemon=True).start()
     timeout = job.get("orphan_timeout") or None
     last = time.monotonic()
-    watching = [0, done_r]
+    watching = [0, ended]
     killed = False  # this supervisor sent SIGKILL
     while True:
         wait = None
         if timeout is not None and 0 in watching:
             wait = max(0.0, last + timeout - time.monotonic())
-        ready = select.select(watching, [], [], wait)[0]
-        if done_r in ready:
+        try:
+            ready = select.select(watching, [], [], wait)[0]
+        except InterruptedError:
+            continue
+        if ended in ready:
             break
         if 0 not in ready:
             os.write(2, f"fiber-ssh: no word from the parent for {timeout:g} s: "
                         "killing the job\n".encode())
-            _killpg(proc.pid, signal.SIGKILL)
+            _killpg(pid, _SIGKILL)
             killed = True
-            watching = [done_r]
+            watching = [ended]
             continue
         chunk = os.read(0, 65536)
         if not chunk:  # the channel closed: the parent is gone
-            _killpg(proc.pid, signal.SIGKILL)
+            _killpg(pid, _SIGKILL)
             killed = True
-            watching = [done_r]
+            watching = [ended]
             continue
         last = time.monotonic()
         *commands, buf = (buf + chunk).split(b"\n")
         for command in commands:
             if command == b"T":
-                _killpg(proc.pid, signal.SIGTERM)
+                _killpg(pid, _SIGTERM)
             elif command == b"K":
-                _killpg(proc.pid, signal.SIGKILL)
+                _killpg(pid, _SIGKILL)
                 killed = True
-    code = proc.returncode
-    _killpg(proc.pid, signal.SIGKILL)  # what the job left running in its group
-    if code == -signal.SIGKILL and not killed and ooms is not None:
+    while True:
+        try:
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            break
+        except InterruptedError:
+            continue
+    _killpg(pid, _SIGKILL)  # what the job left running in its group
+    if code == -_SIGKILL and not killed and ooms is not None:
         after = _oom_kills()
         if after is not None and after > ooms:
             _say("oom")
