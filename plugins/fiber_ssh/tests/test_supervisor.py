@@ -1,0 +1,97 @@
+"""The job supervisor run on this machine, without SSH: its stdin and stdout protocol."""
+
+from __future__ import annotations
+
+import base64
+import marshal
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from fiber_ssh.backend import _SUPERVISOR
+
+T = 30.0
+
+WITHOUT_PIDFD = ("import os, sys; del os.pidfd_open; "  # a Linux before 5.3: a thread reaps the job
+                 "exec(compile(sys.argv.pop(1), 'supervisor', 'exec'), {'__name__': '__main__'})")
+
+
+class Supervisor:
+    """The supervisor run as the backend runs it (``-I -S -c``), with ``argv`` as its job."""
+
+    def __init__(self, argv: list[str], cwd: str | None = None, pidfd: bool = True) -> None:
+        job = {"argv": argv, "env": {"SUPERVISED": "yes"}, "cwd": cwd, "orphan_timeout": None}
+        code = [_SUPERVISOR] if pidfd else [WITHOUT_PIDFD, _SUPERVISOR]
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", *code, "fiber-ssh", "test"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(base64.b64encode(marshal.dumps(job, 4)) + b"\n")
+        self.proc.stdin.flush()
+        self.said: list[str] = []
+
+    def next_word(self) -> str:
+        """The next ``@fiber`` line (blocks; the test's timeout bounds it)."""
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline().decode()
+            assert line, f"the supervisor ended; it said {self.said}"
+            if line.startswith("@fiber "):
+                self.said.append(line[len("@fiber "):].strip())
+                return self.said[-1]
+
+    def send(self, command: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + b"\n")
+        self.proc.stdin.flush()
+
+    def finish(self) -> tuple[int, list[str], str]:
+        """Close its stdin (the parent is gone); its status, all it said, its stderr."""
+        out, err = self.proc.communicate(timeout=T)
+        self.said += [x[len("@fiber "):] for x in out.decode().splitlines() if x.startswith("@fiber ")]
+        return self.proc.returncode, self.said, err.decode()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "thread"])
+def test_a_job_runs_and_its_exit_is_reported(pidfd: bool) -> None:
+    sup = Supervisor(["sh", "-c", 'echo "out $SUPERVISED"; echo err >&2; exit 3'], pidfd=pidfd)
+    assert sup.next_word().startswith("pid ")
+    assert sup.next_word() == "exit 3"
+    code, _, err = sup.finish()
+    assert code == 3
+    assert "out yes" in err and "err" in err  # the job's stdout and stderr go to the log
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "thread"])
+def test_a_signal_sent_through_the_supervisor_ends_the_job(pidfd: bool) -> None:
+    sup = Supervisor(["sh", "-c", 'echo "sid $(ps -o sid= -p $$) pid $$" >&2; exec sleep 600'], pidfd=pidfd)
+    pid = int(sup.next_word().split()[1])
+    assert sup.proc.stderr is not None
+    assert " ".join(sup.proc.stderr.readline().decode().split()) == f"sid {pid} pid {pid}"  # its own session
+    sup.send(b"T")  # SIGTERM to the job's group
+    assert sup.next_word() == f"exit {-signal.SIGTERM}"
+    code, _, _ = sup.finish()
+    assert code == 128 + signal.SIGTERM
+
+
+@pytest.mark.timeout(60)
+def test_the_job_is_killed_when_the_parent_is_gone() -> None:
+    sup = Supervisor(["sleep", "600"])
+    assert sup.next_word().startswith("pid ")
+    code, said, _ = sup.finish()  # stdin closes: the channel to the parent is gone
+    assert said[-1] == f"exit {-signal.SIGKILL}" and code == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize("argv, cwd, words", [
+    (["/nonexistent/program"], None, "cannot start '/nonexistent/program': [Errno 2]"),
+    (["true"], "/nonexistent/dir", "cannot start 'true' in /nonexistent/dir: [Errno 2]"),
+])
+def test_a_job_that_cannot_start_says_why(argv: list[str], cwd: str | None, words: str) -> None:
+    code, said, err = Supervisor(argv, cwd=cwd).finish()
+    assert code == 127
+    assert said[0].startswith("error " + words) and said[-1] == "exit 127", said
+    assert words in err
+
