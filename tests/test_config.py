@@ -206,3 +206,20 @@ def test_a_builtin_backends_settings_come_from_its_variables(tmp_path: Path) -> 
                                             "FIBER_LOCAL_PRELOAD": "json,decimal"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["fresh", "['json',", "'decimal']"]
+
+
+def test_without_a_config_file_its_parser_is_not_loaded(tmp_path: Path) -> None:
+    # Every job looks settings up as it starts; with no .fiberconfig, that costs no import.
+    program = ("import sys\n"
+               "from fiber_core.runtime.config import config\n"
+               "print(config.get('peer_timeout'), 'configparser' in sys.modules)\n")
+
+    def run() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert run() == ["30.0", "False"]
+    (tmp_path / ".fiberconfig").write_text("[fiber]\npeer_timeout = 7\n")
+    assert run() == ["7.0", "True"]

@@ -75,6 +75,7 @@ class Config:
         self._lock = threading.Lock()
         self._init: dict[str, Any] = {}
         self._file: configparser.ConfigParser | None = None
+        self._file_read = False
         self._file_path: str | None = None
         self._backend_options: dict[str, tuple[Option, ...]] = {}
         self.generation = 0
@@ -106,6 +107,7 @@ class Config:
         with self._lock:
             self._init.clear()
             self._file = None
+            self._file_read = False
             self._file_path = None
             self.generation += 1
 
@@ -124,15 +126,18 @@ class Config:
                 known[f"{backend}_{o.name}"] = o
         return known
 
-    def _read_file(self) -> configparser.ConfigParser:
+    def _read_file(self) -> configparser.ConfigParser | None:
+        """``.fiberconfig`` of the working directory, read once (until :meth:`reset`); None
+        if there is none, and then configparser is not imported (a job's start looks a
+        setting up)."""
         with self._lock:
-            if self._file is not None:
+            if self._file_read:
                 return self._file
-            import configparser  # when a setting is looked up: a job given its parent's needs none
-
-            parser = configparser.ConfigParser(interpolation=None)
             path = os.path.abspath(CONFIG_FILE)
             if os.path.exists(path):
+                import configparser
+
+                parser = configparser.ConfigParser(interpolation=None)
                 try:
                     parser.read(path, encoding="utf-8")
                 except configparser.Error as e:
@@ -141,8 +146,9 @@ class Config:
                         "for global keys, a [<backend>] section per backend."
                     ) from None
                 self._file_path = path
-            self._file = parser
-            return parser
+                self._file = parser
+            self._file_read = True
+            return self._file
 
     # -- reading -------------------------------------------------------------------
 
@@ -160,7 +166,7 @@ class Config:
         if env in os.environ:
             return Value(option.parse(os.environ[env], env, "environment"), f"env {env}")
         parser = self._read_file()
-        if parser.has_option(section, key):
+        if parser is not None and parser.has_option(section, key):
             where = f"{self._file_path} [{section}]"
             return Value(option.parse(parser.get(section, key), f"{key} in [{section}]", where), where)
         return Value(option.default, "default")
@@ -183,7 +189,8 @@ class Config:
 
     def check_file(self) -> None:
         """Validate every key of ``.fiberconfig`` whose section is known."""
-        for section in self._read_file().sections():
+        parser = self._read_file()
+        for section in parser.sections() if parser is not None else ():
             self.check_section(section)
 
     def check_section(self, section: str) -> None:
@@ -193,7 +200,7 @@ class Config:
         secret put where it does not belong) is refused instead of silently ignored.
         """
         parser = self._read_file()
-        if not parser.has_section(section):
+        if parser is None or not parser.has_section(section):
             return
         if section == "fiber":
             names = {o.name for o in GLOBAL_OPTIONS}
