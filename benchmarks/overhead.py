@@ -36,6 +36,7 @@ Usage::
     python benchmarks/overhead.py                 # about 2-3 minutes (5 repetitions)
     python benchmarks/overhead.py --quick         # smoke run, under a minute
     python benchmarks/overhead.py --reps 9 --skip-scale
+    python benchmarks/overhead.py --scale-only --scale-workers 512 --scale-rounds 3
 
 Ratios are fiber / multiprocessing in *time* (for throughputs: the inverse ratio
 of the rates), so ``<= 1.00`` means fiber is at least as fast. The fiber side uses
