@@ -12,6 +12,7 @@ killed program leaves is removed by the next run (``tests/test_leftovers.py``), 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import os
 import shutil
 import subprocess
@@ -67,6 +68,19 @@ class _SuiteTempdir:
             listing = "\n".join(f"  {p}: {sorted(os.listdir(p)) if p.is_dir() else 'a file'}" for p in left)
             raise AssertionError(f"the core suite left {len(left)} run or multiprocessing temp dir(s) in "
                                  f"its temp dir {private}:\n{listing}")
+        mp_tempdir = multiprocessing.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+        if mp_tempdir is not None and Path(mp_tempdir).parent == private:
+            # multiprocessing removes its own at exit (and reports it gone if it already is):
+            # the rest goes now, the directory itself after multiprocessing's finalizer.
+            for entry in private.iterdir():
+                if str(entry) == mp_tempdir:
+                    continue
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink()
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=(private, True), exitpriority=-101)
+            return
         shutil.rmtree(private, ignore_errors=True)
 
 

@@ -33,6 +33,11 @@ WAIT = 60
 """Seconds: the upper bound of every wait on a pod (a test that needs it has failed)."""
 
 
+def unschedulable(pod: Any) -> bool:
+    """Whether the scheduler found no node for ``pod`` (a ``V1Pod``): PodScheduled is False."""
+    return any(c.type == "PodScheduled" and c.status == "False" for c in pod.status.conditions or [])
+
+
 class Emu:
     """The emulator in use: its kubeconfig, an API client, and its admin endpoints."""
 

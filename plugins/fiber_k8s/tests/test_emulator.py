@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 k8s = pytest.importorskip("kubernetes")
-from k8s_helpers import IMAGE, WAIT, Emu  # noqa: E402
+from k8s_helpers import IMAGE, WAIT, Emu, unschedulable  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
@@ -241,10 +241,7 @@ def test_gpu_pod_is_unschedulable_until_a_gpu_node_exists(emu: Emu, v1: client.C
     gpu = client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"})
     created = v1.create_namespaced_pod(ns, pod(command=["true"], container={"resources": gpu}))
     name = created.metadata.name
-
-    def unschedulable(_: str, p: client.V1Pod) -> bool:
-        return any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or [])
-    _, p = wait_pod(v1, ns, name, unschedulable)
+    _, p = wait_pod(v1, ns, name, lambda _, p: unschedulable(p))
     cond = next(c for c in p.status.conditions if c.type == "PodScheduled")
     assert p.status.phase == "Pending" and cond.reason == "Unschedulable"
     assert cond.message.startswith("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
