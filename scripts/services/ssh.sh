@@ -14,7 +14,8 @@
 # reach the parent through it instead of the network. Only this service's directory, the
 # repository (CI may clone it under /tmp) and the paths in FIBER_SSH_SHARED (colon-separated)
 # stay visible there. Each has its own /dev/shm too, so what one host keeps in shared
-# memory (a broadcast copy, a named semaphore) is not visible on the others. The
+# memory (a broadcast copy, a named semaphore) is not visible on the others, and an empty
+# ~/.bashrc for the login user, as a fresh server has (this machine's runs pyenv init). The
 # namespaces are global: `up` records which service directory owns them (in $OWNER) and
 # `down` from another directory leaves them alone.
 set -euo pipefail
@@ -47,9 +48,13 @@ start_sshd() {
   unset IFS
   local old=/run/fiber-ssh-oldtmp-h$n  # where the real /tmp stays reachable while binding
   mkdir -p "$old"
+  : >"$h/bashrc"
   ip netns exec "fiber-h$n" unshare --uts --mount --propagation private sh -c '
     set -e
     hostname "$1"; old=$2 h=$3; shift 3
+    # The login shell of a fresh server: bash reads ~/.bashrc for a command sshd runs, and
+    # this machine'"'"'s (pyenv init here: 60 ms and a lock of its own per command) is not the hosts'"'"'.
+    if [ -f "$HOME/.bashrc" ]; then mount --bind "$h/bashrc" "$HOME/.bashrc"; fi
     mount --bind /tmp "$old"
     mount -t tmpfs -o mode=1777,size=25% "$(hostname)-tmp" /tmp
     mount -t tmpfs -o mode=1777,size=25% "$(hostname)-shm" /dev/shm
