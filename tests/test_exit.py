@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from procs import alive
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -33,16 +34,6 @@ def _ready(proc: subprocess.Popen) -> dict[str, str]:
         seen[key] = value
     proc.wait(T)
     raise AssertionError(f"the program ended before it was ready: {proc.stderr.read() if proc.stderr else ''}")
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie of a process that is not our child cannot be reaped here: look at its state.
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_a_non_daemon_child_finishes_before_exit_handlers_registered_after_it_run(run_script) -> None:  # noqa: ANN001
@@ -95,7 +86,7 @@ def test_sigterm_stops_the_children_removes_the_run_and_ends_by_the_signal(tmp_p
     assert proc.returncode == -signal.SIGTERM, err
     assert "finally ran" in out
     assert "Traceback" not in err, err
-    assert _gone(int(seen["pid"]))
+    assert not alive(int(seen["pid"]))
     assert not os.path.exists(seen["rundir"])
 
 
@@ -120,7 +111,7 @@ def test_sigterm_leaves_a_handler_of_the_program_alone(tmp_path: Path) -> None:
         proc.kill()
         proc.wait(T)
     assert proc.returncode == 7, err
-    assert _gone(int(seen["pid"]))  # the normal exit stopped the daemonic child
+    assert not alive(int(seen["pid"]))  # the normal exit stopped the daemonic child
 
 
 def test_a_child_forked_by_other_code_does_not_end_the_run(run_script) -> None:  # noqa: ANN001
@@ -162,4 +153,4 @@ def test_a_manager_not_shut_down_is_shut_down_at_exit(run_script) -> None:  # no
     assert out.returncode == 0, out.stderr
     key, pid, rest = out.stdout.split(" ", 2)
     assert (key, rest.strip()) == ("server", "{'x': 1}"), out.stdout
-    assert _gone(int(pid))
+    assert not alive(int(pid))

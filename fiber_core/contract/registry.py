@@ -209,10 +209,18 @@ class Registry:
         """
         with self._lock:
             self._builtins[backend.name] = (plugin, backend)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(backend)
 
     def on_register(self, listener: Callable[[type[Backend]], None]) -> None:
-        """Call ``listener(cls)`` for every backend class once plugins are loaded."""
-        self._listeners.append(listener)
+        """Call ``listener(cls)`` for every backend class: a built-in one at once (it is used
+        without loading the plugins), the plugins' once they are loaded."""
+        with self._lock:
+            self._listeners.append(listener)
+            builtins = [cls for _, cls in self._builtins.values()]
+        for cls in builtins:
+            listener(cls)
 
     def _load_plugins(self) -> None:
         """Register the built-in and installed plugin modules with pluggy (once).

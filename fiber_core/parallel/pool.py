@@ -41,9 +41,10 @@ units of equal size (give or take one item; one item each for short inputs):
 fine enough that the last units balance well, coarse enough that per-unit costs
 vanish for tiny tasks. Big pools get fewer per worker, :data:`AUTO_UNITS_MAX` in
 all (but at least 4 per worker): the last units of a map travel one per message,
-and with hundreds of workers those messages, not the work, set the pace. When an earlier job timed the same function, fewer units
-if that leaves each :data:`MIN_UNIT_SECONDS` of work (never fewer than 4 per
-worker, multiprocessing's default). ``imap`` and ``imap_unordered`` default to
+and with hundreds of workers those messages, not the work, set the pace. When an
+earlier job timed the same function, fewer units if that leaves each
+:data:`MIN_UNIT_SECONDS` of work (never fewer than 4 per worker,
+multiprocessing's default). ``imap`` and ``imap_unordered`` default to
 one item, as in the stdlib.
 
 The master sends a worker as many units per message as fit in
@@ -98,7 +99,7 @@ from fiber_core.base.errors import (
     TaskLostError,
     TimeoutError,
 )
-from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error, readable
+from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 from fiber_core.contract.jobs import EndReason
@@ -1323,7 +1324,7 @@ class Pool:
         # What the worker sent before it ended comes first (its exit and its last messages
         # may be seen in the same round): a result, or which item it started, which is
         # the one its death is charged to.
-        while w.conn is not None and not w.lost and w.conn._sock is not None and readable(w.conn._sock):
+        while w.conn is not None and not w.lost and not w.conn.closed and w.conn.poll(0):
             self._on_message(w)
         self._lose(w)
         try:
@@ -1535,11 +1536,7 @@ class Pool:
                 if len(w.pending) != level:
                     continue
                 front = self._queue[0]
-                est = self._unit_seconds.get(front.func_id)
-                measured = est is not None
-                if not measured:  # this job's task times are not known yet: the function's?
-                    per_item = self._item_seconds.get(hash(front.func_bytes))
-                    est = None if per_item is None else per_item * front.count
+                est, measured = self._estimate(front)
                 if est is None:
                     if level:
                         continue
@@ -1600,6 +1597,16 @@ class Pool:
                       len(units), spare.process.name)
             self._send_units(spare, units)
 
+    def _estimate(self, unit: _Unit) -> tuple[float | None, bool]:
+        """Seconds ``unit`` should take, and whether its job measured that: until the job's
+        first batch is back, the same function's time per item in an earlier job stands in
+        (None if there is none)."""
+        est = self._unit_seconds.get(unit.func_id)
+        if est is not None:
+            return est, True
+        per_item = self._item_seconds.get(hash(unit.func_bytes))
+        return (None if per_item is None else per_item * unit.count), False
+
     def _running_long(self, w: _Worker) -> bool:
         """Whether the batch a worker runs may take long (its time unknown, or more than
         PREFETCH_BELOW_SECONDS): work sent behind it would wait there while another worker,
@@ -1607,11 +1614,7 @@ class Pool:
         units = next(iter(w.pending.values()), None)
         if not units:
             return False
-        first = units[0]
-        est = self._unit_seconds.get(first.func_id)
-        if est is None:
-            per_item = self._item_seconds.get(hash(first.func_bytes))
-            est = None if per_item is None else per_item * first.count
+        est = self._estimate(units[0])[0]
         return est is None or est * len(units) >= PREFETCH_BELOW_SECONDS
 
     def _prefetch_too_big(self, w: _Worker, front: _Unit) -> bool:

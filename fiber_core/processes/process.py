@@ -795,8 +795,8 @@ def _exit_children() -> None:
 
     After SIGTERM every child is terminated: the program is being stopped.
     """
-    from multiprocessing import util  # at exit only: a job starts without it
-
+    # Only if loaded: whatever registers a finalizer imports it (a job may end without it).
+    util = sys.modules.get("multiprocessing.util")
     run_finalizers = getattr(util, "_run_finalizers", None)
     if run_finalizers is not None:
         run_finalizers(0)

@@ -292,9 +292,6 @@ def selected_backend_name(explicit: str | None = None) -> str:
 def create_backend(name: str, run_id: str, rundir: str | None = None) -> Backend:
     """A new instance of the backend ``name`` with its settings resolved now."""
     cls = plugins().get_class(name)
-    # A built-in backend is found without loading the plugins, whose registration would
-    # make its options known: made known here, or its FIBER_* variables would be ignored.
-    config.register_backend_options(cls.settings_section(), cls.options)
     config.check_section(cls.settings_section())
     backend = cls(config.backend_settings(cls.settings_section()), run_id, rundir)
     backend.peer_timeout = config.get("peer_timeout")

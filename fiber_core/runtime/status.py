@@ -274,9 +274,9 @@ def find_runs(tmpdir: str | None = None) -> list[RunFile]:
 def find_run(run_id: str | None = None, tmpdir: str | None = None) -> RunFile:
     """The newest live run of this user that shows its state, or the one ``run_id`` names
     (or begins with). Raises :class:`FiberError` saying what to do when there is none."""
-    runs = find_runs(tmpdir)
-    import tempfile
+    import tempfile  # the viewer's side only
 
+    runs = find_runs(tmpdir)
     where = tmpdir or tempfile.gettempdir()
     if run_id is None:
         if not runs:

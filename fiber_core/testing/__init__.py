@@ -14,9 +14,13 @@ A backend plugin proves itself with::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["BackendConformance", "glance", "service_missing"]
+if TYPE_CHECKING:  # jobs import this package (targets): it stays light
+    from collections.abc import Mapping
+    from pathlib import Path
+
+__all__ = ["BackendConformance", "START_ONE", "failing_program", "glance", "service_missing"]
 
 
 def service_missing(reason: str) -> None:
@@ -53,6 +57,29 @@ def glance(stderr: str, script: str, above: int = 1) -> str:
     if not lines[-1] or lines[-1].startswith(" "):
         raise AssertionError(f"stderr does not end with the error on one line:\n{stderr}")
     return lines[-1]
+
+
+START_ONE = "fiber_core.Process(target=abs, args=(1,)).start()"
+"""The main block of the smallest program that starts a job on the selected backend."""
+
+
+def failing_program(directory: str | Path, env: Mapping[str, str], body: str = START_ONE,
+                    timeout: float = 60.0) -> tuple[str, str]:
+    """Run ``app.py``, a program whose main block is ``body``, in ``directory`` in a fresh
+    interpreter with ``env`` (``FIBER_BACKEND=docker python app.py``, as a user would); it
+    must end with an exception that reads at a glance (:func:`glance`). Return its error
+    line and its whole stderr."""
+    import subprocess  # test processes only
+    import sys
+    from pathlib import Path
+
+    script = Path(directory) / "app.py"
+    script.write_text(f"import fiber_core\n\nif __name__ == '__main__':\n    {body}\n")
+    out = subprocess.run([sys.executable, str(script)], env=dict(env), cwd=directory,
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 1:
+        raise AssertionError(f"the program ended with {out.returncode}, not with an exception:\n{out.stderr}")
+    return glance(out.stderr, str(script)), out.stderr
 
 
 def __getattr__(name: str) -> Any:

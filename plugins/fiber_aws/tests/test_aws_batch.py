@@ -35,7 +35,7 @@ import fiber_core
 import pytest
 from fiber_core.contract import Backend, BackendError, ConfigError, EndReason, Job, JobSpec
 from fiber_core.runtime.config import config, create_backend, listen_host, plugins
-from fiber_core.testing import BackendConformance, glance
+from fiber_core.testing import BackendConformance, failing_program
 
 from fiber_aws.backend import AwsBatchBackend
 
@@ -684,13 +684,7 @@ def test_unreachable_endpoint_reads_at_a_glance(tmp_path: Path) -> None:
     endpoint = f"http://127.0.0.1:{port}"
     env = {**os.environ, "FIBER_BACKEND": "aws-batch", "FIBER_AWS_ENDPOINT_URL": endpoint,
            "FIBER_LISTEN_HOST": "127.0.0.1", "FIBER_AWS_API_TIMEOUT": "5"}
-    script = tmp_path / "app.py"
-    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
-                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
-    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=WAIT)
-    assert out.returncode == 1, out.stderr
-    line = glance(out.stderr, str(script))
+    line, _ = failing_program(tmp_path, env, timeout=WAIT)
     assert line.startswith(f"fiber_core.base.errors.BackendError: cannot register a job definition for image "
                            f"{IMAGE} on AWS Batch in {REGION} at {endpoint}: AWS Batch in {REGION} at "
                            f"{endpoint} does not answer; check the network"), line

@@ -31,7 +31,7 @@ from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
 from fiber_core.base.errors import BackendError, TaskLostError
 from fiber_core.contract import Backend, EndReason, Job, JobSpec
 from fiber_core.runtime.config import create_backend, plugins
-from fiber_core.testing import BackendConformance
+from fiber_core.testing import BackendConformance, failing_program
 
 import fiber_docker.backend
 from fiber_docker.backend import (
@@ -390,13 +390,9 @@ def test_unreachable_daemon(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
                                            r"\(from DOCKER_HOST\).*Start Docker"):
         b.start_job(sleeper())
     # What a user sees: FIBER_BACKEND=docker python app.py, without a daemon.
-    app = "import fiber_core\nif __name__ == '__main__':\n    fiber_core.Process(target=abs, args=(1,)).start()\n"
-    (tmp_path / "app.py").write_text(app)
-    out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True, text=True,
-                         env={**os.environ, "FIBER_BACKEND": "docker"}, timeout=WAIT)
-    assert out.returncode == 1
-    assert (f"fiber_core.base.errors.BackendError: cannot reach the Docker daemon at unix://{sock} "
-            "(from DOCKER_HOST)") in out.stderr
+    line, _ = failing_program(tmp_path, {**os.environ, "FIBER_BACKEND": "docker"}, timeout=WAIT)
+    assert line.startswith(f"fiber_core.base.errors.BackendError: cannot reach the Docker daemon at "
+                           f"unix://{sock} (from DOCKER_HOST)"), line
     with pytest.raises(BackendError, match="FIBER_DOCKER_BASE_URL"):
         make_backend(base_url="tcp://127.0.0.1:9").start_job(sleeper())
     with pytest.raises(BackendError, match="cannot reach the Docker daemon"):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fiber_core.base.errors import BackendError
 from fiber_core.runtime.config import plugins
-from fiber_core.testing import glance
+from fiber_core.testing import START_ONE, failing_program
 
 from fiber_docker.backend import DockerBackend
 
@@ -38,18 +38,12 @@ def test_unreachable_daemon_reads_at_a_glance(tmp_path: Path) -> None:
     sock = tmp_path / "no-docker.sock"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "DOCKER_"))}
     env.update(FIBER_BACKEND="docker", DOCKER_HOST=f"unix://{sock}")
-    for name, body in (("process.py", "fiber_core.Process(target=abs, args=(1,)).start()"),
-                       ("pool.py", "fiber_core.Pool(2).map(abs, [1, 2])")):
-        script = tmp_path / name
-        script.write_text(f"import fiber_core\n\nif __name__ == '__main__':\n    {body}\n")
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                             cwd=tmp_path, timeout=60)
-        assert out.returncode == 1, out.stderr
-        line = glance(out.stderr, str(script))
+    for body in (START_ONE, "fiber_core.Pool(2).map(abs, [1, 2])"):
+        line, stderr = failing_program(tmp_path, env, body)
         assert line.startswith(f"fiber_core.base.errors.BackendError: cannot reach the Docker daemon at "
                                f"unix://{sock} (from DOCKER_HOST). Start Docker, or point DOCKER_HOST"), line
         assert line.index("FIBER_DOCKER_BASE_URL") < line.index("(cause: docker.errors.DockerException: ")
-        assert len(out.stderr.splitlines()) <= 30, out.stderr  # the frames of Fiber's own calls, and no more
+        assert len(stderr.splitlines()) <= 30, stderr  # the frames of Fiber's own calls, and no more
 
 
 def test_unreachable_daemon_keeps_the_cause(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ import yaml
 from fiber_core.contract import BackendError, ConfigError, EndReason, JobSpec
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 from fiber_core.runtime.run import runtime
-from fiber_core.testing import BackendConformance, glance
+from fiber_core.testing import BackendConformance, failing_program
 from k8s_helpers import WAIT, Emu, start_emulator, unschedulable
 from kubernetes import client, watch
 
@@ -349,13 +349,7 @@ def test_no_cluster_is_reported_before_the_listen_address(tmp_path: Path) -> Non
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FIBER_", "KUBE")) and k != "KUBERNETES_SERVICE_HOST"}
     env.update(FIBER_BACKEND="kubernetes", HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "missing"))
-    script = tmp_path / "app.py"
-    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
-                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
-    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=WAIT)
-    assert out.returncode == 1, out.stderr
-    line = glance(out.stderr, str(script))
+    line, _ = failing_program(tmp_path, env, timeout=WAIT)
     assert line.startswith("fiber_core.base.errors.BackendError: no Kubernetes cluster configured: this "
                            "process is not in a pod"), line
     assert str(tmp_path / "missing") in line and "KUBECONFIG" in line
@@ -380,13 +374,7 @@ def test_unreachable_api_server_reads_at_a_glance(tmp_path: Path) -> None:
            if not k.startswith(("FIBER_", "KUBE")) and k != "KUBERNETES_SERVICE_HOST"}
     env.update(FIBER_BACKEND="kubernetes", KUBECONFIG=str(kubeconfig), FIBER_LISTEN_HOST="127.0.0.1",
                FIBER_KUBERNETES_IMAGE="unused", FIBER_KUBERNETES_API_TIMEOUT="5")
-    script = tmp_path / "app.py"
-    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
-                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
-    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
-                         text=True, timeout=WAIT)
-    assert out.returncode == 1, out.stderr
-    line = glance(out.stderr, str(script))
+    line, _ = failing_program(tmp_path, env, timeout=WAIT)
     assert line.startswith(f"fiber_core.base.errors.BackendError: cannot reach the Kubernetes API server at "
                            f"http://127.0.0.1:{port} (from kubeconfig {kubeconfig})"), line
     assert line.index("Check that the cluster is up") < line.index("(cause: urllib3.exceptions."), line

@@ -42,7 +42,7 @@ import marshal
 import os
 import sys
 
-_SIGKILL, _SIGTERM = 9, 15  # Linux's numbers: the signal module is imported after the job starts
+_SIGKILL, _SIGTERM = 9, 15  # POSIX's numbers: the signal module is imported after the job starts
 
 
 def _say(line: str) -> None:
@@ -172,15 +172,16 @@ def main() -> int:
     import time
 
     signal.signal(signal.SIGTERM, lambda *_: _killpg(pid, _SIGTERM))
+    status: list[int] = []  # the job's wait status, once reaped
     try:
         ended = os.pidfd_open(pid)  # readable once the job has ended (Linux 5.3+)
-    except (AttributeError, OSError):
+    except (AttributeError, OSError):  # elsewhere a thread reaps it and says so on a pipe
         import threading
 
         ended, done_w = os.pipe()
 
         def reap() -> None:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # reaped below
+            status.append(os.waitpid(pid, 0)[1])
             os.write(done_w, b"x")
 
         threading.Thread(target=reap, daemon=True).start()
@@ -192,10 +193,7 @@ def main() -> int:
         wait = None
         if timeout is not None and 0 in watching:
             wait = max(0.0, last + timeout - time.monotonic())
-        try:
-            ready = select.select(watching, [], [], wait)[0]
-        except InterruptedError:
-            continue
+        ready = select.select(watching, [], [], wait)[0]
         if ended in ready:
             break
         if 0 not in ready:
@@ -219,12 +217,9 @@ def main() -> int:
             elif command == b"K":
                 _killpg(pid, _SIGKILL)
                 killed = True
-    while True:
-        try:
-            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            break
-        except InterruptedError:
-            continue
+    if not status:  # the pidfd said it ended: reap it
+        status.append(os.waitpid(pid, 0)[1])
+    code = os.waitstatus_to_exitcode(status[0])
     _killpg(pid, _SIGKILL)  # what the job left running in its group
     if code == -_SIGKILL and not killed and ooms is not None:
         after = _oom_kills()

@@ -38,7 +38,7 @@ from fiber_core.base.errors import BackendError, ConfigError
 from fiber_core.contract import EndReason
 from fiber_core.contract.backend import Backend, JobSpec
 from fiber_core.runtime.config import config, create_backend, plugins
-from fiber_core.testing import BackendConformance, glance
+from fiber_core.testing import BackendConformance, failing_program
 
 from fiber_ssh.backend import LOST, SshBackend
 
@@ -646,17 +646,12 @@ def test_unreachable_or_missing_hosts_read_at_a_glance(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FIBER_", "SSH_"))}
     env.update(FIBER_BACKEND="ssh", HOME=str(tmp_path))
-    script = tmp_path / "app.py"
-    script.write_text("import fiber_core\n\nif __name__ == '__main__':\n"
-                      "    fiber_core.Process(target=abs, args=(1,)).start()\n")
     for hosts, says in ((f"127.0.0.1:{port}", "fiber_core.base.errors.BackendError: no SSH host is reachable. "
                          "Check that the hosts are up and run sshd, and the [ssh] hosts setting "
                          f"(FIBER_SSH_HOSTS): {getpass.getuser()}@127.0.0.1:{port}: cannot connect"),
                         ("", "fiber_core.base.errors.ConfigError: no SSH hosts configured: set [ssh] hosts")):
-        out = subprocess.run([sys.executable, str(script)], env={**env, "FIBER_SSH_HOSTS": hosts},
-                             cwd=tmp_path, capture_output=True, text=True, timeout=T)
-        assert out.returncode == 1, out.stderr
-        assert glance(out.stderr, str(script)).startswith(says), out.stderr
+        line, stderr = failing_program(tmp_path, {**env, "FIBER_SSH_HOSTS": hosts}, timeout=T)
+        assert line.startswith(says), stderr
 
 
 # -- failures -----------------------------------------------------------------------------------

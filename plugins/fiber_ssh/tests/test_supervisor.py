@@ -67,7 +67,9 @@ def test_a_job_runs_and_its_exit_is_reported(pidfd: bool) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "thread"])
 def test_a_signal_sent_through_the_supervisor_ends_the_job(pidfd: bool) -> None:
-    sup = Supervisor(["sh", "-c", 'echo "sid $(ps -o sid= -p $$) pid $$" >&2; exec sleep 600'], pidfd=pidfd)
+    # Its session, field 6 of /proc/PID/stat.
+    job = 'read -r _ _ _ _ _ sid _ < /proc/$$/stat; echo "sid $sid pid $$" >&2; exec sleep 600'
+    sup = Supervisor(["sh", "-c", job], pidfd=pidfd)
     pid = int(sup.next_word().split()[1])
     assert sup.proc.stderr is not None
     assert " ".join(sup.proc.stderr.readline().decode().split()) == f"sid {pid} pid {pid}"  # its own session
