@@ -218,6 +218,15 @@ class Backend(ABC):
         filesystem (the local backend). A Pool then starts its workers at most one
         per CPU at a time, so the first is ready sooner instead of all of them
         sharing the CPUs while they start; a manager serves on a Unix socket.
+    ``spare_jobs``
+        How many spare jobs of each kind to keep ready when the user does not set
+        ``spare_jobs`` (:mod:`fiber_core.processes.spares`): started ahead after a
+        ``Process.start()``, so that the next one runs on a job already running.
+        0 (the default) where an idle job costs money or room others need, or where
+        jobs start as fast as a fork; 1 where a start is slow and an idle worker
+        is cheap (Docker, SSH). A spare is a job like any other for the backend: it is
+        started with :meth:`create_job` (named ``spare``), and let go by closing its
+        connection, after which its worker exits with code 0.
     ``config_section``
         Where its options live when the name cannot be used (``aws-batch`` has a
         dash, which environment variable names cannot hold): ``"aws"`` gives
@@ -230,6 +239,7 @@ class Backend(ABC):
     package: ClassVar[str | None] = None
     config_section: ClassVar[str | None] = None
     shares_this_machine: ClassVar[bool] = False
+    spare_jobs: ClassVar[int] = 0
 
     peer_timeout: float = 30.0
     """Seconds after which a TCP peer that stopped answering counts as gone (the

@@ -34,7 +34,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -52,6 +51,7 @@ from fiber_core.contract.env import (
     ENV_TOKEN,
     group_token,
 )
+from fiber_core.processes import spares
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import _HEADER, Connection
@@ -452,6 +452,7 @@ class _JobRun:
         self._send_lock = threading.Lock()
         self._started = False  # the start frames are sent: other frames may follow
         self._interrupt = False  # SIGINT came before they were
+        self._spares_after: tuple[JobSpec, bytes] | None = None  # after a single start()
 
     @property
     def process(self) -> Process:
@@ -495,15 +496,28 @@ class _JobRun:
         )
 
     def start(self) -> None:
-        spec, payload = self.prepare()
+        """Start the job: on a spare of its kind when one is ready (:mod:`.spares`), else
+        through the backend. Once it has been sent the process, spares are replenished."""
+        spec, (prelude, obj) = self.prepare()
+        backend = self.backend
+        assert backend is not None
         try:
-            job = self.backend.start_job(spec)  # type: ignore[union-attr]
+            spare = spares.claim(backend, spec, prelude) if spares.wanted(backend) else None
+            if spare is None:
+                job = backend.start_job(spec)
+            else:  # connected, and sent the same prelude: only the process object is left to send
+                assert spare.job is not None and spare.sock is not None
+                self.forget()
+                self.token = spare.token
+                self._on_connect("", spare.sock)
+                job = spare.job
         except BaseException as e:
             error = self.abandon(e)
             if error is e:
                 raise
             raise error from e
-        self.launched(job, payload)
+        self._spares_after = (spec, prelude)
+        self.launched(job, (None if spare is not None else prelude, obj))
 
     def prepare(self, group: tuple[str, int] | None = None) -> tuple[JobSpec, tuple[bytes, bytes]]:
         """Everything before the backend's call: the job's spec, and what it is sent once
@@ -550,7 +564,7 @@ class _JobRun:
         """Remove the route :meth:`prepare` registered (the job will never connect)."""
         runtime().hub.unregister(f"proc:{self.token}")
 
-    def launched(self, job: Job, payload: tuple[bytes, bytes]) -> None:
+    def launched(self, job: Job, payload: tuple[bytes | None, bytes]) -> None:
         """The backend started the job: watch it, and send ``payload`` once it connects."""
         self.job = job
         threading.Thread(target=self._monitor, args=(payload,), daemon=True,
@@ -567,20 +581,14 @@ class _JobRun:
         """Wait for the job to connect; return its exit code if it ended first."""
         assert self.backend is not None and self.job is not None
         timeout = config.get("start_timeout") or None
-        started = time.monotonic()
-        delay = 0.002
-        while not self.connected.wait(delay):
-            code = self.backend.poll_job(self.job)
-            if code is not None:
-                return None if self.connected.is_set() else code
-            if timeout is not None and time.monotonic() - started > timeout:
-                self.logs = f"fiber: the job did not reach its parent within start_timeout={timeout}s"
-                self.backend.stop_job(self.job, force=True)
-                return self.backend.wait_for_job(self.job, 30.0) or -signal.SIGKILL
-            delay = min(delay * 1.5, 0.25)
-        return None
+        code, timed_out = spares.wait_connected(self.backend, self.job, self.connected, timeout)
+        if timed_out:
+            self.logs = f"fiber: the job did not reach its parent within start_timeout={timeout}s"
+            self.backend.stop_job(self.job, force=True)
+            return self.backend.wait_for_job(self.job, 30.0) or -signal.SIGKILL
+        return code
 
-    def _monitor(self, payload: tuple[bytes, bytes]) -> None:
+    def _monitor(self, payload: tuple[bytes | None, bytes]) -> None:
         assert self.backend is not None and self.job is not None
         backend, job = self.backend, self.job
         try:
@@ -603,12 +611,15 @@ class _JobRun:
                                  name=f"fiber-unstick-{self.name}").start()
             try:
                 with self._send_lock:
-                    conn.send_frame(PROCESS_PRELUDE, payload[0])
+                    if payload[0] is not None:  # else a spare, which has it
+                        conn.send_frame(PROCESS_PRELUDE, payload[0])
                     conn.send_frame(PROCESS_OBJECT, payload[1])
                     self._started = True
                     if self._interrupt:
                         conn.send_frame(PROCESS_INTERRUPT)
                 del payload
+                if self._spares_after is not None:  # now, not sooner: not while this one starts
+                    self._replenish(*self._spares_after)
                 while True:
                     msg = conn.recv_bytes()
                     kind = kind_of(msg)
@@ -635,6 +646,14 @@ class _JobRun:
             log.exception("fiber: monitor of %s failed", self.name)
             self.logs = self.logs or str(e)
             self._finish(self.reported if self.reported is not None else 1)
+
+    def _replenish(self, spec: JobSpec, prelude: bytes) -> None:
+        self._spares_after = None
+        assert self.backend is not None
+        try:
+            spares.replenish(self.backend, spec, prelude)
+        except Exception as e:  # the process has started: a spare is only for the next one
+            log.debug("fiber: no spare job after %s: %s", self.name, e)
 
     def _unstick(self, sock: socket.socket, conn_done: threading.Event) -> None:
         """End the connection of a job that the backend saw end while the connection stays open.

@@ -345,7 +345,11 @@ def main() -> int:
         sys.meta_path.insert(0, _SharedMemoryHook())
         _import_main(data.get("main"))
         config.restore(data["config"])
-        proc = decode_process_object(conn.recv_bytes())
+        try:
+            frame = conn.recv_bytes()
+        except EOFError:  # a spare job let go (spares.py): it ran nothing
+            return 0
+        proc = decode_process_object(frame)
     except Exception:
         # Output is not forwarded yet: send the reason itself, or only the job's log has it.
         import traceback

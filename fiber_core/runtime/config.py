@@ -45,6 +45,8 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("peer_timeout", float, 30.0, "seconds after which a TCP peer that stopped answering (its host lost or cut off) counts as gone (0: the kernel's defaults, which take minutes to hours)"),
     Option("handshake_timeout", float, 10.0, "seconds a connection to a listener of the run (the hub, a manager server) has to authenticate before it is closed"),
     Option("start_timeout", float, 0.0, "seconds a job may take to reach its parent before it is failed (0: wait for the backend)"),
+    Option("spare_jobs", int, None, "jobs started ahead and kept ready per kind of job, so that a Process.start() lands on one already running (default: the backend's choice, 1 on docker and ssh, 0 elsewhere; 0: none)"),
+    Option("spare_timeout", float, 60.0, "seconds a spare job waits to be used before it is let go"),
     Option("status", bool, False, "show the program's state (pools, workers, tasks) to fiber top in another terminal of the same user; nothing is shown unless this or status_port is set"),
     Option("status_port", int, None, "also serve the status page on 127.0.0.1 at this port (0: any free port); its address, with the token that opens it, is printed to stderr"),
 )

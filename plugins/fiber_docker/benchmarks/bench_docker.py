@@ -11,7 +11,9 @@ flips every repetition); every figure is the median over all samples.
      does: the platform's own start of the program's first line;
    - a ``fiber_core.Process``: the clock before ``start()`` and at the first line of its
      target, sent home through a ``Queue`` (its travel time is not counted). This adds
-     Fiber's worker bootstrap: connect back, authenticate, unpickle.
+     Fiber's worker bootstrap: connect back, authenticate, unpickle. Measured with no
+     spare job ready (every spare let go first), and on the spare container the previous
+     start left ready (``spare_jobs``: one by default on Docker; none on the local backend).
    Also *start() returns*: how long ``Process.start()`` blocks the caller.
 2. The overhead workload of the Fiber paper (Figure 9): ``Pool(5)``; tasks that sleep
    1 s, 100 ms, 10 ms, 1 ms; 5, 50, 500, 5000 of them, so that the ideal time of each
@@ -77,7 +79,16 @@ def job_start(backend: str, preamble: str = "") -> float:
     return float(logs.split()[-1]) - t0
 
 
-def process_start(backend: str) -> tuple[float, float]:
+def process_start(backend: str, warm: bool) -> tuple[float, float]:
+    """A Process started on the spare job the previous start left ready (``warm``; on the local
+    backend there is none), or with none (every spare let go first). Before it returns, the
+    spare started after it is waited for: no start overlaps a measured one."""
+    from fiber_core.processes import spares
+
+    if warm:
+        spares.settle(TIMEOUT)
+    else:
+        spares.release(TIMEOUT)
     q = fiber_core.Queue()
     p = fiber_core.Process(target=first_instruction, args=(q,), backend=backend)
     t0 = time.time()
@@ -87,6 +98,7 @@ def process_start(backend: str) -> tuple[float, float]:
     p.join(TIMEOUT)
     if p.exitcode != 0:
         raise RuntimeError(f"process exited with {p.exitcode}")
+    spares.settle(TIMEOUT)
     return first, returned
 
 
@@ -114,16 +126,19 @@ def run(reps: int, starts: int) -> dict:
     results: dict = defaultdict(lambda: defaultdict(list))
     for backend in BACKENDS:  # warm-up: image check, first container, imports; not measured
         job_start(backend)
-        process_start(backend)
+        process_start(backend, warm=False)
     for r in range(reps):
         t = time.perf_counter()
         for backend in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
             for _ in range(starts):
                 results[("start", "job")][backend].append(job_start(backend))
                 results[("start", "job+import")][backend].append(job_start(backend, "import fiber_core; "))
-                first, returned = process_start(backend)
+                first, returned = process_start(backend, warm=False)
                 results[("start", "process")][backend].append(first)
                 results[("start", "returns")][backend].append(returned)
+                first, returned = process_start(backend, warm=True)
+                results[("start", "process on a spare")][backend].append(first)
+                results[("start", "returns on a spare")][backend].append(returned)
             pool_turn(backend, results)
         print(f"repetition {r + 1}/{reps}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return results
@@ -142,15 +157,18 @@ def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[fl
     print("|---|---:|---:|---:|---:|")
     for key, label in (("job", "bare job: `start_job()` -> first instruction"),
                        ("job+import", "bare job importing fiber_core first -> its next instruction"),
-                       ("process", "`Process.start()` -> first instruction of the target"),
-                       ("returns", "`Process.start()` returns")):
+                       ("process", "`Process.start()` -> first instruction of the target, no spare job"),
+                       ("process on a spare", "`Process.start()` -> first instruction of the target, on a ready spare"),
+                       ("returns", "`Process.start()` returns, no spare job"),
+                       ("returns on a spare", "`Process.start()` returns, on a ready spare")):
         d, lo = results[("start", key)]["docker"], results[("start", key)]["local"]
         print(f"| {label} | {med(d) * 1e3:.0f} | {med(lo) * 1e3:.0f} | {(med(d) - med(lo)) * 1e3:.0f} "
               f"| {min(d) * 1e3:.0f}-{max(d) * 1e3:.0f} |")
-    process = med(results[("start", "process")]["docker"])
-    print(f"\nOn docker, `Process.start()` -> target's first line is "
-          f"{process / med(results[('start', 'job')]['docker']):.2f}x the bare job and "
-          f"{process / med(results[('start', 'job+import')]['docker']):.2f}x the bare job that imports fiber_core.")
+    job, job_import = med(results[("start", "job")]["docker"]), med(results[("start", "job+import")]["docker"])
+    for key, label in (("process on a spare", "on a ready spare"), ("process", "with no spare job")):
+        process = med(results[("start", key)]["docker"])
+        print(f"\nOn docker, `Process.start()` -> target's first line, {label}, is {process / job:.2f}x "
+              f"the bare job and {process / job_import:.2f}x the bare job that imports fiber_core.")
     print(f"\n### Fiber paper overhead workload: Pool({WORKERS}), ideal time 1 s per batch (s)\n")
     print("| task | batch | docker | local | docker / local | docker range | local range |")
     print("|---|---:|---:|---:|---:|---:|---:|")

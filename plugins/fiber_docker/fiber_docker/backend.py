@@ -129,6 +129,7 @@ class DockerBackend(Backend):
     name = "docker"
     options = OPTIONS
     package = "fiber-docker"
+    spare_jobs = 1  # a container takes ~80 ms to start; an idle one costs ~20 MB
 
     # Results of image checks, shared by the backends of this process: (daemon, image id, python).
     _checks: dict[tuple[str, str, str], _ImageCheck] = {}

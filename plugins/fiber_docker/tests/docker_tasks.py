@@ -87,3 +87,11 @@ def read_broadcast(handle: object) -> tuple[int, list[int], bool, str]:
 
     view = handle.value  # type: ignore[attr-defined]
     return handle.version, sorted(set(bytes(view))), handle.shared, job_token()  # type: ignore[attr-defined]
+
+
+def container_of(q, code: int) -> None:  # noqa: ANN001
+    import re
+
+    with open("/proc/self/mountinfo") as f:  # Docker mounts /etc/hosts from the container's directory
+        q.put(re.search(r"/containers/([0-9a-f]{64})/", f.read()).group(1))  # type: ignore[union-attr]
+    sys.exit(code)

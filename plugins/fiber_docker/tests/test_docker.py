@@ -421,6 +421,38 @@ def test_process_exit_codes() -> None:
     assert p.exitcode == -signal.SIGTERM
 
 
+def test_a_process_starts_on_a_spare_container(docker_api: docker.APIClient) -> None:
+    # Docker keeps one spare by default: after a start, the next runs in a container started ahead.
+    from fiber_core.processes import spares
+    from fiber_core.runtime.run import runtime
+
+    def run_one(code: int) -> tuple[fiber_core.Process, str]:
+        q = fiber_core.Queue()
+        p = fiber_core.Process(target=docker_tasks.container_of, args=(q, code), backend="docker")
+        p.start()
+        host = q.get(timeout=WAIT)
+        p.join(WAIT)
+        assert p.exitcode == code
+        return p, host
+
+    spares.release(WAIT)
+    since = int(time.time())
+    first, host = run_one(0)
+    assert first.job.id == host
+    assert spares.settle(WAIT)
+    (spare,) = spares.ready_jobs()
+    info = docker_api.inspect_container(spare.id)
+    assert info["State"]["Running"] and info["Config"]["Labels"]["fiber.name"] == "spare"
+    p, host = run_one(4)
+    assert host != first.job.id
+    assert p.job is spare and spare.id == host  # the container that was ready ran it
+    assert spares.settle(WAIT)
+    (again,) = spares.ready_jobs()
+    spares.release(WAIT)  # let go: the container's worker exits 0 and is removed (--rm)
+    assert runtime().get_backend("docker").wait_for_job(again, WAIT) == 0
+    wait_gone(docker_api, {first.job.id, spare.id, again.id}, since)
+
+
 def test_the_runs_key_is_not_in_the_containers_config(docker_api: docker.APIClient) -> None:
     # It travels on the container's stdin: `docker inspect` (and the daemon's API) do not show it.
     from fiber_core.runtime.run import runtime
@@ -539,6 +571,7 @@ def hold(q):
 PARENT = """
 import sys
 import fiber_core
+from fiber_core.processes import spares
 from fiber_core.runtime.run import runtime
 from parent_tasks import hold, work
 
@@ -550,6 +583,7 @@ if __name__ == "__main__":
     p.start()
     assert q.get(timeout=120) == "up"
     busy = pool.map_async(work, [3600] * 4)
+    assert spares.settle(120)  # the spare container started after the process is up too
     print("ready", runtime().run_id, flush=True)
     sys.stdin.read()
 """
@@ -580,7 +614,7 @@ def test_parent_killed_leaves_no_container(tmp_path: Path, docker_api: docker.AP
         word, run_id = _read_line(proc, WAIT).split()
         assert word == "ready"
         ids = {c["Id"] for c in containers(docker_api, f"{LABEL_RUN}={run_id}")}
-        assert len(ids) >= 3  # two pool workers, one process (and maybe a finished image check)
+        assert len(ids) >= 4  # two pool workers, one process, its spare (and maybe a finished image check)
         since = int(time.time()) - 1
         proc.kill()
         proc.wait(WAIT)

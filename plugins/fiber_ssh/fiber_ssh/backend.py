@@ -224,6 +224,7 @@ class SshBackend(Backend):
     package = "fiber-ssh"
     options = OPTIONS
     create_concurrency = 16  # a group start opens channels on several hosts at once
+    spare_jobs = 1  # an idle worker holds one slot of a host
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:

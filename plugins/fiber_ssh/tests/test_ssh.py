@@ -897,3 +897,39 @@ def test_start_jobs_fills_the_hosts_at_once_all_or_nothing(make_backend: Any) ->
     with pytest.raises(BackendError, match="cannot mount volumes"):
         b.start_jobs(specs)
     assert wait_until_gone(b.run_id) == []
+
+
+def _where(q: Any, code: int) -> None:
+    import socket
+
+    q.put((socket.gethostname(), os.getpid()))
+    sys.exit(code)
+
+
+def test_a_process_starts_on_a_spare_worker(hosts: dict[str, str]) -> None:
+    # SSH keeps one spare by default: after a start, the next runs in the worker started ahead,
+    # and when the program ends nothing of it is left on the hosts.
+    from fiber_core.processes import spares
+
+    with fresh_runtime(ssh_env(hosts)) as rt:
+        run_id = rt.run_id
+        backend = rt.get_backend("ssh")
+        q = fiber_core.Queue()
+        first = fiber_core.Process(target=_where, args=(q, 0))
+        first.start()
+        assert q.get(timeout=T)[0] in NAMES
+        first.join(T)
+        assert spares.settle(T)
+        (spare,) = spares.ready_jobs()
+        assert spare.spec.name == "spare" and backend.poll_job(spare) is None
+        p = fiber_core.Process(target=_where, args=(q, 6))
+        p.start()
+        host, _pid = q.get(timeout=T)
+        p.join(T)
+        assert p.job is spare and p.exitcode == 6 and spare.spec.name == p.name
+        assert host == spare.host  # ran on the host of the spare
+        assert spares.settle(T)
+        (again,) = spares.ready_jobs()
+        assert again is not spare
+    assert backend.wait_for_job(again, T) is not None  # the runtime's end let it go
+    assert wait_until_gone(run_id) == []

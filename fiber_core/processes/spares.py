@@ -1,0 +1,306 @@
+"""Spare jobs: workers started ahead, so that ``Process.start()`` lands on one already running.
+
+Starting a job on another machine costs the platform's start (a container, an SSH
+command) plus the worker's own (Python, ``import fiber_core``, the connection, the
+main module): 60 to 130 ms, where a process already there starts its target in a
+few. So, as Ray keeps idle workers and a warm function is kept by serverless
+platforms, after a ``Process.start()`` this process starts ``spare_jobs`` more jobs
+of the same kind in the background. Each runs the worker bootstrap up to the point
+where it has connected, imported the main module and applied the settings (the
+prelude), and waits there. The next ``start()`` of a process of that kind hands the
+process object to a spare instead of asking the backend, and a new spare starts.
+
+"Of the same kind" means the same backend and the same job spec apart from its
+name (image, resources, command, ...), and the same prelude: a spare that was
+sent other settings, another ``sys.path`` or another main module is not used (it
+is let go, and a new one made). A spare that is not used within ``spare_timeout``
+seconds is let go; one that ends on its own (a stopped container, a lost host) is
+dropped. Letting one go is closing its connection: its worker exits with code 0.
+
+``spare_jobs`` defaults to the backend's :attr:`~fiber_core.contract.backend.Backend.spare_jobs`
+(1 on Docker and SSH, where an idle job costs little; 0 on Kubernetes and AWS Batch,
+where it holds a node's room or costs money, and on the local backend, whose template
+starts jobs as fast as a fork). Pools do not use spares: they start their workers in
+groups and keep them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from fiber_core.base.errors import ConfigError
+from fiber_core.base.log import log
+from fiber_core.contract.env import ENV_TOKEN
+from fiber_core.runtime.config import config
+from fiber_core.runtime.run import runtime
+from fiber_core.wire.framing import Connection
+from fiber_core.wire.messages import PROCESS_PRELUDE
+
+if TYPE_CHECKING:
+    from fiber_core.contract.backend import Backend, Job, JobSpec
+
+
+def wait_connected(backend: Backend, job: Job, connected: threading.Event, timeout: float | None,
+                   give_up: threading.Event | None = None) -> tuple[int | None, bool]:
+    """Wait until ``connected`` is set, ``job`` ends, ``timeout`` seconds pass or ``give_up`` is set.
+
+    Returns ``(exit code, timed out)``: ``(None, False)`` once connected; the job's
+    exit code if it ended first; ``(None, True)`` after ``timeout`` or when given up
+    (the job is left running).
+    """
+    started = time.monotonic()
+    delay = 0.002
+    while not connected.wait(delay):
+        code = backend.poll_job(job)
+        if code is not None:
+            return (None if connected.is_set() else code), False
+        if timeout is not None and time.monotonic() - started > timeout:
+            return None, True
+        if give_up is not None and give_up.is_set():
+            return None, True
+        delay = min(delay * 1.5, 0.25)
+    return None, False
+
+
+def kind_of_job(backend: Backend, spec: JobSpec) -> tuple[int, str]:
+    """What two jobs must share for one to stand in for the other: the backend and the
+    spec without its name, labels and token."""
+    env = {k: v for k, v in spec.env.items() if k != ENV_TOKEN}
+    same = dataclasses.replace(spec, name="", labels={}, env=env)
+    return id(backend), repr(dataclasses.astuple(same))
+
+
+def wanted(backend: Backend) -> int:
+    """How many spares to keep per kind of job on ``backend`` (``spare_jobs``)."""
+    n = config.get("spare_jobs")
+    if n is None:
+        return type(backend).spare_jobs
+    if n < 0:
+        raise ConfigError(f"spare_jobs={n}: expected 0 (no spare jobs) or more")
+    return int(n)
+
+
+@dataclasses.dataclass(eq=False)
+class Spare:
+    """One spare job. Once :func:`claim` returned it, its job and socket are the claimer's."""
+
+    kind: tuple[int, str]
+    backend: Backend
+    prelude: bytes
+    token: str
+    job: Job | None = None
+    sock: socket.socket | None = None
+    connected: threading.Event = dataclasses.field(default_factory=threading.Event)
+    wake: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set when it is claimed or let go: its thread stops waiting."""
+    claimed: bool = False
+    created: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set once the backend's call to start its job has returned (or failed)."""
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set when its thread has ended: it was claimed, or its job has ended."""
+
+
+class _Spares:
+    """This process's spares, ready or starting, by kind of job."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # a spare became ready or went
+        self.ready: dict[tuple[int, str], list[Spare]] = {}
+        self.starting: dict[tuple[int, str], list[Spare]] = {}
+        self.failed: set[tuple[int, str]] = set()  # a spare of this kind could not start
+        self.closing = False  # the runtime is shutting down
+        self.owner: object = None  # the runtime whose shutdown lets them go
+
+
+_spares = _Spares()
+
+
+def claim(backend: Backend, spec: JobSpec, prelude: bytes) -> Spare | None:
+    """A ready spare for a job like ``spec`` that was sent ``prelude``, taken; else ``None``.
+
+    Every ready spare that was sent another prelude is let go, whatever its kind: the
+    program's settings changed (``init()`` may also have made a new backend).
+    """
+    kind = kind_of_job(backend, spec)
+    stale = []
+    found = None
+    with _spares.lock:
+        for group in _spares.ready.values():
+            stale += [s for s in group if s.prelude != prelude]
+            group[:] = [s for s in group if s.prelude == prelude]
+        ready = _spares.ready.get(kind) or []
+        while ready and found is None:
+            spare = ready.pop(0)
+            if _alive(spare):
+                spare.claimed = True
+                found = spare
+            else:
+                stale.append(spare)
+    for spare in [*stale, *([found] if found is not None else [])]:
+        spare.wake.set()  # its thread lets go of a stale or dead one, and leaves a claimed one
+    if found is not None:
+        assert found.job is not None
+        found.job.spec.name = spec.name  # it runs that process now: what errors and logs name
+    return found
+
+
+def replenish(backend: Backend, spec: JobSpec, prelude: bytes) -> None:
+    """Start spares in the background until ``spare_jobs`` of this kind are ready or starting."""
+    n = wanted(backend)
+    if n <= 0:
+        return
+    kind = kind_of_job(backend, spec)
+    rt = runtime()
+    with _spares.lock:
+        if _spares.owner is not rt:  # the first, or a new runtime after the last one shut down
+            _spares.owner, _spares.closing = rt, False
+            _spares.failed.clear()
+            rt.at_shutdown(release_all)
+        if _spares.closing or kind in _spares.failed:
+            return
+        missing = n - len(_spares.ready.get(kind, ())) - len(_spares.starting.get(kind, ()))
+        if missing <= 0:
+            return
+        new = []
+        for _ in range(missing):
+            spare = Spare(kind, backend, prelude, os.urandom(16).hex())
+            _spares.starting.setdefault(kind, []).append(spare)
+            thread = threading.Thread(target=_keep, args=(spare, spec), daemon=True, name="fiber-spare")
+            new.append(thread)
+    for thread in new:
+        thread.start()
+
+
+def settle(timeout: float | None = None) -> bool:
+    """Wait until no spare is starting (each is ready, or gone); False after ``timeout``."""
+    with _spares.changed:
+        return _spares.changed.wait_for(lambda: not any(_spares.starting.values()), timeout)
+
+
+def release(timeout: float | None = 60.0) -> None:
+    """Let go of every spare now, ready or starting, and wait until their jobs have ended
+    (new ones start after the next ``Process.start()``): to give their room back at once."""
+    with _spares.lock:
+        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
+    for spare in spares:
+        spare.wake.set()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for spare in spares:
+        spare.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def ready_jobs() -> list[Job]:
+    """The jobs of the spares ready now, oldest first (the next to be used)."""
+    with _spares.lock:
+        return [s.job for group in _spares.ready.values() for s in group if s.job is not None]
+
+
+def release_all() -> None:
+    """At exit, before the backends' cleanup: no new spare, every one let go. Waits only
+    for the backend calls under way, so that every spare job is tracked, and stopped by
+    the cleanup if it has not ended by then."""
+    with _spares.lock:
+        _spares.closing = True
+        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
+    for spare in spares:
+        spare.wake.set()
+    for spare in spares:
+        spare.created.wait(30.0)
+
+
+def _alive(spare: Spare) -> bool:
+    """The spare's job has not ended and its connection has not closed (it sends nothing
+    until it runs a process: anything readable is its end)."""
+    assert spare.job is not None and spare.sock is not None
+    if spare.backend.poll_job(spare.job) is not None:
+        return False
+    try:
+        return not select.select([spare.sock], [], [], 0)[0]
+    except (OSError, ValueError):
+        return False
+
+
+def _keep(spare: Spare, spec: JobSpec) -> None:
+    """A spare's thread: start its job, send it the prelude once it connects, wait until it
+    is claimed, or let it go (timeout, exit) or drop it (it ended)."""
+    backend = spare.backend
+    hub = runtime().hub
+    route = f"proc:{spare.token}"
+    spec = dataclasses.replace(spec, name="spare", env={**spec.env, ENV_TOKEN: spare.token},
+                               labels={**spec.labels, "fiber.name": "spare"})
+
+    def on_connect(target: str, sock: socket.socket) -> None:
+        if spare.connected.is_set():
+            sock.close()
+            return
+        spare.sock = sock
+        spare.connected.set()
+
+    hub.register(route, on_connect)
+    try:
+        try:
+            spare.job = backend.start_job(spec)
+        except Exception as e:
+            log.debug("fiber: a spare job could not start on %s (no more are tried for this kind "
+                      "of job): %s", backend.name, e)
+            with _spares.lock:
+                _spares.failed.add(spare.kind)
+            return
+        finally:
+            spare.created.set()
+        timeout = config.get("start_timeout") or float(config.get("spare_timeout"))
+        code, timed_out = wait_connected(backend, spare.job, spare.connected, timeout, spare.wake)
+        if code is not None or timed_out:
+            return
+        assert spare.sock is not None
+        Connection(spare.sock).send_frame(PROCESS_PRELUDE, spare.prelude)
+        with _spares.changed:
+            if _spares.closing or spare.wake.is_set():
+                return
+            _spares.starting[spare.kind].remove(spare)
+            _spares.ready.setdefault(spare.kind, []).append(spare)
+            _spares.changed.notify_all()
+        spare.wake.wait(float(config.get("spare_timeout")))
+    except Exception:
+        log.exception("fiber: a spare job on %s failed", backend.name)
+    finally:
+        hub.unregister(route)
+        with _spares.changed:
+            if spare in _spares.starting.get(spare.kind, ()):
+                _spares.starting[spare.kind].remove(spare)
+            if spare in _spares.ready.get(spare.kind, ()):
+                _spares.ready[spare.kind].remove(spare)
+            claimed = spare.claimed
+        try:
+            if not claimed:
+                _let_go(spare)
+        finally:
+            with _spares.changed:
+                spare.done.set()
+                _spares.changed.notify_all()
+
+
+def _let_go(spare: Spare) -> None:
+    """Close a spare's connection (its worker exits 0), wait for its job's end, stop tracking
+    it. At exit, only the connection: the backend's cleanup ends what still runs."""
+    if spare.sock is not None:
+        spare.sock.close()
+    job, backend = spare.job, spare.backend
+    if job is None or _spares.closing:
+        return
+    try:
+        code = backend.wait_for_job(job, 10.0 if spare.sock is not None else 0.0)
+        if code is None:
+            backend.stop_job(job, force=True)
+            code = backend.wait_for_job(job, 30.0)
+        if code is not None:
+            backend.untrack_job(job)
+    except Exception as e:
+        log.debug("fiber: a spare job on %s could not be stopped: %s", backend.name, e)

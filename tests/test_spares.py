@@ -1,0 +1,143 @@
+"""Spare jobs (fiber_core.processes.spares) on the local backend, where they are off unless
+``spare_jobs`` is set: a start lands on a ready spare, and only when the spare is of the
+same kind and was sent the same prelude; spares end cleanly when let go, timed out or dead."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+
+import pytest
+from procs import wait_gone
+
+import fiber_core
+from fiber_core.base.errors import ConfigError
+from fiber_core.processes import spares
+from fiber_core.runtime.run import runtime
+
+T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
+
+
+def report(q: fiber_core.Queue, code: int) -> None:
+    print("spare output", flush=True)
+    q.put((os.getpid(), fiber_core.current_process().name, sys.modules["__main__"].__name__, sys.argv))
+    sys.exit(code)
+
+
+@pytest.fixture
+def with_spares() -> Iterator[None]:
+    fiber_core.init(spare_jobs=1)
+    yield
+    spares.release(T)
+    assert spares.ready_jobs() == []
+
+
+def start_one(code: int = 0) -> tuple[fiber_core.Process, tuple]:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=report, args=(q, code))
+    p.start()
+    got = q.get(timeout=T)
+    p.join(T)
+    assert p.exitcode == code
+    return p, got
+
+
+def one_ready() -> spares.Job:
+    assert spares.settle(T)
+    ready = spares.ready_jobs()
+    assert len(ready) == 1
+    return ready[0]
+
+
+def test_a_start_lands_on_the_ready_spare(with_spares: None, capfd: pytest.CaptureFixture) -> None:
+    first, (_, _, cold_main, cold_argv) = start_one()
+    spare = one_ready()
+    assert spare is not first.job and spares.ready_jobs() == [spare]
+    p, (pid, name, main, argv) = start_one(code=3)
+    assert p.job is spare and p.pid == pid == int(spare.id)
+    assert name == p.name and p.job.spec.name == p.name  # it runs that process now
+    assert (main, argv) == (cold_main, cold_argv) and argv == sys.argv  # as a job started for it
+    assert capfd.readouterr().out.count("spare output") == 2  # its output forwarded as any job's
+    again = one_ready()  # a new spare replaces the one used
+    assert again is not spare
+
+
+@pytest.mark.parametrize("change", ["config", "sys.path"])
+def test_a_spare_sent_other_settings_is_not_used(with_spares: None, change: str,
+                                                 monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    start_one()
+    stale = one_ready()
+    if change == "config":
+        fiber_core.init(start_timeout=T)
+    else:
+        monkeypatch.syspath_prepend(str(tmp_path))
+    p, (pid, *_rest) = start_one()
+    assert p.job is not stale and pid != int(stale.id)
+    backend = runtime().backend
+    assert backend.wait_for_job(stale, T) == 0  # let go: its worker ran nothing and exited cleanly
+    assert "Traceback" not in backend.get_job_logs(stale)
+    assert one_ready() is not stale
+
+
+def test_an_unused_spare_is_let_go_after_spare_timeout(with_spares: None) -> None:
+    fiber_core.init(spare_timeout=0.2)
+    start_one()
+    spare = one_ready()
+    assert runtime().backend.wait_for_job(spare, T) == 0
+    assert spares.ready_jobs() == []
+
+
+def test_a_spare_that_died_is_not_used(with_spares: None) -> None:
+    start_one()
+    spare = one_ready()
+    os.kill(int(spare.id), signal.SIGKILL)
+    wait_gone(int(spare.id))
+    p, (pid, *_rest) = start_one(code=5)
+    assert p.job is not spare and pid == p.pid
+
+
+def test_no_spare_unless_the_backend_or_the_setting_asks() -> None:
+    start_one()
+    assert spares.settle(T) and spares.ready_jobs() == []
+    assert runtime().backend.spare_jobs == 0
+
+
+def test_a_negative_spare_jobs_is_refused_at_start() -> None:
+    fiber_core.init(spare_jobs=-1)
+    p = fiber_core.Process(target=report)
+    routes = set(runtime().hub._routes)
+    with pytest.raises(ConfigError, match=r"spare_jobs=-1: expected 0 \(no spare jobs\) or more"):
+        p.start()
+    assert p.job is None and set(runtime().hub._routes) == routes  # its route is gone again
+    fiber_core.init(spare_jobs=0)
+    start_one()  # nothing was lost: the next start works
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_program_leaves_no_spare_behind(run_script, wait: bool) -> None:  # noqa: ANN001
+    # Ending at once after a start, while its spare may still be starting, or after one is ready.
+    r = run_script(f"""
+        import fiber_core
+        from fiber_core.processes import spares
+
+        def hello():
+            print("hello", flush=True)
+
+        if __name__ == "__main__":
+            fiber_core.init(spare_jobs=1)
+            p = fiber_core.Process(target=hello)
+            p.start()
+            p.join()
+            if {wait}:
+                assert spares.settle(30)
+                print("spare", spares.ready_jobs()[0].id, flush=True)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert "hello" in r.stdout
+    pids = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("spare ")]
+    assert len(pids) == wait
+    for pid in pids:
+        wait_gone(pid)
