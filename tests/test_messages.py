@@ -46,6 +46,7 @@ def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
         m.PROCESS_STDERR: (_frame(m.PROCESS_STDERR, b"err"), b"err", m.body),
         m.PROCESS_EXIT: (m.encode_process_exit(-9), -9, m.decode_process_exit),
         m.PROCESS_INTERRUPT: (_frame(m.PROCESS_INTERRUPT), b"", m.body),
+        m.PROCESS_WAITING: (_frame(m.PROCESS_WAITING), b"", m.body),
         m.POOL_HELLO: (m.encode_pool_hello(2**40), 2**40, m.decode_pool_hello),
         m.POOL_READY: (_frame(m.POOL_READY), b"", m.body),
         m.POOL_TASKS: (_frame(m.POOL_TASKS, m.encode_pool_tasks(*_PICKLED_TASKS)),

@@ -98,6 +98,15 @@ def test_a_spare_that_died_is_not_used(with_spares: None) -> None:
     assert p.job is not spare and pid == p.pid
 
 
+def test_a_group_start_lets_go_of_its_backends_spares_first(with_spares: None) -> None:
+    start_one()
+    spare = one_ready()
+    with fiber_core.Pool(2) as pool:
+        assert spare.exitcode == 0  # let go, and ended, before the pool's workers started
+        assert spares.ready_jobs() == []
+        assert pool.map(abs, [-1, -2]) == [1, 2]
+
+
 def test_no_spare_unless_the_backend_or_the_setting_asks() -> None:
     start_one()
     assert spares.settle(T) and spares.ready_jobs() == []
@@ -141,3 +150,35 @@ def test_a_program_leaves_no_spare_behind(run_script, wait: bool) -> None:  # no
     assert len(pids) == wait
     for pid in pids:
         wait_gone(pid)
+
+
+def test_a_spare_that_cannot_get_ready_is_not_tried_again(run_script, tmp_path) -> None:  # noqa: ANN001
+    # The second job's interpreter (the spare started after the first) exits at once: that
+    # kind of spare is given up, and the next start, which runs, starts none.
+    python, calls = tmp_path / "python", tmp_path / "calls"
+    python.write_text(f"""#!/bin/sh
+echo x >> {calls}
+[ "$(wc -l < {calls})" -eq 2 ] && exit 3
+exec {sys.executable} "$@"
+""")
+    python.chmod(0o755)
+    r = run_script(f"""
+        import fiber_core
+        from fiber_core.processes import spares
+
+        def hello():
+            pass
+
+        if __name__ == "__main__":
+            fiber_core.init(spare_jobs=1, python={str(python)!r})
+            for _ in range(2):
+                p = fiber_core.Process(target=hello)
+                p.start()
+                p.join(30)
+                print("exit", p.exitcode, flush=True)
+                assert spares.settle(30)
+            print("ready", len(spares.ready_jobs()), flush=True)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["exit 0", "exit 0", "ready 0"]
+    assert calls.read_text().count("x") == 3  # the first, the spare that failed, the second

@@ -783,6 +783,7 @@ def start_processes(processes: Sequence[Process]) -> None:
                     prepared.append((run, spec, payload))
                 backend = runs[0].backend
                 assert backend is not None
+                spares.release(backend=backend)  # the group may need their room (an SSH slot)
                 jobs = backend.start_jobs([spec for _, spec, _ in prepared])
             except BaseException as e:
                 error: BaseException = e

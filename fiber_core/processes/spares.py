@@ -7,7 +7,7 @@ few. So, as Ray keeps idle workers and a warm function is kept by serverless
 platforms, after a ``Process.start()`` this process starts ``spare_jobs`` more jobs
 of the same kind in the background. Each runs the worker bootstrap up to the point
 where it has connected, imported the main module and applied the settings (the
-prelude), and waits there. The next ``start()`` of a process of that kind hands the
+prelude), says so (``PROCESS_WAITING``), and waits there; only then is it ready. The next ``start()`` of a process of that kind hands the
 process object to a spare instead of asking the backend, and a new spare starts.
 
 "Of the same kind" means the same backend and the same job spec apart from its
@@ -16,12 +16,15 @@ sent other settings, another ``sys.path`` or another main module is not used (it
 is let go, and a new one made). A spare that is not used within ``spare_timeout``
 seconds is let go; one that ends on its own (a stopped container, a lost host) is
 dropped. Letting one go is closing its connection: its worker exits with code 0.
+A spare that cannot get ready (its image lacks the main module's imports, its job does
+not start) is not tried again for that kind of job: the next cold start shows why.
 
 ``spare_jobs`` defaults to the backend's :attr:`~fiber_core.contract.backend.Backend.spare_jobs`
 (1 on Docker and SSH, where an idle job costs little; 0 on Kubernetes and AWS Batch,
 where it holds a node's room or costs money, and on the local backend, whose template
 starts jobs as fast as a fork). Pools do not use spares: they start their workers in
-groups and keep them.
+groups and keep them, and a group start first lets go of the spares of its backend,
+whose room (an SSH host's slot) the group may need.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from fiber_core.contract.env import ENV_TOKEN
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
-from fiber_core.wire.messages import PROCESS_PRELUDE
+from fiber_core.wire.messages import PROCESS_PRELUDE, PROCESS_STDERR, PROCESS_WAITING, body, kind_of
+from fiber_core.wire.serialize import dumps, loads
 
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend, Job, JobSpec
@@ -143,9 +147,10 @@ def claim(backend: Backend, spec: JobSpec, prelude: bytes) -> Spare | None:
                 found = spare
             else:
                 stale.append(spare)
-    for spare in [*stale, *([found] if found is not None else [])]:
-        spare.wake.set()  # its thread lets go of a stale or dead one, and leaves a claimed one
+    for spare in stale:
+        _wake(spare)  # its thread lets go of it
     if found is not None:
+        found.wake.set()  # its thread leaves it to the claimer
         assert found.job is not None
         found.job.spec.name = spec.name  # it runs that process now: what errors and logs name
     return found
@@ -184,13 +189,15 @@ def settle(timeout: float | None = None) -> bool:
         return _spares.changed.wait_for(lambda: not any(_spares.starting.values()), timeout)
 
 
-def release(timeout: float | None = 60.0) -> None:
-    """Let go of every spare now, ready or starting, and wait until their jobs have ended
-    (new ones start after the next ``Process.start()``): to give their room back at once."""
+def release(timeout: float | None = 60.0, backend: Backend | None = None) -> None:
+    """Let go of every spare now (of ``backend``, or of all), ready or starting, and wait
+    until their jobs have ended (new ones start after the next ``Process.start()``): to give
+    their room back at once."""
     with _spares.lock:
-        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
+        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group
+                  if backend is None or s.backend is backend]
     for spare in spares:
-        spare.wake.set()
+        _wake(spare)
     deadline = None if timeout is None else time.monotonic() + timeout
     for spare in spares:
         spare.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
@@ -210,7 +217,7 @@ def release_all() -> None:
         _spares.closing = True
         spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
     for spare in spares:
-        spare.wake.set()
+        _wake(spare)
     for spare in spares:
         spare.created.wait(30.0)
 
@@ -248,19 +255,37 @@ def _keep(spare: Spare, spec: JobSpec) -> None:
         try:
             spare.job = backend.start_job(spec)
         except Exception as e:
-            log.debug("fiber: a spare job could not start on %s (no more are tried for this kind "
-                      "of job): %s", backend.name, e)
-            with _spares.lock:
-                _spares.failed.add(spare.kind)
+            _give_up(spare, f"it could not start: {e}")
             return
         finally:
             spare.created.set()
         timeout = config.get("start_timeout") or float(config.get("spare_timeout"))
         code, timed_out = wait_connected(backend, spare.job, spare.connected, timeout, spare.wake)
+        if spare.wake.is_set():
+            return
         if code is not None or timed_out:
+            _give_up(spare, f"it ended with code {code} before it connected" if code is not None
+                     else f"it did not connect within {timeout:g} s")
             return
         assert spare.sock is not None
-        Connection(spare.sock).send_frame(PROCESS_PRELUDE, spare.prelude)
+        conn = Connection(spare.sock)
+        # The prelude the claimer's is compared with, asking for PROCESS_WAITING once applied.
+        conn.send_frame(PROCESS_PRELUDE, dumps({**loads(spare.prelude), "spare": True}))
+        answered = select.select([spare.sock], [], [], timeout)[0]
+        if spare.wake.is_set():
+            return
+        if not answered:
+            _give_up(spare, f"it did not apply the program's settings within {timeout:g} s")
+            return
+        try:
+            msg = conn.recv_bytes()
+        except (EOFError, OSError):
+            msg = b""
+        if kind_of(msg) != PROCESS_WAITING:  # its main module failed, or it ended
+            _give_up(spare, "it ended before it was ready" if not msg else
+                     "it did not get ready: " + (body(msg).tobytes().decode("utf-8", "replace")
+                                                 if kind_of(msg) == PROCESS_STDERR else repr(msg[:40])))
+            return
         with _spares.changed:
             if _spares.closing or spare.wake.is_set():
                 return
@@ -285,6 +310,25 @@ def _keep(spare: Spare, spec: JobSpec) -> None:
             with _spares.changed:
                 spare.done.set()
                 _spares.changed.notify_all()
+
+
+def _give_up(spare: Spare, why: str) -> None:
+    """No more spares of this kind (a cold start of it shows the user what is wrong)."""
+    log.debug("fiber: no spare jobs of this kind on %s: %s", spare.backend.name, why)
+    with _spares.lock:
+        _spares.failed.add(spare.kind)
+
+
+def _wake(spare: Spare) -> None:
+    """Have its thread let go of a spare that is not claimed: also when it waits for the
+    spare's answer (the shut-down socket wakes it; the socket is closed by that thread only)."""
+    spare.wake.set()
+    sock = spare.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _let_go(spare: Spare) -> None:

@@ -38,6 +38,7 @@ from fiber_core.wire.messages import (
     PROCESS_INTERRUPT,
     PROCESS_STDERR,
     PROCESS_STDOUT,
+    PROCESS_WAITING,
     decode_process_object,
     decode_process_prelude,
     encode_process_exit,
@@ -345,9 +346,11 @@ def main() -> int:
         sys.meta_path.insert(0, _SharedMemoryHook())
         _import_main(data.get("main"))
         config.restore(data["config"])
+        if data.get("spare"):  # started ahead (spares.py): say it is ready, then wait
+            conn.send_frame(PROCESS_WAITING)
         try:
             frame = conn.recv_bytes()
-        except EOFError:  # a spare job let go (spares.py): it ran nothing
+        except EOFError:  # a spare job let go: it ran nothing
             return 0
         proc = decode_process_object(frame)
     except Exception:

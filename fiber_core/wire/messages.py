@@ -37,6 +37,7 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 |---|---|---|---|---|
 | `P` | PROCESS_PRELUDE | parent → job | pickle of {sys_path, main, config, forward_output, parent} | what the job applies before it can unpickle the process object |
 | `O` | PROCESS_OBJECT | parent → job | pickle of the Process | the process object to run |
+| `+` | PROCESS_WAITING | job → parent | — | a spare job applied its prelude: it waits for a process object |
 | `o` | PROCESS_STDOUT | job → parent | output bytes | what the job wrote to fd 1 |
 | `e` | PROCESS_STDERR | job → parent | output bytes | what the job wrote to fd 2 |
 | `x` | PROCESS_EXIT | job → parent | exit code, ASCII decimal | the exit code of the process object's run |
@@ -162,6 +163,8 @@ PROCESS_PRELUDE = _kind(b"P", "PROCESS_PRELUDE", "parent", "job", "",
                         "what the job applies before it can unpickle the process object")
 PROCESS_OBJECT = _kind(b"O", "PROCESS_OBJECT", "parent", "job", "", "pickle of the Process",
                        "the process object to run")
+PROCESS_WAITING = _kind(b"+", "PROCESS_WAITING", "job", "parent", "", "",
+                        "a spare job applied its prelude: it waits for a process object")
 PROCESS_STDOUT = _kind(b"o", "PROCESS_STDOUT", "job", "parent", "", "output bytes",
                        "what the job wrote to fd 1")
 PROCESS_STDERR = _kind(b"e", "PROCESS_STDERR", "job", "parent", "", "output bytes",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import getpass
+import logging
 import multiprocessing.process
 import os
 import re
@@ -906,9 +907,9 @@ def _where(q: Any, code: int) -> None:
     sys.exit(code)
 
 
-def test_a_process_starts_on_a_spare_worker(hosts: dict[str, str]) -> None:
-    # SSH keeps one spare by default: after a start, the next runs in the worker started ahead,
-    # and when the program ends nothing of it is left on the hosts.
+def test_a_process_starts_on_a_spare_worker(hosts: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    # SSH keeps one spare by default: after a start, the next runs in the worker started ahead;
+    # a Pool that takes every slot gets the spare's too; when the program ends nothing is left.
     from fiber_core.processes import spares
 
     with fresh_runtime(ssh_env(hosts)) as rt:
@@ -931,5 +932,15 @@ def test_a_process_starts_on_a_spare_worker(hosts: dict[str, str]) -> None:
         assert spares.settle(T)
         (again,) = spares.ready_jobs()
         assert again is not spare
-    assert backend.wait_for_job(again, T) is not None  # the runtime's end let it go
+        with caplog.at_level(logging.WARNING, logger="fiber"), fiber_core.Pool(6) as pool:  # 3 hosts x 2 slots
+            assert pool.map(_square, range(12)) == [x * x for x in range(12)]
+        assert again.exitcode == 0  # let go before the pool's workers were placed
+        assert "full" not in caplog.text
+        p = fiber_core.Process(target=_where, args=(q, 0))
+        p.start()  # no spare: a cold start, which leaves one ready
+        q.get(timeout=T)
+        p.join(T)
+        assert p.job is not again and spares.settle(T)
+        (last,) = spares.ready_jobs()
+    assert backend.wait_for_job(last, T) is not None  # the runtime's end let it go
     assert wait_until_gone(run_id) == []
