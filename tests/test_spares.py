@@ -98,13 +98,14 @@ def test_a_spare_that_died_is_not_used(with_spares: None) -> None:
     assert p.job is not spare and pid == p.pid
 
 
-def test_a_group_start_lets_go_of_its_backends_spares_first(with_spares: None) -> None:
+def test_a_group_start_takes_the_ready_spare_as_a_worker(with_spares: None) -> None:
     start_one()
     spare = one_ready()
-    with fiber_core.Pool(2) as pool:
-        assert spare.exitcode == 0  # let go, and ended, before the pool's workers started
+    with fiber_core.Pool(3) as pool:
+        assert spare in [w.process.job for w in pool._workers.values()]
         assert spares.ready_jobs() == []
-        assert pool.map(abs, [-1, -2]) == [1, 2]
+        assert pool.map(abs, range(-20, 0)) == list(range(20, 0, -1))
+    assert spares.settle(T) and spares.ready_jobs() == []  # a pool starts no spare
 
 
 def test_no_spare_unless_the_backend_or_the_setting_asks() -> None:

@@ -503,14 +503,7 @@ class _JobRun:
         assert backend is not None
         try:
             spare = spares.claim(backend, spec, prelude) if spares.wanted(backend) else None
-            if spare is None:
-                job = backend.start_job(spec)
-            else:  # connected, and sent the same prelude: only the process object is left to send
-                assert spare.job is not None and spare.sock is not None
-                self.forget()
-                self.token = spare.token
-                self._on_connect("", spare.sock)
-                job = spare.job
+            job = backend.start_job(spec) if spare is None else self._take(spare)
         except BaseException as e:
             error = self.abandon(e)
             if error is e:
@@ -518,6 +511,31 @@ class _JobRun:
             raise error from e
         self._spares_after = (spec, prelude)
         self.launched(job, (None if spare is not None else prelude, obj))
+
+    def start_on_spare(self) -> tuple[Job, tuple[None, bytes]] | None:
+        """In a group start: take a ready spare of this process's kind if there is one;
+        its job and what it is still to be sent (the process object), else ``None``."""
+        spec, (prelude, obj) = self.prepare()
+        assert self.backend is not None
+        try:
+            spare = spares.claim(self.backend, spec, prelude)
+        except BaseException as e:
+            error = self.abandon(e)
+            if error is e:
+                raise
+            raise error from e
+        if spare is None:
+            self.forget()
+            return None
+        return self._take(spare), (None, obj)
+
+    def _take(self, spare: spares.Spare) -> Job:
+        """Run on ``spare``, connected and sent this run's prelude: its job (after :meth:`prepare`)."""
+        assert spare.job is not None and spare.sock is not None
+        self.forget()
+        self.token = spare.token
+        self._on_connect("", spare.sock)
+        return spare.job
 
     def prepare(self, group: tuple[str, int] | None = None) -> tuple[JobSpec, tuple[bytes, bytes]]:
         """Everything before the backend's call: the job's spec, and what it is sent once
@@ -772,18 +790,26 @@ def start_processes(processes: Sequence[Process]) -> None:
     groups: dict[str | None, list[_JobRun]] = {}
     for p in processes:
         groups.setdefault(p._backend_name, []).append(_JobRun(p))
-    done: list[tuple[_JobRun, Job, tuple[bytes, bytes]]] = []
+    done: list[tuple[_JobRun, Job, tuple[bytes | None, bytes]]] = []
     try:
         for runs in groups.values():
+            # Ready spares of the backend (a Process started before) become workers of the group.
+            backend = runtime().get_backend(runs[0].process._backend_name)
+            rest = []
+            for run in runs:
+                taken = run.start_on_spare() if spares.any_ready(backend) else None
+                if taken is None:
+                    rest.append(run)
+                else:
+                    done.append((run, *taken))
+            if not rest:
+                continue
             prepared: list[tuple[_JobRun, JobSpec, tuple[bytes, bytes]]] = []
-            secret = os.urandom(16).hex() if len(runs) > 1 else None
+            secret = os.urandom(16).hex() if len(rest) > 1 else None
             try:
-                for i, run in enumerate(runs):
+                for i, run in enumerate(rest):
                     spec, payload = run.prepare(None if secret is None else (secret, i))
                     prepared.append((run, spec, payload))
-                backend = runs[0].backend
-                assert backend is not None
-                spares.release(backend=backend)  # the group may need their room (an SSH slot)
                 jobs = backend.start_jobs([spec for _, spec, _ in prepared])
             except BaseException as e:
                 error: BaseException = e
@@ -794,7 +820,7 @@ def start_processes(processes: Sequence[Process]) -> None:
                 raise error from e
             done += [(run, job, payload) for (run, _, payload), job in zip(prepared, jobs)]
     except BaseException:
-        for run, job, _ in done:  # an earlier backend's jobs: stopped, never used
+        for run, job, _ in done:  # spares taken, an earlier backend's jobs: stopped, never used
             run.forget()
             try:
                 job.state.stop_requested = True
@@ -803,8 +829,8 @@ def start_processes(processes: Sequence[Process]) -> None:
             except Exception:
                 pass
         raise
-    for run, job, payload in done:
-        run.launched(job, payload)
+    for run, job, to_send in done:
+        run.launched(job, to_send)
         run.process._started(run)
 
 

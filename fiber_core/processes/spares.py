@@ -22,14 +22,12 @@ not start) is not tried again for that kind of job: the next cold start shows wh
 ``spare_jobs`` defaults to the backend's :attr:`~fiber_core.contract.backend.Backend.spare_jobs`
 (1 on Docker and SSH, where an idle job costs little; 0 on Kubernetes and AWS Batch,
 where it holds a node's room or costs money, and on the local backend, whose template
-starts jobs as fast as a fork). Pools do not use spares: they start their workers in
-groups and keep them, and a group start first lets go of the spares of its backend,
-whose room (an SSH host's slot) the group may need.
+starts jobs as fast as a fork). A group start (a Pool's workers) takes the ready spares
+of its kind as some of its workers, and starts no new spare: a Pool keeps its workers.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import select
 import socket
@@ -75,6 +73,8 @@ def wait_connected(backend: Backend, job: Job, connected: threading.Event, timeo
 def kind_of_job(backend: Backend, spec: JobSpec) -> tuple[int, str]:
     """What two jobs must share for one to stand in for the other: the backend and the
     spec without its name, labels and token."""
+    import dataclasses  # in the parent, where the contract has loaded it
+
     env = {k: v for k, v in spec.env.items() if k != ENV_TOKEN}
     same = dataclasses.replace(spec, name="", labels={}, env=env)
     return id(backend), repr(dataclasses.astuple(same))
@@ -90,24 +90,27 @@ def wanted(backend: Backend) -> int:
     return int(n)
 
 
-@dataclasses.dataclass(eq=False)
 class Spare:
-    """One spare job. Once :func:`claim` returned it, its job and socket are the claimer's."""
+    """One spare job. Once :func:`claim` returned it, its job and socket are the claimer's.
 
-    kind: tuple[int, str]
-    backend: Backend
-    prelude: bytes
-    token: str
-    job: Job | None = None
-    sock: socket.socket | None = None
-    connected: threading.Event = dataclasses.field(default_factory=threading.Event)
-    wake: threading.Event = dataclasses.field(default_factory=threading.Event)
-    """Set when it is claimed or let go: its thread stops waiting."""
-    claimed: bool = False
-    created: threading.Event = dataclasses.field(default_factory=threading.Event)
-    """Set once the backend's call to start its job has returned (or failed)."""
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
-    """Set when its thread has ended: it was claimed, or its job has ended."""
+    (A plain class: every job imports this module, and ``dataclasses`` would cost each ~5 ms.)
+    """
+
+    def __init__(self, kind: tuple[int, str], backend: Backend, prelude: bytes, token: str) -> None:
+        self.kind = kind
+        self.backend = backend
+        self.prelude = prelude
+        self.token = token
+        self.job: Job | None = None
+        self.sock: socket.socket | None = None
+        self.connected = threading.Event()
+        self.wake = threading.Event()
+        """Set when it is claimed or let go: its thread stops waiting."""
+        self.claimed = False
+        self.created = threading.Event()
+        """Set once the backend's call to start its job has returned (or failed)."""
+        self.done = threading.Event()
+        """Set when its thread has ended: it was claimed, or its job has ended."""
 
 
 class _Spares:
@@ -203,6 +206,12 @@ def release(timeout: float | None = 60.0, backend: Backend | None = None) -> Non
         spare.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
+def any_ready(backend: Backend) -> bool:
+    """Whether a spare of ``backend`` is ready (of any kind)."""
+    with _spares.lock:
+        return any(s.backend is backend for group in _spares.ready.values() for s in group)
+
+
 def ready_jobs() -> list[Job]:
     """The jobs of the spares ready now, oldest first (the next to be used)."""
     with _spares.lock:
@@ -240,6 +249,8 @@ def _keep(spare: Spare, spec: JobSpec) -> None:
     backend = spare.backend
     hub = runtime().hub
     route = f"proc:{spare.token}"
+    import dataclasses  # in the parent, where the contract has loaded it
+
     spec = dataclasses.replace(spec, name="spare", env={**spec.env, ENV_TOKEN: spare.token},
                                labels={**spec.labels, "fiber.name": "spare"})
 
