@@ -192,13 +192,11 @@ def settle(timeout: float | None = None) -> bool:
         return _spares.changed.wait_for(lambda: not any(_spares.starting.values()), timeout)
 
 
-def release(timeout: float | None = 60.0, backend: Backend | None = None) -> None:
-    """Let go of every spare now (of ``backend``, or of all), ready or starting, and wait
-    until their jobs have ended (new ones start after the next ``Process.start()``): to give
-    their room back at once."""
+def release(timeout: float | None = 60.0) -> None:
+    """Let go of every spare now, ready or starting, and wait until their jobs have ended
+    (new ones start after the next ``Process.start()``): to give their room back at once."""
     with _spares.lock:
-        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group
-                  if backend is None or s.backend is backend]
+        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
     for spare in spares:
         _wake(spare)
     deadline = None if timeout is None else time.monotonic() + timeout
