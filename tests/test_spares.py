@@ -15,6 +15,7 @@ from procs import wait_gone
 import fiber_core
 from fiber_core.base.errors import ConfigError
 from fiber_core.processes import spares
+from fiber_core.processes.process import start_processes
 from fiber_core.runtime.run import runtime
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
@@ -106,6 +107,35 @@ def test_a_group_start_takes_the_ready_spare_as_a_worker(with_spares: None) -> N
         assert spares.ready_jobs() == []
         assert pool.map(abs, range(-20, 0)) == list(range(20, 0, -1))
     assert spares.settle(T) and spares.ready_jobs() == []  # a pool starts no spare
+
+
+def take(counted: Counted) -> None:
+    assert isinstance(counted, Counted)
+
+
+class Counted:
+    """Counts how often the parent pickles it (a process object is pickled once per start)."""
+
+    pickles = 0
+
+    def __reduce__(self) -> tuple:
+        type(self).pickles += 1
+        return (Counted, ())
+
+
+def test_a_group_start_of_another_kind_leaves_the_spare_and_pickles_once(with_spares: None) -> None:
+    start_one()
+    spare = one_ready()
+    Counted.pickles = 0
+    ps = [fiber_core.Process(target=take, args=(Counted(),), cpu=1) for _ in range(3)]
+    start_processes(ps)
+    for p in ps:
+        p.join(T)
+        assert p.exitcode == 0 and p.job is not spare
+    # The first is pickled for the spare that turned out to be of another kind, then for its
+    # job; the others only for theirs (each of them too, before).
+    assert Counted.pickles == len(ps) + 1
+    assert spares.ready_jobs() == [spare]
 
 
 def test_no_spare_unless_the_backend_or_the_setting_asks() -> None:

@@ -36,7 +36,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from fiber_core.base.errors import FiberError, JobStartError
 from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
@@ -505,10 +505,7 @@ class _JobRun:
             spare = spares.claim(backend, spec, prelude) if spares.wanted(backend) else None
             job = backend.start_job(spec) if spare is None else self._take(spare)
         except BaseException as e:
-            error = self.abandon(e)
-            if error is e:
-                raise
-            raise error from e
+            self._abandoned(e)
         self._spares_after = (spec, prelude)
         self.launched(job, (None if spare is not None else prelude, obj))
 
@@ -520,14 +517,19 @@ class _JobRun:
         try:
             spare = spares.claim(self.backend, spec, prelude)
         except BaseException as e:
-            error = self.abandon(e)
-            if error is e:
-                raise
-            raise error from e
+            self._abandoned(e)
         if spare is None:
             self.forget()
             return None
         return self._take(spare), (None, obj)
+
+    def _abandoned(self, error: BaseException) -> NoReturn:
+        """The job did not start: :meth:`abandon` it and raise (the clearer error, if any,
+        chained to ``error``)."""
+        clear = self.abandon(error)
+        if clear is error:
+            raise error
+        raise clear from error
 
     def _take(self, spare: spares.Spare) -> Job:
         """Run on ``spare``, connected and sent this run's prelude: its job (after :meth:`prepare`)."""
@@ -796,9 +798,12 @@ def start_processes(processes: Sequence[Process]) -> None:
             # Ready spares of the backend (a Process started before) become workers of the group.
             backend = runtime().get_backend(runs[0].process._backend_name)
             rest = []
+            trying = spares.any_ready(backend)
             for run in runs:
-                taken = run.start_on_spare() if spares.any_ready(backend) else None
-                if taken is None:
+                taken = run.start_on_spare() if trying else None
+                if taken is None:  # none of its kind: the others (a Pool's are all of one kind)
+                    # go to the backend too, each pickled once
+                    trying = False
                     rest.append(run)
                 else:
                     done.append((run, *taken))

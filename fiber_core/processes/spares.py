@@ -7,8 +7,9 @@ few. So, as Ray keeps idle workers and a warm function is kept by serverless
 platforms, after a ``Process.start()`` this process starts ``spare_jobs`` more jobs
 of the same kind in the background. Each runs the worker bootstrap up to the point
 where it has connected, imported the main module and applied the settings (the
-prelude), says so (``PROCESS_WAITING``), and waits there; only then is it ready. The next ``start()`` of a process of that kind hands the
-process object to a spare instead of asking the backend, and a new spare starts.
+prelude), says so (``PROCESS_WAITING``), and waits there; only then is it ready. The
+next ``start()`` of a process of that kind hands the process object to a spare instead
+of asking the backend, and a new spare starts.
 
 "Of the same kind" means the same backend and the same job spec apart from its
 name (image, resources, command, ...), and the same prelude: a spare that was
@@ -129,6 +130,11 @@ class _Spares:
 _spares = _Spares()
 
 
+def _every() -> list[Spare]:
+    """Every spare, ready or starting (under the lock)."""
+    return [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
+
+
 def claim(backend: Backend, spec: JobSpec, prelude: bytes) -> Spare | None:
     """A ready spare for a job like ``spec`` that was sent ``prelude``, taken; else ``None``.
 
@@ -196,7 +202,7 @@ def release(timeout: float | None = 60.0) -> None:
     """Let go of every spare now, ready or starting, and wait until their jobs have ended
     (new ones start after the next ``Process.start()``): to give their room back at once."""
     with _spares.lock:
-        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
+        spares = _every()
     for spare in spares:
         _wake(spare)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -222,7 +228,7 @@ def release_all() -> None:
     the cleanup if it has not ended by then."""
     with _spares.lock:
         _spares.closing = True
-        spares = [s for group in (*_spares.ready.values(), *_spares.starting.values()) for s in group]
+        spares = _every()
     for spare in spares:
         _wake(spare)
     for spare in spares:
@@ -244,11 +250,11 @@ def _alive(spare: Spare) -> bool:
 def _keep(spare: Spare, spec: JobSpec) -> None:
     """A spare's thread: start its job, send it the prelude once it connects, wait until it
     is claimed, or let it go (timeout, exit) or drop it (it ended)."""
+    import dataclasses  # in the parent, where the contract has loaded it
+
     backend = spare.backend
     hub = runtime().hub
     route = f"proc:{spare.token}"
-    import dataclasses  # in the parent, where the contract has loaded it
-
     spec = dataclasses.replace(spec, name="spare", env={**spec.env, ENV_TOKEN: spare.token},
                                labels={**spec.labels, "fiber.name": "spare"})
 
@@ -289,11 +295,11 @@ def _keep(spare: Spare, spec: JobSpec) -> None:
         try:
             msg = conn.recv_bytes()
         except (EOFError, OSError):
-            msg = b""
-        if kind_of(msg) != PROCESS_WAITING:  # its main module failed, or it ended
-            _give_up(spare, "it ended before it was ready" if not msg else
-                     "it did not get ready: " + (body(msg).tobytes().decode("utf-8", "replace")
-                                                 if kind_of(msg) == PROCESS_STDERR else repr(msg[:40])))
+            _give_up(spare, "it ended before it was ready")
+            return
+        if kind_of(msg) != PROCESS_WAITING:  # applying the prelude failed: it sent why, and ends
+            why = bytes(body(msg)).decode("utf-8", "replace") if kind_of(msg) == PROCESS_STDERR else repr(msg[:40])
+            _give_up(spare, f"it did not get ready: {why}")
             return
         with _spares.changed:
             if _spares.closing or spare.wake.is_set():
