@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -23,6 +22,9 @@ T = 30.0
 OTHER_USER = "nobody"
 """The account that plays the other tenant."""
 
+TENANT_PYTHON = "/usr/bin/python3"
+"""The system's interpreter: the tenant cannot read one under root's home (pyenv's)."""
+
 
 def other_uid() -> int:
     """The other tenant's uid."""
@@ -31,6 +33,8 @@ def other_uid() -> int:
 
 def needs_root() -> pytest.MarkDecorator:
     """Skip a test unless this process may switch to another uid."""
+    if not os.access(TENANT_PYTHON, os.X_OK):
+        return pytest.mark.skip(reason=f"plays another local user with {TENANT_PYTHON}: not found")
     return pytest.mark.skipif(
         os.geteuid() != 0,
         reason="plays another local user (needs root to switch uid): run as root, e.g. sudo",
@@ -49,7 +53,7 @@ def as_other_user(
     uid = other_uid()
     gid = pwd.getpwnam(OTHER_USER).pw_gid
     env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
-    argv = [sys.executable, "-I", "-c", textwrap.dedent(code), *args]
+    argv = [TENANT_PYTHON, "-I", "-c", textwrap.dedent(code), *args]
     kwargs: dict[str, object] = dict(
         env=env, user=uid, group=gid, extra_groups=[], umask=0o022, cwd="/", text=True
     )
