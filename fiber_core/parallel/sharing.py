@@ -202,7 +202,7 @@ def drop_dir(path):
     import fcntl, os, shutil, time
     for _ in range(100):
         try:
-            fd = os.open(path + "/.users", os.O_RDONLY)
+            fd = os.open(path + "/.users", os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return
         try:
