@@ -427,10 +427,10 @@ class Segment:
         fd = _posixshmem.shm_open(name, os.O_RDWR | owned.NOFOLLOW, mode=0o600)
         try:
             try:
-                owned.check(fd, "it", uid=owner, private=False)
+                st = owned.check(fd, "it", uid=owner, private=False)
             except ForeignObjectError as e:
                 raise _foreign("shared-memory segment", name, owner, e) from None
-            if os.fstat(fd).st_size < length:
+            if st.st_size < length:
                 raise OSError(f"shared-memory segment {name} is smaller than expected")
             buf = mmap.mmap(fd, length)
         finally:
