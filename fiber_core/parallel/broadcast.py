@@ -271,9 +271,6 @@ class _Store:
     def _open(self, name: str, flags: int) -> int:
         return owned.open_file(name, flags, self._dir, f"{self.path}/{name}")
 
-    def segment(self, bid: str, version: int) -> str:
-        return os.path.join(self.path, f"{bid}-{version}")
-
     def open(self, bid: str, version: int) -> mmap.mmap | None:
         """The mapping of a whole version here, or None if this host has none."""
         try:
