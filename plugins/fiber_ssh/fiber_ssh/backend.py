@@ -72,6 +72,7 @@ from fiber_core.contract import (
     keepalive,
 )
 
+from fiber_ssh import upload_dir
 from fiber_ssh.hosts import HostSpec, Placement, Slots, parse_hosts, place, release
 
 if TYPE_CHECKING:
@@ -104,8 +105,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("workdir", str, None,
            "working directory of the jobs on the hosts (default: the upload directory, else the home)"),
     Option("upload", bool, False, "copy this process's working directory to every host (sftp) before its first "
-           "job there, into workdir, else a directory of this run in the host's temp directory that "
-           "cleanup removes; the jobs run there, so its modules import"),
+           "job there, into workdir (an existing one only if it is the login's and others cannot write "
+           "in it), else a new directory in the host's temp directory, with a random name and mode 0700, "
+           "that cleanup removes; the jobs run there, so its modules import"),
     Option("upload_exclude", list, DEFAULT_EXCLUDE, "names and glob patterns that upload skips"),
     Option("upload_max_mb", float, 100.0, "refuse to upload a working directory larger than this (MiB)"),
     Option("timeout", float, 15.0,
@@ -128,7 +130,8 @@ _SUPERVISOR = Path(__file__).with_name("supervisor.py").read_text().split('"""\n
 _PROBE = r"""
 import json, os, socket, sys, tempfile
 info = {"python": sys.version.split()[0], "new_enough": sys.version_info >= (3, 10),
-        "cpus": os.cpu_count() or 1, "tmp": tempfile.gettempdir(), "hostname": socket.gethostname()}
+        "cpus": os.cpu_count() or 1, "tmp": tempfile.gettempdir(), "hostname": socket.gethostname(),
+        "uid": os.getuid()}
 try:
     import fiber_core
     info["fiber_core"] = getattr(fiber_core, "__version__", "?")
@@ -724,7 +727,7 @@ class SshBackend(Backend):
             return self.settings["workdir"]
         if self.settings["upload"]:
             assert host.info is not None
-            return f"{host.info['tmp']}/fiber-{self.run_id or 'run'}-{os.getpid()}"
+            return f"{host.info['tmp']}/{upload_dir.fresh_name(self.run_id)}"
         return None
 
     # -- starting a job ---------------------------------------------------------------------
@@ -854,11 +857,12 @@ class SshBackend(Backend):
                     home = sftp.normalize(".")
                     if not target.startswith("/"):
                         target = f"{home}/{target[2:] if target.startswith('~/') else target}"
-                    created = _sftp_makedirs(sftp, target)
+                    created = upload_dir.prepare(sftp, target, (host.info or {})["uid"],
+                                                 bool(self.settings["workdir"]), host.name)
                     for rel, path, _ in files:
                         remote = f"{target}/{rel}"
                         if path is None:
-                            _sftp_makedirs(sftp, remote)
+                            upload_dir.makedirs(sftp, remote)
                         else:
                             sftp.put(str(path), remote)
                             sftp.chmod(remote, stat.S_IMODE(path.stat().st_mode))
@@ -1033,17 +1037,3 @@ def _upload_list(root: Path, exclude: list[str]) -> list[tuple[str, Path | None,
                 continue
             out.append((rel, path, path.stat().st_size))
     return out
-
-
-def _sftp_makedirs(sftp: Any, path: str) -> bool:
-    """``mkdir -p`` over sftp; return whether the last directory was created."""
-    try:
-        sftp.stat(path)
-        return False
-    except OSError:
-        pass
-    parent = path.rsplit("/", 1)[0]
-    if parent and parent != path:
-        _sftp_makedirs(sftp, parent)
-    sftp.mkdir(path)
-    return True
