@@ -49,16 +49,14 @@ def forget(names: Iterable[str]) -> None:
     if not names:
         return
     try:
-        with open("/proc/self/stat") as f:
-            start, end = block_bounds(f.read())
-        with open("/proc/self/environ", "rb") as f:
-            block = f.read(end - start)
-        spans = entry_spans(block, names)
-        if not spans:
-            return  # set after the start (a forked template's child): not in the block
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            start, end = block_bounds(os.read(fd, 4096).decode("ascii", "replace"))
+        finally:
+            os.close(fd)
         fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
         try:
-            for offset, length in spans:
+            for offset, length in entry_spans(os.pread(fd, end - start, start), names):
                 os.pwrite(fd, bytes(length), start + offset)
         finally:
             os.close(fd)
