@@ -121,10 +121,9 @@ def test_a_token_without_the_key_opens_nothing() -> None:
     routed: list[socket.socket] = []
     hub.register(f"proc:{token}", lambda target, sock: routed.append(sock))
     try:
-        unix = hub.addresses.split(",")[0].partition(":")[2]
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(T)
-            sock.connect(unix)
+        tcp = next(a for a in hub.addresses.split(",") if a.startswith("tcp:"))  # anyone's way in
+        host, _, port = tcp.removeprefix("tcp:").rpartition(":")
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=T) as sock:
             sock.sendall(_MAGIC + os.urandom(16))
             _recv_exact(sock, 16 + 32)  # the hub's nonce and proof
             name = f"proc:{token}".encode()
