@@ -857,8 +857,11 @@ class SshBackend(Backend):
                     home = sftp.normalize(".")
                     if not target.startswith("/"):
                         target = f"{home}/{target[2:] if target.startswith('~/') else target}"
-                    created = upload_dir.prepare(sftp, target, (host.info or {})["uid"],
-                                                 bool(self.settings["workdir"]), host.name)
+                    if host.created_dir != target:  # (else this run made it, at an earlier try)
+                        created = upload_dir.prepare(sftp, target, (host.info or {})["uid"],
+                                                     bool(self.settings["workdir"]), host.name)
+                        if created and not self.settings["workdir"]:
+                            host.created_dir = target  # cleanup() removes it, even if the copy fails
                     for rel, path, _ in files:
                         remote = f"{target}/{rel}"
                         if path is None:
@@ -871,8 +874,6 @@ class SshBackend(Backend):
             except (paramiko.SSHException, OSError, EOFError) as e:
                 raise BackendError(f"uploading {Path.cwd()} to {host.name}:{target} failed: check the "
                                    "space and permissions there, or [ssh] workdir", cause=e) from None
-            if created and not self.settings["workdir"]:
-                host.created_dir = target
             host.workdir = target
             host.uploaded = True
 

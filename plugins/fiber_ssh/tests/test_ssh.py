@@ -564,6 +564,27 @@ def test_upload_copies_the_working_directory(make_backend: Any, tmp_path: Path,
     assert check.get_job_logs(probe).split() == ["False"]
 
 
+def test_an_upload_that_failed_is_tried_again_and_leaves_nothing(make_backend: Any, hosts: dict[str, str],
+                                                                 tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "data.txt").write_text("payload")
+    (tmp_path / "unreadable").symlink_to("/proc/self/mem")  # a file whose read fails (EIO)
+    monkeypatch.chdir(tmp_path)
+    first = hosts["FIBER_SSH_HOSTS"].split()[0]  # one host: every backend here sees its /tmp
+    b = make_backend(upload=True, hosts=first)
+    with pytest.raises(BackendError, match=r"uploading .* failed"):
+        b.start_job(py("pass"))
+    (tmp_path / "unreadable").unlink()
+    job = b.start_job(py("print(open('data.txt').read())"))  # in the directory the first try made
+    assert b.wait_for_job(job, T) == 0, b.get_job_logs(job)
+    assert b.get_job_logs(job).split() == ["payload"]
+    b.cleanup()
+    check = make_backend(hosts=first)
+    probe = check.start_job(py(f"import glob; print(len(glob.glob('/tmp/fiberupload-{b.run_id}-*')))"))
+    assert check.wait_for_job(probe, T) == 0
+    assert check.get_job_logs(probe).split() == ["0"]
+
+
 def test_more_connections_when_sshd_limits_sessions(make_backend: Any, hosts: dict[str, str],
                                                     tmp_path: Path) -> None:
     """OpenSSH allows 10 sessions per connection by default: past that, another connection."""
