@@ -219,16 +219,32 @@ def private_sshd(hosts: dict[str, str], tmp_path: Path, port: int, config: str =
         UseDNS no
     """) + textwrap.dedent(config))
     # nsenter, not ip netns exec, which mounts a sysfs of its own without /sys/fs/cgroup
-    sshd = ["nsenter", "--net=/run/netns/fiber-h1", "/usr/sbin/sshd", "-f", str(config_file),
-            "-E", str(tmp_path / f"sshd_{port}.log")]
+    log_file = tmp_path / f"sshd_{port}.log"
+    sshd = ["nsenter", "--net=/run/netns/fiber-h1", "/usr/sbin/sshd", "-D", "-f", str(config_file),
+            "-E", str(log_file)]
     if cgroup is not None:  # the shell joins the cgroup, then becomes sshd
         sshd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *sshd]
-    subprocess.run(sshd, check=True, timeout=30)
+    # In the foreground (-D): its pid is known at once, so it is stopped even if the test ends
+    # before it listens (a daemon's pid file may not be written yet, and it would stay).
+    proc = subprocess.Popen(sshd)
     try:
+        deadline = time.monotonic() + T
+        while not _accepts(addr, port) or proc.poll() is not None:
+            assert proc.poll() is None, f"sshd on port {port} ended: {log_file.read_text()[-500:]}"
+            assert time.monotonic() < deadline, f"sshd on port {port} does not listen within {T} s"
+            time.sleep(0.05)
         yield f"{addr}:{port}"
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        proc.terminate()
+        proc.wait(T)
+
+
+def _accepts(addr: str, port: int) -> bool:
+    try:
+        socket.create_connection((addr, port), timeout=T).close()
+        return True
+    except ConnectionRefusedError:
+        return False
 
 
 @contextlib.contextmanager

@@ -31,15 +31,16 @@ hosts = test_ssh.hosts  # the fixture of the SSH test hosts
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _tenant():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("tenant", REPO / "tests" / "tenant.py")
+def _core_test_helper(name: str):  # noqa: ANN202
+    """A helper module of the core tests (``tests/<name>.py``)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-tenant = _tenant()
+tenant = _core_test_helper("tenant")
 
 pytestmark = [pytest.mark.timeout(240), tenant.needs_root()]
 
