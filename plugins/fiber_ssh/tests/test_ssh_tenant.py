@@ -1,7 +1,8 @@
 """What another user of an SSH host can do to a run's jobs there: nothing.
 
-The other user is played for real (``nobody``, by ``tests/tenant.py``), on the same
-filesystem as the hosts' sshd. They pre-create the upload directory at every name they
+The other user is played for real (``nobody``, by ``tests/tenant.py``). The uploads go to an
+sshd of the test's own in fiber-h1's network namespace, whose SFTP server has umask 000 and
+which shares this machine's /tmp with the other user. They pre-create the upload directory at every name they
 could predict, with a ``fiber_core`` package in it that would run as the program; the run
 must not use it, must upload into a directory only it can enter (even when the host's
 umask takes nothing away), and the other user must read nothing of what was uploaded.
