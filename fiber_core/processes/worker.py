@@ -324,6 +324,12 @@ def _exit() -> None:
 
 
 def main() -> int:
+    # Process.interrupt() raises KeyboardInterrupt here wherever the job was started from: a
+    # job started by a program whose SIGINT is ignored (under nohup, or as background work of
+    # a non-interactive shell) inherits SIG_IGN, and an interpreter that starts so installs no
+    # handler. The stdlib's child then ignores interrupt() and a join() waits forever; a job
+    # gets the handler of a fresh interpreter instead, as a forked one (template.py) does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rt = runtime()  # it reads the run's key
     try:
         hub, target = os.environ[ENV_HUB], f"proc:{job_token()}"
