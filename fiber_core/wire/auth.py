@@ -14,6 +14,7 @@ import hmac
 import os
 import socket
 import struct
+from collections.abc import Callable
 
 from fiber_core.base.errors import AuthenticationError
 from fiber_core.wire.framing import _recv_exact
@@ -66,14 +67,19 @@ def client_handshake(sock: socket.socket, key: bytes, target: str) -> None:
         raise ConnectionRefusedError(f"{target} is not served by that process (it may have ended)")
 
 
-def server_handshake(sock: socket.socket, key: bytes) -> str:
-    """Authenticate a client; return the target it asked for. Raises on any mismatch."""
+def server_handshake(sock: socket.socket, key: bytes, heard: Callable[[], None] | None = None) -> str:
+    """Authenticate a client; return the target it asked for. Raises on any mismatch.
+
+    ``heard`` is called once the client's hello (its first message) has come.
+    """
     hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
     if not hello.startswith(_MAGIC):
         if hello.startswith(_MAGIC[:-1]):
             raise AuthenticationError(f"a fiber client of wire version {hello[len(_MAGIC) - 1]}; "
                                       f"this process speaks version {_MAGIC[-1]}")
         raise AuthenticationError("not a fiber client")
+    if heard is not None:
+        heard()
     nonce = hello[len(_MAGIC):]
     server_nonce = os.urandom(_NONCE)
     sock.sendall(server_nonce + mac(key, b"fiber-s", nonce, server_nonce))
