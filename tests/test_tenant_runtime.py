@@ -8,6 +8,7 @@ escape sequences. ``T`` bounds every wait: reaching it is a failure, never a mea
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -284,3 +286,54 @@ def test_a_flood_of_idle_connections_from_another_user_does_not_stop_jobs_dialin
     assert "exitcodes 0 0 0 0 0 0" in out, out + err[-3000:]
     assert "started 0 1 2 3 4 5" in out
     assert int(shed) >= bound  # the flood went past the bound all along
+
+
+# -- the status page: idle connections from another user ------------------------------------------
+
+_PAGE_PROGRAM = r'''
+import sys
+import fiber_core
+from fiber_core.runtime.run import runtime
+
+if __name__ == "__main__":
+    server = fiber_core.serve_status(page=True, port=0)
+    print("run", runtime().run_id, server.url, flush=True)
+    sys.stdin.read()
+'''
+
+_IDLER = r'''
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+held = [socket.create_connection(("127.0.0.1", port)) for _ in range(n)]
+print("holding", flush=True)
+sys.stdin.read()  # ended by the test
+'''
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@needs_root()
+def test_idle_connections_from_another_user_neither_pile_up_threads_nor_keep_the_page_from_its_owner(
+        tmp_path: Path, programs: list[Program]) -> None:
+    from fiber_core.runtime.status_page import PAGE_CONNECTIONS
+
+    program = Program(tmp_path, _PAGE_PROGRAM)
+    programs.append(program)
+    url = program.rest[0]
+    port = int(re.match(r"http://127\.0\.0\.1:(\d+)/", url).group(1))  # type: ignore[union-attr]
+    assert json.load(urllib.request.urlopen(url.replace("/?", "/status.json?"), timeout=T))["run"]
+    before = _threads(program.proc.pid)
+    idler = as_other_user(_IDLER, str(port), str(3 * PAGE_CONNECTIONS), background=True)
+    assert isinstance(idler, subprocess.Popen) and idler.stdout is not None
+    try:
+        assert idler.stdout.readline().strip() == "holding", idler.stderr and idler.stderr.read()
+        # The owner's request comes after every idle connection was accepted: answered.
+        with urllib.request.urlopen(url.replace("/?", "/status.json?"), timeout=T) as answer:
+            state = json.load(answer)
+        assert state["run"]["id"] == program.run_id
+        assert _threads(program.proc.pid) <= before + PAGE_CONNECTIONS + 2
+    finally:
+        idler.kill()
+        idler.communicate(timeout=T)
