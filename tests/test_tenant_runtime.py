@@ -36,10 +36,10 @@ class Program:
     close.
     """
 
-    def __init__(self, tmp_path: Path, code: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp_path: Path, code: str, name: str = "program.py") -> None:
         self.tmpdir = tempfile.mkdtemp(prefix="ften-")  # short: the hub's socket path is in it
-        self.env = {**os.environ, "TMPDIR": self.tmpdir, **(env or {})}
-        script = tmp_path / "program.py"
+        self.env = {**os.environ, "TMPDIR": self.tmpdir}
+        script = tmp_path / name
         script.write_text(code)
         self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -84,9 +84,8 @@ from fiber_core.runtime.run import runtime
 
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\x1b[H\x9b31m\u202e\x7f\x00"
 
-
-def hostile_start():
-    sys.stderr.write(HOSTILE + "worker error\n")
+if __name__ != "__main__" and os.environ.get("HOSTILE_WORKER"):  # a pool worker, at its start
+    sys.stderr.write(HOSTILE + "worker error\n")  # into its log, before output is forwarded
     sys.stderr.flush()
     os._exit(3)
 
@@ -98,7 +97,8 @@ def hold():
 if __name__ == "__main__":
     p = fiber_core.Process(target=hold, name=HOSTILE + "named", daemon=True)
     p.start()
-    pool = fiber_core.Pool(1, initializer=hostile_start)
+    os.environ["HOSTILE_WORKER"] = "1"  # for the pool's workers only
+    pool = fiber_core.Pool(1)
     try:
         pool.apply(len, ((),))
     except Exception as e:
@@ -112,15 +112,20 @@ _CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]")  # every control b
 
 def test_fiber_top_shows_escape_sequences_in_names_and_worker_errors_as_plain_text(
         tmp_path: Path, programs: list[Program]) -> None:
-    program = Program(tmp_path, _HOSTILE_PROGRAM)
+    program = Program(tmp_path, _HOSTILE_PROGRAM, name="\x1b]0;owned\x07\x1b[2Jevil.py")
     programs.append(program)
     shown = subprocess.run([sys.executable, "-m", "fiber_core.cli", "top", "--once", program.run_id],
                            capture_output=True, text=True, env=program.env, timeout=T)
     assert shown.returncode == 0, shown.stderr
     assert _CONTROL.findall(shown.stdout) == []
     # What was around the escapes is still there to read.
+    assert f"run {program.run_id}  ??evil.py  pid" in shown.stdout
     assert re.search(r"^\s+\?+named\s+local\s", shown.stdout, re.M), shown.stdout
     assert re.search(r"failed .*the end of its log: \?+worker error$", shown.stdout, re.M), shown.stdout
+    listed = subprocess.run([sys.executable, "-m", "fiber_core.cli", "top", "--list"],
+                            capture_output=True, text=True, env=program.env, timeout=T)
+    assert listed.returncode == 0, listed.stderr
+    assert _CONTROL.findall(listed.stdout) == [] and "??evil.py" in listed.stdout
 
 
 # -- the hub: a flood of idle connections while jobs dial in over a slow link ---------------------
