@@ -40,11 +40,10 @@ as long as its creator runs. ``fileno()`` of a copy is a descriptor that becomes
 readable when a message (or the end of the pipe) is there, for
 :func:`fiber_core.connection.wait`; it may also wake when the pipe changes mode.
 
-Messages between a copy and the creator. Data frames are the frames of
-``wire/framing.py`` (4-byte length, or ``0xFFFFFFFF`` and an 8-byte length for
-2 GiB and more). A control frame has the top bit of its 4-byte length set; its
-body is one kind byte and its fields (``Q``: 8 bytes, big-endian). The kinds
-(``PIPE_*``) are defined, with the run's others, in ``fiber_core/wire/messages.py``.
+Messages between a copy and the creator: data frames (the program's messages)
+and control frames on one connection, both read and written by
+``wire/control.py``; the control kinds (``PIPE_*``) are defined, with the run's
+others, in ``fiber_core/wire/messages.py``.
 
 A copy connects to the creator's hub with the target
 ``pipe:<pipe id>:<end>:<ticket>:<copy id>``; a ticket is ``<issuer copy id>.<n>``
@@ -71,7 +70,8 @@ from fiber_core.base.log import log
 from fiber_core.processes.process import pickling_for
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
-from fiber_core.wire.framing import _WAITALL, Connection, _recv_exact
+from fiber_core.wire.control import U64, control_frame, peek_is_data, read_frame, send_data
+from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
     PIPE_ABANDON,
     PIPE_ACTIVE,
@@ -85,99 +85,13 @@ from fiber_core.wire.messages import (
     PIPE_TICKET,
     PIPE_WANT,
 )
-from fiber_core.wire.serialize import _SMALL
-
-_H = struct.Struct("!I")
-_BIG_H = struct.Struct("!Q")
-_U64 = struct.Struct("!Q")
-_CTRL = 0x80000000  # top bit of a 4-byte length: a control frame
-_BIG = 0xFFFFFFFF  # an 8-byte length follows
 
 _SWITCHED = object()  # a local read stopped because the pipe changed mode
-
-
-# -- frames ------------------------------------------------------------------------------
-
-
-def _send_data(sock: socket.socket, data: bytes | bytearray | memoryview) -> None:
-    n = len(data)
-    header = _H.pack(n) if n < _CTRL else _H.pack(_BIG) + _BIG_H.pack(n)
-    if n <= _SMALL:
-        sock.sendall(header + data)
-    else:
-        sock.sendall(header)
-        sock.sendall(data)
-
-
-def _ctrl(kind: bytes, body: bytes = b"") -> bytes:
-    return _H.pack(_CTRL | (1 + len(body))) + kind + body
-
-
-def _read_frame(sock: socket.socket) -> tuple[bool, bytes]:
-    """The next frame: (is it a control frame, its body). EOFError at the end."""
-    (n,) = _H.unpack(_recv_exact(sock, 4))
-    if n == _BIG:
-        (n,) = _BIG_H.unpack(_recv_exact(sock, 8))
-    elif n & _CTRL:
-        return True, _recv_exact(sock, n & ~_CTRL)
-    return False, _recv_exact(sock, n) if n else b""
-
 
 _WAIT = struct.pack("ll", 0, 50_000)  # SO_RCVTIMEO of a copy's socket in the creator: 50 ms
 
 
-def _recv_rest(sock: socket.socket, n: int, got: bytes = b"") -> bytes:
-    """Read until ``n`` bytes are there, through the socket's receive timeouts."""
-    parts = [got] if got else []
-    need = n - len(got)
-    while need:
-        try:
-            chunk = sock.recv(need, _WAITALL)
-        except BlockingIOError:
-            continue  # the rest of a frame is on its way
-        if not chunk:
-            raise EOFError("connection closed by the other process")
-        parts.append(chunk)
-        need -= len(chunk)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _read_frame_patient(sock: socket.socket) -> tuple[bool, bytes] | None:
-    """:func:`_read_frame` for a socket with a receive timeout: None if no frame began."""
-    try:
-        head = sock.recv(4, _WAITALL)
-    except BlockingIOError:
-        return None
-    if len(head) < 4:
-        if not head:
-            raise EOFError("connection closed by the other process")
-        head = _recv_rest(sock, 4, head)
-    (n,) = _H.unpack(head)
-    if n == _BIG:
-        (n,) = _BIG_H.unpack(_recv_rest(sock, 8))
-    elif n & _CTRL:
-        return True, _recv_rest(sock, n & ~_CTRL)
-    return False, _recv_rest(sock, n) if n else b""
-
-
-def _frame_after(sock: socket.socket, n: int, exact: Any = _recv_exact) -> tuple[bool, bytes]:
-    """The rest of a frame whose 4-byte length was ``n``: (is it a control frame, its body)."""
-    if n == _BIG:
-        (n,) = _BIG_H.unpack(exact(sock, 8))
-    elif n & _CTRL:
-        return True, exact(sock, n & ~_CTRL)
-    return False, exact(sock, n) if n else b""
-
-
-def _peek_is_data(sock: socket.socket) -> bool | None:
-    """Whether the frame waiting on ``sock`` is data (None: end of file)."""
-    head = sock.recv(4, socket.MSG_PEEK)
-    if not head:
-        return None
-    if len(head) < 4:
-        return True  # a frame is on its way; a reader will wait for the rest
-    (n,) = _H.unpack(head)
-    return n == _BIG or not n & _CTRL
+# -- waiting -----------------------------------------------------------------------------
 
 
 def _wait_readable(fds: list[int], deadline: float | None) -> list[int]:
@@ -277,7 +191,7 @@ class _Remote:
     def send_ctrl(self, kind: bytes, body: bytes = b"") -> bool:
         """Send a control frame (``wlock`` held by the caller or not needed)."""
         try:
-            self.sock.sendall(_ctrl(kind, body))
+            self.sock.sendall(control_frame(kind, body))
             return True
         except OSError:
             self.closing = True
@@ -361,7 +275,7 @@ class _Pipe:
             fifo = self.fifo[r.end]
             try:
                 while ok and fifo:
-                    _send_data(r.sock, fifo[0])
+                    send_data(r.sock, fifo[0])
                     fifo.popleft()
                     r.pushed += 1
             except OSError:
@@ -458,7 +372,7 @@ class _Pipe:
         if r is not None and r.end == i:
             with r.wlock:
                 try:
-                    _send_data(r.sock, msg)
+                    send_data(r.sock, msg)
                     r.pushed += 1
                     return
                 except OSError:
@@ -470,7 +384,7 @@ class _Pipe:
                 continue
             with w.wlock:
                 try:
-                    _send_data(w.sock, msg)
+                    send_data(w.sock, msg)
                 except OSError:
                     w.closing = True
                     continue
@@ -492,7 +406,7 @@ class _Pipe:
             msg = self.fifo[i].popleft()
             with w.wlock:
                 try:
-                    _send_data(w.sock, msg)
+                    send_data(w.sock, msg)
                 except OSError:
                     w.closing = True
                     self.fifo[i].appendleft(msg)
@@ -564,7 +478,7 @@ class _Pipe:
             with r.wlock:
                 if self.direct is r and not r.closing:
                     try:
-                        _send_data(r.sock, data)
+                        send_data(r.sock, data)
                         r.pushed += 1
                         return
                     except OSError:
@@ -624,24 +538,24 @@ class _Pipe:
                         return False if not consume else None
                 try:
                     if not consume:
-                        kind = _peek_is_data(r.sock)
+                        kind = peek_is_data(r.sock)
                         if kind is None:
                             raise EOFError
                         if kind:
                             return True
                     # Blocking, without a poll: the socket's receive timeout brings this
                     # loop back now and then to see whether the pipe changed mode.
-                    frame = _read_frame_patient(r.sock)
+                    is_ctrl, body = read_frame(r.sock)
+                except BlockingIOError:
+                    continue  # no frame began: look at the mode again
                 except (EOFError, OSError):
                     with self.lock:
                         self.remove(r, None)
                     return _SWITCHED
-                if frame is None:
+                if is_ctrl:
+                    self.handle(r, body)
                     continue
-                if frame[0]:
-                    self.handle(r, frame[1])
-                    continue
-                return frame[1]
+                return body
         finally:
             r.rlock.release()
             if r.gone:
@@ -652,24 +566,10 @@ class _Pipe:
     def read_one(self, r: _Remote) -> bytes | None:
         """One frame from ``r`` (its ``rlock`` held): the message, or None (a control frame,
         nothing within the receive timeout, or the end: the caller goes the long way)."""
-        sock = r.sock
         try:
-            head = sock.recv(4, _WAITALL)
+            is_ctrl, body = read_frame(r.sock)
         except BlockingIOError:
             return None
-        except OSError:
-            head = b""
-        if len(head) == 4:
-            (n,) = _H.unpack(head)
-            if n < _CTRL:
-                if not n:
-                    return b""
-                msg = sock.recv(n, _WAITALL)
-                return msg if len(msg) == n else _recv_rest(sock, n, msg)
-        try:
-            if not head:
-                raise EOFError
-            is_ctrl, body = _frame_after(sock, _H.unpack(_recv_rest(sock, 4, head))[0], _recv_rest)
         except (EOFError, OSError):
             with self.lock:
                 self.remove(r, None)
@@ -726,17 +626,17 @@ class _Pipe:
                         r.drain_wake()
                         continue
                     try:
-                        frame = _read_frame_patient(r.sock)
+                        is_ctrl, body = read_frame(r.sock)
+                    except BlockingIOError:
+                        continue  # no frame began within the receive timeout
                     except (EOFError, OSError):
                         with self.lock:
                             self.remove(r, None)
                         break
-                    if frame is None:
-                        continue
-                    if frame[0]:
-                        self.handle(r, frame[1])
+                    if is_ctrl:
+                        self.handle(r, body)
                     else:
-                        self.remote_data(r, frame[1])
+                        self.remote_data(r, body)
             with self.lock:
                 if r.gone:
                     r.relay_running = False
@@ -769,7 +669,7 @@ class _Pipe:
                     with r.wlock:
                         r.send_ctrl(PIPE_MODE, b"s")
             elif kind == PIPE_WANT:
-                self.settle(r, _U64.unpack_from(body, 1)[0])
+                self.settle(r, U64.unpack_from(body, 1)[0])
                 if self.direct is r or r.closing:
                     return
                 i = r.end
@@ -793,7 +693,7 @@ class _Pipe:
             elif kind == PIPE_RETURN:
                 r.returns.append(body[1:])
             elif kind == PIPE_CLOSING:
-                self.settle(r, _U64.unpack_from(body, 1)[0])
+                self.settle(r, U64.unpack_from(body, 1)[0])
                 r.closing = True
                 if r in self.waiting[r.end]:
                     self.waiting[r.end].remove(r)
@@ -801,7 +701,7 @@ class _Pipe:
                 with r.wlock:
                     r.send_ctrl(PIPE_CLOSED)
             elif kind == PIPE_CLOSE:
-                self.remove(r, _U64.unpack_from(body, 1)[0])
+                self.remove(r, U64.unpack_from(body, 1)[0])
                 with r.wlock:
                     r.send_ctrl(PIPE_BYE)
 
@@ -893,7 +793,7 @@ class PipeEnd(Connection):
             with self._rlock:
                 while not self._mode and not self._eof:  # the creator answers ACTIVE at once
                     try:
-                        is_ctrl, body = _read_frame(sock)
+                        is_ctrl, body = read_frame(sock)
                     except EOFError:
                         self._eof = True
                         break
@@ -902,7 +802,7 @@ class PipeEnd(Connection):
                 with self._wlock:
                     if self._mode == b"s" and not self._want and not self._eof:
                         self._want = True  # so that the descriptor wakes when a message is here
-                        sock.sendall(_ctrl(PIPE_WANT, _U64.pack(self._taken)))
+                        sock.sendall(control_frame(PIPE_WANT, U64.pack(self._taken)))
         return sock.fileno()
 
     def _send(self, data: bytes | bytearray | memoryview) -> None:
@@ -912,24 +812,15 @@ class PipeEnd(Connection):
         if st is None:  # a copy
             if not self._active:
                 self._activate()
-            sock = self._sock
-            n = len(data)
             with self._wlock:
-                if n <= _SMALL and sock is not None:
-                    sock.sendall(_H.pack(n) + data)
-                else:
-                    _send_data(self._socket(), data)
+                send_data(self._sock or self._socket(), data)
             return
         r = st.direct
         if r is not None and r.end != self._index and st.local_active[self._index]:
             with r.wlock:  # the usual case, kept short: one end here, one copy there
                 if st.direct is r and not r.closing:
-                    n = len(data)
                     try:
-                        if n <= _SMALL:
-                            r.sock.sendall(_H.pack(n) + data)
-                        else:
-                            _send_data(r.sock, data)
+                        send_data(r.sock, data)
                         r.pushed += 1
                         return
                     except OSError:
@@ -953,22 +844,17 @@ class PipeEnd(Connection):
                     r.rlock.release()
         elif self._fast:
             # The usual case of a copy: told "direct", its messages come unasked.
-            sock = self._sock
             try:
-                (n,) = _H.unpack(_recv_exact(sock, 4))  # type: ignore[arg-type]
-                if n < _CTRL:
-                    msg = _recv_exact(sock, n) if n else b""  # type: ignore[arg-type]
-                    self._received += 1
-                else:
-                    is_ctrl, body = _frame_after(sock, n)  # type: ignore[arg-type]
-                    if is_ctrl:
-                        self._on_ctrl(body)
-                    else:
-                        msg = body
-                        self._received += 1
+                is_ctrl, body = read_frame(self._sock)  # type: ignore[arg-type]
             except EOFError:
                 self._eof = True
                 self._fast = False
+            else:
+                if is_ctrl:
+                    self._on_ctrl(body)
+                else:
+                    msg = body
+                    self._received += 1
         if msg is None:
             msg = self._next(None, True)
         if maxlength is not None and len(msg) > maxlength:
@@ -1002,17 +888,17 @@ class PipeEnd(Connection):
                 if self._mode == b"s" and not self._want:
                     with self._wlock:
                         self._want = True
-                        sock.sendall(_ctrl(PIPE_WANT, _U64.pack(self._taken)))
+                        sock.sendall(control_frame(PIPE_WANT, U64.pack(self._taken)))
                 if deadline is not None and not _wait_readable([sock.fileno()], deadline):
                     return False if not consume else None
                 try:
                     if not consume:
-                        kind = _peek_is_data(sock)
+                        kind = peek_is_data(sock)
                         if kind is None:
                             raise EOFError
                         if kind:
                             return True
-                    is_ctrl, body = _read_frame(sock)
+                    is_ctrl, body = read_frame(sock)
                 except EOFError:
                     self._eof = True  # the creator ended
                     self._fast = False
@@ -1046,11 +932,11 @@ class PipeEnd(Connection):
             with self._wlock:
                 if not self._active:
                     self._active = True
-                    self._socket().sendall(_ctrl(PIPE_ACTIVE))
+                    self._socket().sendall(control_frame(PIPE_ACTIVE))
 
     def _send_ctrl(self, kind: bytes, body: bytes = b"") -> None:
         with self._wlock:
-            self._socket().sendall(_ctrl(kind, body))
+            self._socket().sendall(control_frame(kind, body))
 
     # -- closing -------------------------------------------------------------------------
 
@@ -1080,7 +966,7 @@ class PipeEnd(Connection):
         return self._mode == b"d" and (self._readable and self._writable or self._index == 1)
 
     def _read_one(self, sock: socket.socket) -> None:
-        is_ctrl, body = _read_frame(sock)
+        is_ctrl, body = read_frame(sock)
         if is_ctrl:
             self._on_ctrl(body)
         elif self._want:
@@ -1094,7 +980,7 @@ class PipeEnd(Connection):
             while not self._mode:  # the creator answers ACTIVE at once
                 self._read_one(sock)
         if not self._creator_reads_me():
-            sock.sendall(_ctrl(PIPE_CLOSING, _U64.pack(self._taken)))
+            sock.sendall(control_frame(PIPE_CLOSING, U64.pack(self._taken)))
             while not self._acks[PIPE_CLOSED] and not self._creator_reads_me():
                 self._read_one(sock)
         if self._creator_reads_me():
@@ -1116,8 +1002,8 @@ class PipeEnd(Connection):
             self._read_one(sock)
 
     def _finish_close(self, sock: socket.socket) -> None:
-        frames = [_ctrl(PIPE_RETURN, m) for m in self._unread]
-        frames.append(_ctrl(PIPE_CLOSE, _U64.pack(self._received)))
+        frames = [control_frame(PIPE_RETURN, m) for m in self._unread]
+        frames.append(control_frame(PIPE_CLOSE, U64.pack(self._received)))
         self._unread = []
         sock.sendall(b"".join(frames))
 
