@@ -40,7 +40,7 @@ def test_both_ends_to_each_worker_and_parent_closes_the_worker_end() -> None:
             remote.send(("step", k))
         assert [remote.recv() for remote in remotes] == [2 * k, 2 * k]
     # One end here and one in the worker are used: they talk directly, not through a relay.
-    assert all(remote._state.direct is not None for remote in remotes)
+    assert all(remote._state.machine.direct is not None for remote in remotes)
     for remote in remotes:
         remote.send(("close", None))
     for p, remote in zip(ps, remotes):
@@ -61,7 +61,7 @@ def test_an_unused_copy_kept_here_does_not_slow_the_pair_down() -> None:
     for _ in range(50):
         conn.send_bytes(b"x")
         assert conn.recv_bytes() == b"x"
-    assert conn._state.direct is not None
+    assert conn._state.machine.direct is not None
     conn.send_bytes(b"")
     p.join(T)
     assert p.exitcode == 0
