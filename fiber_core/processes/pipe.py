@@ -60,6 +60,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from fiber_core.base.errors import PicklingError
@@ -99,30 +100,141 @@ def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + max(0.0, timeout)
 
 
+_AGAIN = object()  # a read found no message yet: read again
+
 _pipes: weakref.WeakValueDictionary[str, PipeCreator] = weakref.WeakValueDictionary()
 
 
 # -- ends ----------------------------------------------------------------------------------
 
 
-_copies: weakref.WeakSet[PipeEnd] = weakref.WeakSet()  # copies held here of pipes made elsewhere
-
-
 class PipeEnd(Connection):
-    """One end of a :func:`Pipe`, or a copy of one; see the module's docstring."""
+    """One end of a :func:`Pipe` as a process holds it: a :class:`CreatorEnd` in the
+    process that called ``Pipe()``, a :class:`CopyEnd` anywhere else; see the module's
+    docstring."""
 
-    def __init__(self, hub: str, pipe_id: str, index: int, readable: bool, writable: bool,
-                 state: PipeCreator | None) -> None:
+    _where = ""
+
+    def __init__(self, hub: str, pipe_id: str, index: int, readable: bool, writable: bool) -> None:
         super().__init__(None, readable, writable)
         self._hub = hub
         self._pipe_id = pipe_id
         self._index = index
-        self._state = state  # the pipe, in the creating process
-        self._fast = False
-        if state is not None:
-            state.opened(index)
+
+    def __reduce__(self) -> tuple:
+        if self._closed:
+            raise PicklingError("a closed Pipe end cannot be sent to another process")
+        run = pickling_for()
+        ticket, hub, abandon = self._ticket()
+        if run is not None:
+            run.on_finish(abandon)
+        return (_rebuild_pipe_end,
+                (hub, self._pipe_id, self._index, ticket, self._readable, self._writable))
+
+    def _ticket(self) -> tuple[str, str, Callable[[], None]]:
+        """A ticket for a copy of this end pickled now, the hub it connects to, and what
+        to do if it never arrives."""
+        raise NotImplementedError
+
+    def _socket(self) -> socket.socket:
+        if self._closed:
+            raise OSError("handle is closed")
+        if self._sock is None:
+            raise OSError("this Pipe end has no connection here")
+        return self._sock
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        if self._closed:
+            raise OSError("handle is closed")
+        self._check_readable()
+        return bool(self._next(_deadline(timeout), False))
+
+    def _next(self, deadline: float | None, consume: bool) -> Any:
+        """The next message (``consume``) or whether one is there; None/False at the deadline."""
+        raise NotImplementedError
+
+    def _too_long(self, msg: bytes, maxlength: int) -> bytes:
+        if len(msg) > maxlength:
+            self.close()
+            raise OSError("bad message length")
+        return msg
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        if getattr(self, "_closed", True) or sys.is_finalizing():
             return
-        # A copy held in another process.
+        # Not here: the collector may run while this thread holds one of the locks.
+        try:
+            threading.Thread(target=self.close, daemon=True, name="fiber-pipe-close").start()
+        except RuntimeError:  # the interpreter is shutting down
+            pass
+
+    def __repr__(self) -> str:
+        closed = " closed" if self._closed else ""
+        return f"<PipeEnd {self._pipe_id[:8]}:{self._index} {self._where}{closed}>"
+
+
+class CreatorEnd(PipeEnd):
+    """An end in the process that called ``Pipe()``: the pipe's state is here
+    (:class:`~fiber_core.processes.pipe_creator.PipeCreator`), and the end works through it."""
+
+    _where = "here"
+
+    def __init__(self, hub: str, pipe_id: str, index: int, readable: bool, writable: bool,
+                 state: PipeCreator) -> None:
+        super().__init__(hub, pipe_id, index, readable, writable)
+        self._state = state
+        state.opened(index)
+
+    def _ticket(self) -> tuple[str, str, Callable[[], None]]:
+        state = self._state  # not the end: a lost copy must not keep this end alive
+        ticket = state.new_ticket(self._index)
+        return ticket, outgoing_addresses(self._hub), lambda: state.abandon(ticket)
+
+    def fileno(self) -> int:
+        if self._closed:
+            raise OSError("handle is closed")
+        return self._state.fileno(self._index)
+
+    def _send(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closed:
+            raise OSError("handle is closed")
+        self._state.send(self._index, data)
+
+    def _recv(self, maxlength: int | None = None) -> bytes:
+        if self._closed:
+            raise OSError("handle is closed")
+        state = self._state
+        msg = state.recv_direct(self._index)  # the usual case: one copy's socket, straight
+        if msg is None:
+            msg = state.recv(self._index, None, True)
+        return msg if maxlength is None else self._too_long(msg, maxlength)
+
+    def _next(self, deadline: float | None, consume: bool) -> Any:
+        return self._state.recv(self._index, deadline, consume)
+
+    def _close(self) -> None:
+        self._state.closed(self._index)
+
+
+_copies: weakref.WeakSet[CopyEnd] = weakref.WeakSet()  # copies held here of pipes made elsewhere
+
+
+class CopyEnd(PipeEnd):
+    """A copy of an end held in another process than the creator's: it talks to the
+    creator on its own connection, with data and control frames (``wire/control.py``)."""
+
+    _where = "copy"
+
+    def __init__(self, hub: str, pipe_id: str, index: int, readable: bool, writable: bool) -> None:
+        super().__init__(hub, pipe_id, index, readable, writable)
         self._copy_id = os.urandom(6).hex()
         self._rlock = threading.Lock()
         self._wlock = threading.Lock()
@@ -137,27 +249,11 @@ class PipeEnd(Connection):
         self._unread: list[bytes] = []  # direct messages read while closing
         self._acks = {PIPE_CLOSED: False, PIPE_BYE: False}
 
-    # -- pickling ------------------------------------------------------------------------
-
-    def __reduce__(self) -> tuple:
-        if self._closed:
-            raise PicklingError("a closed Pipe end cannot be sent to another process")
-        run = pickling_for()
-        state = self._state
-        if state is not None:
-            ticket = state.new_ticket(self._index)
-            if run is not None:
-                run.on_finish(lambda: state.abandon(ticket))
-            hub = outgoing_addresses(self._hub)
-        else:
-            self._serial += 1
-            ticket = f"{self._copy_id}.{self._serial}"
-            self._send_ctrl(PIPE_TICKET, ticket.encode())
-            if run is not None:
-                run.on_finish(lambda: self._abandon(ticket))
-            hub = self._hub
-        return (_rebuild_pipe_end,
-                (hub, self._pipe_id, self._index, ticket, self._readable, self._writable))
+    def _ticket(self) -> tuple[str, str, Callable[[], None]]:
+        self._serial += 1
+        ticket = f"{self._copy_id}.{self._serial}"
+        self._send_ctrl(PIPE_TICKET, ticket.encode())
+        return ticket, self._hub, lambda: self._abandon(ticket)
 
     def _abandon(self, ticket: str) -> None:
         try:
@@ -167,18 +263,9 @@ class PipeEnd(Connection):
 
     # -- the Connection API ------------------------------------------------------------------
 
-    def _socket(self) -> socket.socket:
-        if self._closed:
-            raise OSError("handle is closed")
-        if self._sock is None:
-            raise OSError("this Pipe end has no connection here")
-        return self._sock
-
     def fileno(self) -> int:
         if self._closed:
             raise OSError("handle is closed")
-        if self._state is not None:
-            return self._state.fileno(self._index)
         self._activate()
         sock = self._socket()
         if self._readable:
@@ -191,33 +278,24 @@ class PipeEnd(Connection):
                         break
                     if is_ctrl:
                         self._on_ctrl(body)
-                with self._wlock:
-                    if self._mode == b"s" and not self._want and not self._eof:
-                        self._want = True  # so that the descriptor wakes when a message is here
-                        sock.sendall(control_frame(PIPE_WANT, U64.pack(self._taken)))
+                if not self._eof:
+                    self._ask(sock)  # so that the descriptor wakes when a message is here
         return sock.fileno()
 
     def _send(self, data: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise OSError("handle is closed")
-        st = self._state
-        if st is None:  # a copy
-            if not self._active:
-                self._activate()
-            with self._wlock:
-                send_data(self._sock or self._socket(), data)
-            return
-        st.send(self._index, data)
+        if not self._active:
+            self._activate()
+        with self._wlock:
+            send_data(self._sock or self._socket(), data)
 
     def _recv(self, maxlength: int | None = None) -> bytes:
         if self._closed:
             raise OSError("handle is closed")
-        st = self._state
         msg: Any = None
-        if st is not None:
-            msg = st.recv_direct(self._index)
-        elif self._fast:
-            # The usual case of a copy: told "direct", its messages come unasked.
+        if self._fast:
+            # The usual case: told "direct", its messages come unasked.
             try:
                 is_ctrl, body = read_frame(self._sock)  # type: ignore[arg-type]
             except EOFError:
@@ -231,21 +309,9 @@ class PipeEnd(Connection):
                     self._received += 1
         if msg is None:
             msg = self._next(None, True)
-        if maxlength is not None and len(msg) > maxlength:
-            self.close()
-            raise OSError("bad message length")
-        return msg
-
-    def poll(self, timeout: float | None = 0.0) -> bool:
-        if self._closed:
-            raise OSError("handle is closed")
-        self._check_readable()
-        return bool(self._next(_deadline(timeout), False))
+        return msg if maxlength is None else self._too_long(msg, maxlength)
 
     def _next(self, deadline: float | None, consume: bool) -> Any:
-        state = self._state
-        if state is not None:
-            return state.recv(self._index, deadline, consume)
         if not self._active:
             self._activate()
         sock = self._socket()
@@ -255,39 +321,49 @@ class PipeEnd(Connection):
             return False if not consume else None
         try:
             while True:
-                if self._eof:
-                    if consume:
-                        raise EOFError("every holder of the other end of this Pipe has closed it")
-                    return True
-                if self._mode == b"s" and not self._want:
-                    with self._wlock:
-                        self._want = True
-                        sock.sendall(control_frame(PIPE_WANT, U64.pack(self._taken)))
-                if deadline is not None and not _wait_readable([sock.fileno()], deadline):
-                    return False if not consume else None
-                try:
-                    if not consume:
-                        kind = peek_is_data(sock)
-                        if kind is None:
-                            raise EOFError
-                        if kind:
-                            return True
-                    is_ctrl, body = read_frame(sock)
-                except EOFError:
-                    self._eof = True  # the creator ended
-                    self._fast = False
-                    continue
-                if is_ctrl:
-                    self._on_ctrl(body)
-                    continue
-                if self._want:
-                    self._want = False
-                    self._taken += 1
-                else:
-                    self._received += 1
-                return body
+                got = self._step(sock, deadline, consume)
+                if got is not _AGAIN:
+                    return got
         finally:
             self._rlock.release()
+
+    def _step(self, sock: socket.socket, deadline: float | None, consume: bool) -> Any:
+        """One frame for ``_next`` (``rlock`` held): its answer, or ``_AGAIN``."""
+        if self._eof:
+            if consume:
+                raise EOFError("every holder of the other end of this Pipe has closed it")
+            return True
+        self._ask(sock)
+        if deadline is not None and not _wait_readable([sock.fileno()], deadline):
+            return False if not consume else None
+        try:
+            if not consume:
+                kind = peek_is_data(sock)
+                if kind is None:
+                    raise EOFError
+                if kind:
+                    return True
+            is_ctrl, body = read_frame(sock)
+        except EOFError:
+            self._eof = True  # the creator ended
+            self._fast = False
+            return _AGAIN
+        if is_ctrl:
+            self._on_ctrl(body)
+            return _AGAIN
+        if self._want:
+            self._want = False
+            self._taken += 1
+        else:
+            self._received += 1
+        return body
+
+    def _ask(self, sock: socket.socket) -> None:
+        """In queued mode, ask the creator for one message unless asked already."""
+        if self._mode == b"s" and not self._want:
+            with self._wlock:
+                self._want = True
+                sock.sendall(control_frame(PIPE_WANT, U64.pack(self._taken)))
 
     def _on_ctrl(self, body: bytes) -> None:
         kind = body[:1]
@@ -314,15 +390,8 @@ class PipeEnd(Connection):
 
     # -- closing -------------------------------------------------------------------------
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close(self) -> None:
         self._fast = False
-        state = self._state
-        if state is not None:
-            state.closed(self._index)
-            return
         sock, self._sock = self._sock, None
         _copies.discard(self)
         if sock is None:
@@ -381,32 +450,19 @@ class PipeEnd(Connection):
         self._unread = []
         sock.sendall(b"".join(frames))
 
-    def __del__(self) -> None:
-        if getattr(self, "_closed", True) or sys.is_finalizing():
-            return
-        # Not here: the collector may run while this thread holds one of the locks.
-        try:
-            threading.Thread(target=self.close, daemon=True, name="fiber-pipe-close").start()
-        except RuntimeError:  # the interpreter is shutting down
-            pass
-
-    def __repr__(self) -> str:
-        where = "here" if self._state is not None else "copy"
-        return f"<PipeEnd {self._pipe_id[:8]}:{self._index} {where}{' closed' if self._closed else ''}>"
-
 
 def _rebuild_pipe_end(hub: str, pipe_id: str, index: int, ticket: str, readable: bool,
                       writable: bool) -> PipeEnd:
     state = _pipes.get(pipe_id)
     if state is not None:  # back in the creating process
-        end = PipeEnd(hub, pipe_id, index, readable, writable, state)
+        end = CreatorEnd(hub, pipe_id, index, readable, writable, state)
         state.abandon(ticket)
         return end
-    end = PipeEnd(hub, pipe_id, index, readable, writable, None)
+    copy = CopyEnd(hub, pipe_id, index, readable, writable)
     # Connect at once: the creator counts this copy as a holder until it closes or ends.
-    end._sock = dial(hub, runtime().authkey, f"pipe:{pipe_id}:{index}:{ticket}:{end._copy_id}")
-    _copies.add(end)
-    return end
+    copy._sock = dial(hub, runtime().authkey, f"pipe:{pipe_id}:{index}:{ticket}:{copy._copy_id}")
+    _copies.add(copy)
+    return copy
 
 
 def settle() -> None:
@@ -433,6 +489,6 @@ def Pipe(duplex: bool = True) -> tuple[PipeEnd, PipeEnd]:
     state = PipeCreator(pipe_id, duplex)
     _pipes[pipe_id] = state
     rt.hub.register_prefix(f"pipe:{pipe_id}:", state.route)
-    a = PipeEnd(rt.hub.addresses, pipe_id, 0, True, duplex, state)
-    b = PipeEnd(rt.hub.addresses, pipe_id, 1, duplex, True, state)
+    a = CreatorEnd(rt.hub.addresses, pipe_id, 0, True, duplex, state)
+    b = CreatorEnd(rt.hub.addresses, pipe_id, 1, duplex, True, state)
     return a, b
