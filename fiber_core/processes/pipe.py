@@ -48,6 +48,11 @@ others, in ``fiber_core/wire/messages.py``.
 A copy connects to the creator's hub with the target
 ``pipe:<pipe id>:<end>:<ticket>:<copy id>``; a ticket is ``<issuer copy id>.<n>``
 (the creator's copy id is ``c``).
+
+The parts: :class:`CreatorEnd` is an end in the creator, :class:`CopyEnd` one
+anywhere else (both are :class:`PipeEnd`). The creator's state and decisions are
+``processes/pipe_machine.py`` (a state machine with no I/O), carried out with
+sockets, threads and waits by ``processes/pipe_creator.py``.
 """
 
 from __future__ import annotations

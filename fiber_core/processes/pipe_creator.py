@@ -22,6 +22,7 @@ from typing import Any
 from fiber_core.base.log import log
 from fiber_core.processes.pipe_machine import (
     WAIT,
+    Closed,
     Control,
     Copy,
     Data,
@@ -112,11 +113,6 @@ class _Link:
         self.sock.close()
 
 
-def _link(r: Copy) -> _Link:
-    link: _Link = r.io
-    return link
-
-
 class PipeCreator:
     """The creator's state of one Pipe and its I/O; see the module's docstring."""
 
@@ -126,37 +122,46 @@ class PipeCreator:
         self.lock = threading.RLock()  # reentrant: a dropped end may close from the GC
         self.cond = threading.Condition(self.lock)
         self.bells: list[_Bell | None] = [None, None]
+        self.waiters = 0  # threads in _wait(): only then is there anyone to notify
+
+    def _wait(self, timeout: float | None = None) -> None:
+        """Wait (lock held) until the machine's state changed, or ``timeout``."""
+        self.waiters += 1
+        try:
+            self.cond.wait(timeout)
+        finally:
+            self.waiters -= 1
 
     # -- carrying out the machine's answers (lock held) ------------------------------------------
 
     def _run(self, outs: list[Output]) -> None:
         while outs:
-            broken: dict[Copy, list[bytes]] = {}
+            broken: dict[Copy, list[bytes]] = {}  # copies a send failed to, and what they missed
             for out in outs:
-                if isinstance(out, (Data, Control)):
-                    self._send(out, broken)
-                elif isinstance(out, Handoff):
+                if type(out) is Data or type(out) is Control:
+                    if out.copy in broken or not self._send(out):
+                        broken.setdefault(out.copy, [])
+                        if type(out) is Data:
+                            broken[out.copy].append(out.message)
+                elif type(out) is Handoff:
                     self._handoff(out.copy)
-                elif isinstance(out, Wake):
-                    _link(out.copy).wake()
-                else:
-                    lost = _link(out.copy).pushed - out.received
+                elif type(out) is Wake:
+                    out.copy.io.wake()
+                elif type(out) is Closed:
+                    lost = out.copy.io.pushed - out.received
                     if lost > 0:
                         log.error("fiber: %d message(s) sent on a Pipe were lost: the process that "
                                   "held the reading end closed it while they were on their way", lost)
             outs = [o for r, unsent in broken.items() for o in self.machine.failed(r, unsent)]
-        self.cond.notify_all()
-        for i in (0, 1):
-            self.ring(i)
+        if self.waiters:
+            self.cond.notify_all()
+        if self.bells[0] is not None or self.bells[1] is not None:
+            self.ring(0)
+            self.ring(1)
 
-    def _send(self, out: Data | Control, broken: dict[Copy, list[bytes]]) -> None:
-        r = out.copy
-        data = out.message if isinstance(out, Data) else None
-        if r in broken:
-            if data is not None:
-                broken[r].append(data)
-            return
-        link = _link(r)
+    def _send(self, out: Data | Control) -> bool:
+        """Send one frame of an answer: False if the copy's socket failed."""
+        link: _Link = out.copy.io
         try:
             with link.wlock:
                 if isinstance(out, Control):
@@ -165,11 +170,12 @@ class PipeCreator:
                     send_data(link.sock, out.message)
                     if out.pushed:
                         link.pushed += 1
+            return True
         except OSError:
-            broken[r] = [] if data is None else [data]
+            return False
 
     def _handoff(self, r: Copy) -> None:
-        link = _link(r)
+        link: _Link = r.io
         link.wake()
         if not r.local_reader and not r.gone and not link.relay_running:
             link.relay_running = True
@@ -209,7 +215,7 @@ class PipeCreator:
         m = self.machine
         r = m.direct
         if r is not None and r.end != i and m.local_active[i]:
-            link = _link(r)
+            link: _Link = r.io
             failed = False
             with link.wlock:  # the usual case, kept short: one end here, one copy there
                 if m.direct is r and not r.closing:
@@ -233,14 +239,23 @@ class PipeCreator:
         r = m.reader[i]
         if r is None or m.fifo[i]:
             return None
-        link = _link(r)
+        link: _Link = r.io
         if not link.rlock.acquire(False):
             return None
         try:
             if m.reader[i] is not r or m.fifo[i]:
                 return None
-            got = self._frame_from(r, True)
-            return got if type(got) is bytes else None
+            try:
+                is_ctrl, body = read_frame(link.sock)
+            except BlockingIOError:
+                return None
+            except (EOFError, OSError):
+                self.lost(r)
+                return None
+            if not is_ctrl:
+                return body
+            self.control(r, body)
+            return None
         finally:
             link.rlock.release()
 
@@ -273,10 +288,10 @@ class PipeCreator:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         return False if not consume else None
-                    self.cond.wait(left)
+                    self._wait(left)
 
     def _read_direct(self, r: Copy, i: int, deadline: float | None, consume: bool) -> Any:
-        link = _link(r)
+        link: _Link = r.io
         if deadline is None:
             link.rlock.acquire()
         elif not link.rlock.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -305,7 +320,7 @@ class PipeCreator:
     def _frame_from(self, r: Copy, consume: bool) -> Any:
         """One frame of ``r``'s socket for the creator's end that reads it (``rlock`` held):
         the message (True for a poll), ``SWITCHED`` at its end, or ``_AGAIN``."""
-        link = _link(r)
+        link: _Link = r.io
         try:
             if not consume:
                 kind = peek_is_data(link.sock)
@@ -339,10 +354,10 @@ class PipeCreator:
                 outs, answer = self.machine.fileno(i)
                 self._run(outs)
                 if answer is WAIT:
-                    self.cond.wait()
+                    self._wait()
                     continue
                 if isinstance(answer, Copy):
-                    return _link(answer).sock.fileno()
+                    return answer.io.sock.fileno()
                 if self.bells[i] is None:
                     self.bells[i] = _Bell()
                 self.ring(i)
@@ -364,7 +379,7 @@ class PipeCreator:
 
     def relay(self, r: Copy) -> None:
         """Read ``r``'s connection for as long as it is this thread's to read."""
-        link = _link(r)
+        link: _Link = r.io
         while True:
             with link.rlock:
                 while not r.local_reader and not r.gone:
@@ -394,8 +409,8 @@ class PipeCreator:
 
     def data(self, r: Copy, msg: bytes) -> None:
         with self.cond:
-            while not self.machine.may_queue(r):
-                self.cond.wait()
+            while not r.registered and not self.machine.may_queue(r):
+                self._wait()
             self._run(self.machine.data(r, msg))
 
     def control(self, r: Copy, body: bytes) -> None:

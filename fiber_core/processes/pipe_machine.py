@@ -147,10 +147,14 @@ class PipeMachine:
         return (self.local_open[i] + sum(1 for e in self.tickets.values() if e == i)
                 + sum(1 for r in self.copies.values() if r.end == i))
 
-    def readers(self, i: int) -> int:
-        """Copies of end ``i`` that can still take a message."""
-        return (self.local_open[i] + sum(1 for e in self.tickets.values() if e == i)
-                + sum(1 for r in self.copies.values() if r.end == i and not r.closing))
+    def has_reader(self, i: int) -> bool:
+        """Whether a copy of end ``i`` can still take a message."""
+        if self.local_open[i]:
+            return True
+        for r in self.copies.values():
+            if r.end == i and not r.closing:
+                return True
+        return i in self.tickets.values()
 
     def eof(self, i: int) -> bool:
         return not self.fifo[i] and self.holders(1 - i) == 0
@@ -180,7 +184,7 @@ class PipeMachine:
     def send(self, i: int, msg: bytes) -> list[Output]:
         """The creator's end ``i`` (activated) writes ``msg``; ``BrokenPipeError``, and
         nothing changed, if no reader of the other end is left."""
-        if self.readers(1 - i) == 0:
+        if not self.has_reader(1 - i):
             raise BrokenPipeError(errno.EPIPE, "no process holds the other end of this Pipe")
         self._deliver(1 - i, msg)
         return self._answer()
@@ -244,7 +248,7 @@ class PipeMachine:
     def data(self, r: Copy, msg: bytes) -> list[Output]:
         """``r`` wrote ``msg`` (``may_queue(r)`` said yes)."""
         i = 1 - r.end
-        if self.readers(i):
+        if self.has_reader(i):
             self._deliver(i, msg)
         return self._answer()
 
@@ -431,7 +435,7 @@ class PipeMachine:
         r.retained.clear()
         if back:
             self._back_in_front(r.end, back)
-        if received is not None and self.readers(r.end) > 0:
+        if received is not None and self.has_reader(r.end):
             self._out.append(Closed(r, received))
         for g in list(self.early.values()):
             if g.issuer == r.id:
