@@ -136,13 +136,15 @@ class PipeCreator:
 
     def _run(self, outs: list[Output]) -> None:
         while outs:
-            broken: dict[Copy, list[bytes]] = {}  # copies a send failed to, and what they missed
+            broken: dict[Copy, list[bytes]] | None = None  # sends that failed, what they missed
             for out in outs:
                 if type(out) is Data or type(out) is Control:
-                    if out.copy in broken or not self._send(out):
-                        broken.setdefault(out.copy, [])
-                        if type(out) is Data:
-                            broken[out.copy].append(out.message)
+                    if (broken is None or out.copy not in broken) and self._send(out):
+                        continue
+                    broken = broken if broken is not None else {}
+                    missed = broken.setdefault(out.copy, [])
+                    if type(out) is Data:
+                        missed.append(out.message)
                 elif type(out) is Handoff:
                     self._handoff(out.copy)
                 elif type(out) is Wake:
@@ -152,6 +154,8 @@ class PipeCreator:
                     if lost > 0:
                         log.error("fiber: %d message(s) sent on a Pipe were lost: the process that "
                                   "held the reading end closed it while they were on their way", lost)
+            if broken is None:
+                break
             outs = [o for r, unsent in broken.items() for o in self.machine.failed(r, unsent)]
         if self.waiters:
             self.cond.notify_all()
