@@ -254,6 +254,16 @@ class CopyEnd(PipeEnd):
         self._unread: list[bytes] = []  # direct messages read while closing
         self._acks = {PIPE_CLOSED: False, PIPE_BYE: False}
 
+    @classmethod
+    def arrived(cls, hub: str, pipe_id: str, index: int, ticket: str, readable: bool,
+                writable: bool) -> CopyEnd:
+        """The copy that ``ticket`` announced, connected to the creator."""
+        copy = cls(hub, pipe_id, index, readable, writable)
+        # Connect at once: the creator counts this copy as a holder until it closes or ends.
+        copy._sock = dial(hub, runtime().authkey, f"pipe:{pipe_id}:{index}:{ticket}:{copy._copy_id}")
+        _copies.add(copy)
+        return copy
+
     def _ticket(self) -> tuple[str, str, Callable[[], None]]:
         self._serial += 1
         ticket = f"{self._copy_id}.{self._serial}"
@@ -463,11 +473,7 @@ def _rebuild_pipe_end(hub: str, pipe_id: str, index: int, ticket: str, readable:
         end = CreatorEnd(hub, pipe_id, index, readable, writable, state)
         state.abandon(ticket)
         return end
-    copy = CopyEnd(hub, pipe_id, index, readable, writable)
-    # Connect at once: the creator counts this copy as a holder until it closes or ends.
-    copy._sock = dial(hub, runtime().authkey, f"pipe:{pipe_id}:{index}:{ticket}:{copy._copy_id}")
-    _copies.add(copy)
-    return copy
+    return CopyEnd.arrived(hub, pipe_id, index, ticket, readable, writable)
 
 
 def settle() -> None:
