@@ -205,6 +205,38 @@ def test_messages_a_copy_did_not_read_go_back_when_it_exits() -> None:
         r.recv_bytes()
 
 
+def _poll_then_close(conn, report) -> None:  # noqa: ANN001
+    conn.fileno()  # in use: the creator knows, and it asked for a message
+    report.put("ready")
+    report.put(conn.poll(T))  # the message came to this copy on its request ...
+    conn.close()  # ... and it closes without reading it
+
+
+def _hello_then_read(conn, go, report) -> None:  # noqa: ANN001
+    conn.send("hello")  # in use, not reading yet
+    go.get(timeout=T)
+    report.put(conn.recv())
+
+
+def test_a_message_a_closing_reader_gives_back_reaches_the_one_reader_left() -> None:
+    here, there = fiber_core.Pipe()
+    go, report_a, report_b = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
+    b = started(_hello_then_read, there, go, report_b)
+    assert here.recv() == "hello"
+    a = started(_poll_then_close, there, report_a)  # two copies in use: messages are queued
+    there.close()
+    assert report_a.get(timeout=T) == "ready"
+    here.send("given back")
+    assert report_a.get(timeout=T) is True
+    a.join(T)
+    assert a.exitcode == 0
+    # The one reader left now talks to this end directly: what the other gave back is its.
+    go.put(True)
+    assert report_b.get(timeout=T) == "given back"
+    b.join(T)
+    assert b.exitcode == 0
+
+
 def _close_unused_then_read(a, b, report) -> None:  # noqa: ANN001
     a.close()  # a copy closed unused changes nothing for the others
     report.put(b.recv())
