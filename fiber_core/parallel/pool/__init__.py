@@ -276,7 +276,8 @@ def _describe_end(w: _Worker, code: int | None, reason: EndReason | None, detail
         text = {EndReason.STOPPED: f"{name} was stopped",
                 EndReason.PREEMPTED: f"{name} was preempted or evicted",
                 EndReason.HOST_LOST: f"{name} lost its host",
-                EndReason.NEVER_STARTED: f"{name} could not be started"}[reason]
+                EndReason.NEVER_STARTED: f"{name} could not be started",
+                EndReason.KILLED: f"{name} was killed by SIGKILL (not sent by Fiber, not an out-of-memory kill)"}[reason]
     elif code is not None and code < 0:
         try:
             signame = signal.Signals(-code).name
