@@ -15,22 +15,21 @@ its order. A task that raises is not retried (unless the call asks, ``retries=``
 its exception is re-raised in the caller with the remote traceback as
 ``__cause__``.
 
-A death is charged only to the task that was running, and only when the job's
-end reason (:class:`~fiber_core.contract.jobs.EndReason`) says it may be the
-task's fault: the batches not started go back uncharged; a batch of several
-units does not say which ran, so each of them runs again alone and *watched*
-(the worker names each item as it starts). An out-of-memory kill fails the task
-at once, other deaths after ``task_losses`` (:data:`MAX_TASK_ATTEMPTS`)
-(:class:`~fiber_core.base.errors.TaskLostError`, naming the item). Losses that
-are no task's fault (preempted, host lost, stopped, SIGTERM, killed before it
-connected, died idle) are bounded pool-wide by ``loss_limit``. A worker sent
-SIGTERM *drains*: it finishes its batch and hands back the rest
-(:class:`_Drain`). Workers that die before they are ready (bad image, failing
-initializer) fail the pool after :data:`MAX_START_FAILURES` in a row
-(:data:`MAX_START_KILLS` in a row when a signal ended them after they connected),
-with the exit code and the tail of the worker's log: the pool never retries
-forever. A backend that refuses to start replacements is retried with a backoff
-for :data:`START_RETRY_SECONDS`.
+A death is charged only to the item the worker said it had started, and only
+when the job's end reason (:class:`~fiber_core.contract.jobs.EndReason`) says it
+may be the task's fault; the rules are the loss ledger's
+(:mod:`fiber_core.parallel.pool.ledger`): a batch that is not watched says no item
+started, so its units run again alone and *watched* (the worker names each item
+as it starts); the item fails (:class:`~fiber_core.base.errors.TaskLostError`,
+naming it) at once for an out-of-memory kill, after ``task_losses``
+(:data:`MAX_TASK_ATTEMPTS`) deaths that may be its fault, after
+:data:`~fiber_core.parallel.pool.ledger.MAX_TASK_KILLS` SIGKILLs known not to be
+OOM kills. Losses that are no task's fault are bounded pool-wide by
+``loss_limit``; workers that die before they are ready fail the pool after a
+streak, with the exit code and the tail of the worker's log: the pool never
+retries forever. A worker sent SIGTERM *drains*: it finishes its batch and hands
+back the rest (:class:`_Drain`). A backend that refuses to start replacements is
+retried with a backoff for :data:`START_RETRY_SECONDS`.
 
 Batching defaults
 -----------------
@@ -103,6 +102,20 @@ from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 from fiber_core.contract.jobs import EndReason
+from fiber_core.parallel.pool.ledger import (
+    LOSS_LIMIT,
+    LOSS_WINDOW,
+    MAX_TASK_ATTEMPTS,
+    Fault,
+    LossWindow,
+    Start,
+    StartStreak,
+    charge,
+    describe_end,
+    fault_of,
+    lost_message,
+    running_item,
+)
 from fiber_core.processes.process import Process, cpu_count, start_processes
 from fiber_core.runtime import status
 from fiber_core.runtime.hub import dial
@@ -159,24 +172,6 @@ AUTO_UNITS_MAX = 4096
 
 
 MIN_UNIT_SECONDS = 0.001
-
-
-MAX_TASK_ATTEMPTS = 3
-
-
-MAX_START_FAILURES = 3
-
-
-MAX_START_KILLS = 10
-
-
-LOSS_LIMIT = 100
-
-
-LOSS_WINDOW = 600.0
-
-
-_OUTSIDE_KILLS = frozenset(int(s) for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
 
 
 DRAIN_GRACE_SECONDS = 25.0
@@ -262,35 +257,12 @@ def _end_of(w: _Worker) -> tuple[int | None, EndReason | None, str]:
 
 
 def _describe_end(w: _Worker, code: int | None, reason: EndReason | None, detail: str) -> str:
-    """What happened to a worker, for people: "was killed by the system: out of memory, ..."."""
-    name = w.process.name
-    if reason is EndReason.OOM:
-        text = f"{name} was killed by the system: out of memory"
-        memory = w.process._resources.get("memory")
-        run = w.process._run
-        if run is not None and run.job is not None and run.job.spec.memory:
-            memory = run.job.spec.memory
-        if memory:
-            text += f", limit {memory} MiB"
-    elif reason is not None and reason is not EndReason.EXITED:
-        text = {EndReason.STOPPED: f"{name} was stopped",
-                EndReason.PREEMPTED: f"{name} was preempted or evicted",
-                EndReason.HOST_LOST: f"{name} lost its host",
-                EndReason.NEVER_STARTED: f"{name} could not be started",
-                EndReason.KILLED: f"{name} was killed by SIGKILL (not sent by Fiber, not an out-of-memory kill)"}[reason]
-    elif code is not None and code < 0:
-        try:
-            signame = signal.Signals(-code).name
-        except ValueError:
-            signame = f"signal {-code}"
-        text = f"{name} was killed by {signame}"
-        if code == -signal.SIGKILL:
-            text += " (not sent by Fiber; an out-of-memory kill looks the same where the platform does not say)"
-    elif code is not None:
-        text = f"{name} exited with code {code}"
-    else:
-        text = f"{name} was lost"
-    return f"{text} ({detail})" if detail else text
+    """What happened to a worker, for people (:func:`~fiber_core.parallel.pool.ledger.describe_end`)."""
+    memory = w.process._resources.get("memory")
+    run = w.process._run
+    if run is not None and run.job is not None and run.job.spec.memory:
+        memory = run.job.spec.memory
+    return describe_end(w.process.name, code, reason, detail, memory)
 
 
 class RemoteTraceback(Exception):
@@ -784,7 +756,7 @@ class IMapUnorderedIterator(IMapIterator):
 
 
 class _Unit:
-    __slots__ = ("job", "index", "data", "attempts", "func_id", "func_bytes", "kind", "count",
+    __slots__ = ("job", "index", "data", "charges", "func_id", "func_bytes", "kind", "count",
                  "start", "watch", "retries", "done", "copies")
 
     def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
@@ -793,7 +765,7 @@ class _Unit:
         self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
         self.count = count  # items in the unit
         self.start = start  # the input position of its first item
-        self.attempts = 0  # worker deaths charged to it
+        self.charges: dict[tuple[int, Fault], int] | None = None  # deaths charged, per item and kind
         self.watch = False  # a worker died while it may have run: it runs alone, watched
         self.retries = retries  # runs left after it raised (an opt-in)
         self.done = False  # its result was delivered: another copy's is dropped
@@ -867,7 +839,7 @@ class _Worker:
         self.pending: dict[int, list[_Unit]] = {}
         self.assigned = 0
         self.running: tuple[int, int] | None = None  # (batch, item) a watched batch runs
-        self.culprit: tuple[_Unit, int | None] | None = None  # what it ran when it died
+        self.culprit: tuple[_Unit, int] | None = None  # the item it ran when it died
         self.draining = False  # it was told to stop (SIGTERM) and hands its work back
         self.sent: dict[int, float] = {}  # when each pending batch was sent (for backups)
         self.held_work = False  # it held batches when it was lost
@@ -951,7 +923,7 @@ class Pool:
             self._backup = float(backup)
         else:
             raise ValueError(f"backup must be True, False or a factor over 1 (such as 3.0), not {backup!r}")
-        self._losses: collections.deque[float] = collections.deque()  # when workers were lost
+        self._losses = LossWindow(LOSS_LIMIT, LOSS_WINDOW)  # workers lost to nobody's fault
         self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, job id, s, job)
         self._started = False  # the first workers started: later start errors are retried
         self._start_retry_at: float | None = None  # starts are refused: the next try
@@ -972,8 +944,7 @@ class Pool:
         self._jobs: dict[int, Any] = {}
         self._state = "RUN"
         self._error: BaseException | None = None
-        self._start_failures = 0  # workers in a row that exited before they were ready ...
-        self._start_kills = 0  # ... and that a signal ended before they were ready
+        self._streak = StartStreak()  # workers in a row that died before they were ready
         self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
         # per pickled function: the last job's mean time per item, to size a new job's first batches
         # (keyed by the hash of the pickle: no big closure is kept alive for this)
@@ -1222,7 +1193,7 @@ class Pool:
         elif op == POOL_READY:
             w.ready = True
             w.since = time.monotonic()
-            self._start_failures = self._start_kills = 0
+            self._streak.ready()
             with self._lock:
                 if self._state == "RUN" or self._queue:
                     self._top_up()
@@ -1259,12 +1230,13 @@ class Pool:
     def _lose(self, w: _Worker) -> None:
         """The worker's connection ended: put its tasks back at the front of the queue.
 
-        Only the task it was running may be charged for its death, once its exit
-        says why it died (:meth:`_on_exit`); until then it is held. A worker runs its
-        batches in order, so that task is in its oldest pending batch: the item a
-        watched batch said it started, or the batch's only unit. A batch of several
-        units does not say which one ran: none is charged, and each runs again
-        alone and watched, so that a unit that kills its worker is found.
+        Only the item it said it had started may be charged for its death, once its
+        exit says why it died (:meth:`_on_exit`); until then it is held. A worker runs
+        its batches in order, so that item is in its oldest pending batch, if that
+        batch is watched (:func:`~fiber_core.parallel.pool.ledger.running_item`). A
+        batch that is not watched does not say which item ran: none is charged, and
+        each of its units runs again alone and watched, so that an item that kills
+        its worker is found.
         """
         if w.lost:
             return
@@ -1289,37 +1261,36 @@ class Pool:
             w.held_work = True
             if not w.draining:
                 batch_id, first = batches[0]
-                if len(first) == 1:
-                    item = None
-                    if w.running is not None and w.running[0] == batch_id:
-                        item = w.running[1]
+                item = running_item(batch_id, first, w.running)
+                if item is not None:
                     w.culprit = (first[0], item)
-                    first[0].watch = True
                     batches[0] = (batch_id, [])
-                else:
+                else:  # no item of it is known to have started: each runs again alone, watched
                     for unit in first:
                         unit.watch = True
             self._requeue([u for _, units in batches for u in units])
 
-    def _count_loss(self, w: _Worker, what: str) -> bool:
+    def _count_loss(self, what: str) -> bool:
         """Count a worker lost to no task's fault; fail the pool past its limit (True)."""
-        now = time.monotonic()
-        limit, window = self._loss_limit or (max(LOSS_LIMIT, 10 * self._processes), LOSS_WINDOW)
-        self._losses.append(now)
-        while self._losses and self._losses[0] < now - window:
-            self._losses.popleft()
-        if len(self._losses) <= limit:
+        losses = self._losses
+        losses.limit, losses.window = self._loss_limit or (max(LOSS_LIMIT, 10 * self._processes),
+                                                           LOSS_WINDOW)
+        if not losses.add(time.monotonic()):
             log.info("fiber: pool worker lost, not charged to a task: %s", what)
             return False
-        err = BackendError(
-            f"pool workers were lost {len(self._losses)} times within {window:g} s, more than "
-            f"the pool's loss_limit ({limit} in {window:g} s); the last: {what}. The platform "
-            f"keeps taking workers: look at it, or allow more with Pool(loss_limit=(n, seconds))")
+        self._fail_pool(BackendError(
+            f"pool workers were lost {len(losses)} times within {losses.window:g} s, more than "
+            f"the pool's loss_limit ({losses.limit} in {losses.window:g} s); the last: {what}. The "
+            f"platform keeps taking workers: look at it, or allow more with "
+            f"Pool(loss_limit=(n, seconds))"))
+        return True
+
+    def _fail_pool(self, err: BaseException) -> None:
+        """The pool cannot go on: every call fails with ``err``, every worker is killed (lock held)."""
         self._error = err
         self._state = "TERMINATE"
         self._fail_all_locked(err)
         self._kill_workers()
-        return True
 
     def _on_exit(self, w: _Worker) -> None:
         # What the worker sent before it ended comes first (its exit and its last messages
@@ -1342,27 +1313,9 @@ class Pool:
             if self._state == "TERMINATE":
                 return
             what = _describe_end(w, code, reason, detail)
-            # Not the task's fault: the platform took the worker (preempted, host lost,
-            # stopped), or it was told to stop (SIGTERM, the polite stop of a preemption).
-            infrastructure = w.draining or (reason is not None and reason.infrastructure) or (
-                code == -signal.SIGTERM and reason is not EndReason.OOM)
+            fault = fault_of(code, reason, w.draining)
             if culprit is not None:
-                unit, item = culprit
-                if infrastructure:
-                    self._requeue([unit])
-                else:
-                    unit.attempts += 1
-                    limit = 1 if reason is EndReason.OOM else self._task_losses
-                    if unit.attempts >= limit:
-                        times = "once" if unit.attempts == 1 else f"{unit.attempts} times"
-                        unit.job._set_unit(unit.index, False, TaskLostError(
-                            f"task lost: {unit.name(item)}: its worker died {times} while "
-                            f"running it; the last, {what}. It is not run again"))
-                        self._tasks_done += unit.count
-                        self._tasks_failed += unit.count
-                    else:
-                        log.warning("fiber: %s while running %s; it runs again", what, unit.name(item))
-                        self._requeue([unit])
+                self._charge(culprit[0], culprit[1], fault, what)
             if w.retiring and not w.draining and culprit is None:
                 return
             if not (code == 0 and self._maxtasks is not None and w.assigned >= self._maxtasks):
@@ -1371,53 +1324,65 @@ class Pool:
                 self._last_loss = what
             if self._state == "CLOSE" and not self._queue and not self._jobs:
                 return  # closing, and nothing is left to do
-            if infrastructure and self._count_loss(w, what):
-                return
-            if (not w.ready and reason is EndReason.NEVER_STARTED
-                    and any(x.ready for x in self._workers.values())):
-                # Others run: the platform declined this one (no room, a quota), not a
-                # broken image. The pool goes on with what it has and asks again later.
-                log.info("fiber: the platform did not start pool worker %s (%s); the pool goes on "
-                         "with %d and asks again in %g s", w.process.name, what,
-                         sum(1 for x in self._workers.values() if x.ready), UNGRANTED_BACKOFF_SECONDS)
-                self._start_retry_at = time.monotonic() + UNGRANTED_BACKOFF_SECONDS
-                return
-            if not w.ready and not infrastructure:
-                signum = -code if code is not None and code < 0 else 0
-                killed = signum > 0 and reason is not EndReason.OOM
-                if killed and w.conn is None and signum in _OUTSIDE_KILLS:
-                    # Killed before it even connected: from outside (a reclaimed node, a
-                    # chaos test), not a broken image, which exits or crashes by itself.
-                    if self._count_loss(w, what + ", while starting"):
-                        return
-                elif killed:
-                    self._start_kills += 1
-                else:
-                    self._start_failures += 1
-                if (self._start_failures >= MAX_START_FAILURES
-                        or self._start_kills >= MAX_START_KILLS):
-                    run = w.process._run
-                    tail = run.log_tail() if run else ""
-                    logs = run.logs if run else ""
-                    err = JobStartError(
-                        f"pool workers die before they are ready "
-                        f"({max(self._start_failures, self._start_kills)} in a row); "
-                        f"the last, {what}"
-                        + (f"; the end of its log:\n{tail}" if tail else ""),
-                        exitcode=code, logs=logs)
-                    self._error = err
-                    self._state = "TERMINATE"
-                    self._fail_all_locked(err)
-                    self._kill_workers()
-                    return
-            elif culprit is None and not infrastructure and code not in (0, None) and not w.retiring:
-                log.warning("fiber: pool worker died: %s; its tasks were re-queued", what)
-                # Idle when it died: no task to charge, so the pool-wide limit bounds how often
-                # this may happen. (A batch of several tasks runs again watched instead: a task
-                # that kills its worker is then found and charged.)
-                if not w.held_work and self._count_loss(w, what):
-                    return
-            self._top_up()
+            if not self._after_loss(w, code, reason, fault, culprit is not None, what):
+                self._top_up()
+
+    def _charge(self, unit: _Unit, item: int, fault: Fault, what: str) -> None:
+        """The worker died while ``item`` of ``unit`` ran: charge it, then run it again or fail it."""
+        if fault is Fault.NONE:
+            self._requeue([unit])
+            return
+        if unit.charges is None:
+            unit.charges = {}
+        count, fails = charge(unit.charges, item, fault, self._task_losses)
+        if fails:
+            unit.job._set_unit(unit.index, False, TaskLostError(lost_message(unit.name(item), count, fault, what)))
+            self._tasks_done += unit.count
+            self._tasks_failed += unit.count
+        else:
+            log.warning("fiber: %s while running %s; it runs again", what, unit.name(item))
+            self._requeue([unit])
+
+    def _after_loss(self, w: _Worker, code: int | None, reason: EndReason | None, fault: Fault,
+                    charged: bool, what: str) -> bool:
+        """What a lost worker means for the pool, past the item it ran (lock held): True when
+        no replacement starts now (the pool failed, or the platform declined the worker)."""
+        nobodys = fault is Fault.NONE
+        if nobodys and self._count_loss(what):
+            return True
+        if (not w.ready and reason is EndReason.NEVER_STARTED
+                and any(x.ready for x in self._workers.values())):
+            # Others run: the platform declined this one (no room, a quota), not a
+            # broken image. The pool goes on with what it has and asks again later.
+            log.info("fiber: the platform did not start pool worker %s (%s); the pool goes on "
+                     "with %d and asks again in %g s", w.process.name, what,
+                     sum(1 for x in self._workers.values() if x.ready), UNGRANTED_BACKOFF_SECONDS)
+            self._start_retry_at = time.monotonic() + UNGRANTED_BACKOFF_SECONDS
+            return True
+        if not w.ready and not nobodys:
+            return self._start_death(w, code, reason, what)
+        if not charged and not nobodys and code not in (0, None) and not w.retiring:
+            log.warning("fiber: pool worker died: %s; its tasks were re-queued", what)
+            # Idle when it died: no task to charge, so the pool-wide limit bounds how often
+            # this may happen. (A batch it held runs again watched instead: an item that
+            # kills its worker is then found and charged.)
+            return not w.held_work and self._count_loss(what)
+        return False
+
+    def _start_death(self, w: _Worker, code: int | None, reason: EndReason | None, what: str) -> bool:
+        """A worker died before it was ready: True when that failed the pool (lock held)."""
+        verdict = self._streak.died(code, reason, connected=w.conn is not None)
+        if verdict is Start.OUTSIDE:
+            return self._count_loss(what + ", while starting")
+        if verdict is Start.AGAIN:
+            return False
+        run = w.process._run
+        tail = run.log_tail() if run else ""
+        self._fail_pool(JobStartError(
+            f"pool workers die before they are ready ({self._streak.length} in a row); the last, {what}"
+            + (f"; the end of its log:\n{tail}" if tail else ""),
+            exitcode=code, logs=run.logs if run else ""))
+        return True
 
     def _top_up(self) -> None:
         """Start workers until the pool has its size, in one group start; called with the lock held.
@@ -1508,10 +1473,7 @@ class Pool:
                                f"cannot start pool workers: the backend has refused for "
                                f"{failing:.0f} s (START_RETRY_SECONDS); the last error: {e}")
             err.__cause__ = e
-            self._error = err
-            self._state = "TERMINATE"
-            self._fail_all_locked(err)
-            self._kill_workers()
+            self._fail_pool(err)
             return
         log.warning("fiber: cannot start a pool worker, waiting for the backend (again in %.1f s, "
                     "for up to %.0f s more): %s", self._start_backoff,
