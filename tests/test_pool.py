@@ -196,7 +196,7 @@ def kill_random_worker(pool: Pool, rng: random.Random, spare: set[int],
                 w.process.pid for w in pool._workers.values()
                 if w.process.pid is not None and w.process.pid not in spare | also_spare
                 and not w.lost
-                and not any(u.attempts for batch in list(w.pending.values()) for u in batch)
+                and not any(u.charges for batch in list(w.pending.values()) for u in batch)
             ]
             if victims:
                 pid = rng.choice(victims)
