@@ -16,7 +16,7 @@ Backends: ``local`` (signals to the worker's process) and ``docker`` (the signal
 goes to the container through the Docker API: ``DOCKER_HOST`` and
 ``FIBER_DOCKER_IMAGE`` must name a daemon and an image with Fiber).
 
-``--fresh`` is the run of issue 34, as a new user writes it: each run a new
+``--fresh`` is the run a new user writes: each run a new
 ``Pool(workers)`` with its defaults, one ``map`` of CPU-bound 1-5 ms tasks, a random
 process of ``pool._pool`` (starting workers too) SIGKILLed every ``--every`` seconds;
 each run's outcome (exact, or the error that ended it), time and kills are printed,
@@ -26,7 +26,7 @@ Usage::
 
     python benchmarks/chaos.py --runs 10                    # local, kill, every API
     python benchmarks/chaos.py --mode preempt --backend docker --runs 3 --api map
-    python benchmarks/chaos.py --fresh --runs 30            # issue 34's run, 30 times
+    python benchmarks/chaos.py --fresh --runs 30            # a new Pool(8) per run, 30 runs
     python benchmarks/chaos.py --fresh --runs 10 --every 0.05 0.1   # the stress figure
 """
 
@@ -85,7 +85,7 @@ class AnyKill:
 
 
 def fresh_runs(args: argparse.Namespace) -> None:
-    """Issue 34's run, ``--runs`` times: a new Pool each time, with its defaults."""
+    """``--runs`` runs, a new Pool each time with its defaults, a CPU-bound map, SIGKILLs."""
     print(f"local, SIGKILL of any process of pool._pool every {args.every[0]:g}-{args.every[1]:g} s, "
           f"a new Pool({args.workers}) per run, map of {args.tasks} CPU-bound tasks of 1-5 ms\n")
     print("| run | outcome | seconds | kills |")
@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="disturbed runs per API")
     ap.add_argument("--every", type=float, nargs=2, default=(0.1, 0.3))
     ap.add_argument("--grace", type=float, default=2.0)
-    ap.add_argument("--fresh", action="store_true", help="issue 34's run: a new Pool per run, CPU-bound map")
+    ap.add_argument("--fresh", action="store_true", help="a new Pool per run, with its defaults, a CPU-bound map")
     args = ap.parse_args()
     if args.fresh:
         fresh_runs(args)

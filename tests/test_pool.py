@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pool_worker_tasks import pool_modules
 from procs import wait_until
 
 import fiber_core
@@ -889,3 +890,12 @@ def test_a_short_task_is_not_sent_behind_a_task_of_unknown_length() -> None:
         assert quick.get(timeout=T) == 9  # on the new worker, while the first is held
         gate.put(None)
         assert held.get(timeout=T) == 1
+
+
+def test_a_pool_worker_loads_the_worker_side_of_the_pool_only() -> None:
+    with Pool(1) as pool:
+        loaded = set(pool.apply(pool_modules, (0,)))
+    assert "fiber_core.parallel.pool.worker" in loaded
+    master_side = {f"fiber_core.parallel.pool.{m}" for m in
+                   ("facade", "master", "events", "dispatch", "table", "results", "planner", "ledger")}
+    assert not loaded & master_side, loaded

@@ -649,7 +649,7 @@ def _kill_any(pool: Pool, stop: threading.Event, seed: int, kills: list[int]) ->
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_sigkills_charge_no_item_a_death_it_did_not_cause(seed: int) -> None:
-    """The map of issue 34 (CPU-bound 1-5 ms items, auto-chunked into units of several):
+    """A new user's map (CPU-bound 1-5 ms items, auto-chunked into units of several):
     deaths land on different items of a unit, or on workers that start or hold work not
     begun, and none of them may add up to a TaskLostError."""
     n = 2000
