@@ -666,3 +666,26 @@ def test_random_sigkills_charge_no_item_a_death_it_did_not_cause(seed: int) -> N
             thread.join(T)
         assert out == list(range(n))
         assert kills
+
+
+class KillsOnLoad:
+    """A function that pickles in the caller and kills any pool worker that unpickles it."""
+
+    def __reduce__(self) -> tuple:
+        return (_exit_if_worker, ())
+
+    def __call__(self, x: int) -> int:
+        return x
+
+
+def _exit_if_worker() -> KillsOnLoad:
+    if fiber_core.current_process().name.startswith("PoolWorker"):
+        os._exit(1)
+    return KillsOnLoad()
+
+
+def test_a_function_whose_loading_kills_the_worker_fails_the_call_instead_of_looping() -> None:
+    with Pool(2) as pool:
+        with pytest.raises(TaskLostError, match=r"item 0 of map\(KillsOnLoad\).*exited with code 1"):
+            pool.map_async(KillsOnLoad(), range(4), chunksize=4).get(timeout=2 * T)
+        assert pool.map(sqr, range(4)) == [0, 1, 4, 9]

@@ -8,7 +8,8 @@ The rules
 ---------
 * **Only an item that was running is charged**, and only one the worker *said* it
   started: a *watched* batch (one unit, sent alone) announces each item with
-  ``POOL_RUNNING`` before it runs it. A batch that is not watched says nothing, so
+  ``POOL_RUNNING`` before it runs it (the first as soon as the worker begins the batch,
+  before it loads the function and the arguments). A batch that is not watched says nothing, so
   no item of it is known to have started: a death there charges nothing, and each
   of its units runs again alone and watched. A worker that was starting, idle,
   draining, or holding work it had not begun is charged to nobody. So a task that

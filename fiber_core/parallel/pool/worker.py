@@ -182,9 +182,11 @@ def read_ahead(conn: Connection, poller: select.poll, inbox: collections.deque[b
 
 
 def _claim(conn: Connection, drain: Drain, batch_id: int, func_id: int,
-           cancelled: collections.OrderedDict[int, None]) -> bool:
+           cancelled: collections.OrderedDict[int, None], watch: bool) -> bool:
     """Whether to run the batch: not once the worker drains (the master re-queued it), and
-    not for a cancelled call (answered with no results)."""
+    not for a cancelled call (answered with no results). A watched batch's first item is
+    announced here, before its function and arguments are loaded: a task whose loading
+    kills the worker is charged like one whose run does."""
     with drain.lock:
         if drain.draining:
             return False
@@ -192,6 +194,8 @@ def _claim(conn: Connection, drain: Drain, batch_id: int, func_id: int,
             conn.send_frame(POOL_RESULTS, encode_results(batch_id, 0.0, []))
             return False
         drain.current = batch_id
+        if watch:
+            conn.send_frame(encode_pool_running(batch_id, 0))
         return True
 
 
@@ -202,8 +206,9 @@ def _run_batch(conn: Connection, drain: Drain, look: Callable[[], None], cancell
     notify = None
     if watch:
         def notify(item: int) -> None:
-            with drain.lock:
-                conn.send_frame(encode_pool_running(batch_id, item))
+            if item:  # the first was announced when the batch was claimed
+                with drain.lock:
+                    conn.send_frame(encode_pool_running(batch_id, item))
     start = checked = time.perf_counter()
     results = []
     for unit in units:
@@ -263,11 +268,12 @@ def worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | 
         if op != POOL_TASKS:
             raise unexpected(msg, "a pool worker's connection")
         batch_id, func_id, func_bytes, kind, units, watch = decode_pool_tasks(msg)
-        if func_bytes is not None:
+        claimed = _claim(conn, drain, batch_id, func_id, cancelled, watch)
+        if func_bytes is not None:  # (sent once per worker: kept even for a batch not run)
             funcs[func_id] = load_func(func_bytes)
             if len(funcs) > FUNC_CACHE:
                 funcs.popitem(last=False)
-        if _claim(conn, drain, batch_id, func_id, cancelled):
+        if claimed:
             _run_batch(conn, drain, look, cancelled, batch_id, func_id, funcs[func_id], kind, units, watch)
             done += len(units)
     conn.close()
