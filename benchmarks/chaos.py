@@ -28,6 +28,7 @@ Usage::
     python benchmarks/chaos.py --mode preempt --backend docker --runs 3 --api map
     python benchmarks/chaos.py --fresh --runs 30            # a new Pool(8) per run, 30 runs
     python benchmarks/chaos.py --fresh --runs 10 --every 0.05 0.1   # the stress figure
+    python benchmarks/chaos.py --fresh --runs 10 --every 0.05 0.1 --loss-limit 100000
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def fresh_runs(args: argparse.Namespace) -> None:
     outcomes: dict[str, int] = {}
     times, kills = [], []
     for run in range(args.runs):
-        with Pool(args.workers) as pool:
+        limit = {} if args.loss_limit is None else {"loss_limit": (args.loss_limit, 600.0)}
+        with Pool(args.workers, **limit) as pool:
             chaos = AnyKill(pool, tuple(args.every), seed=run)
             start = time.perf_counter()
             try:
@@ -181,6 +183,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="disturbed runs per API")
     ap.add_argument("--every", type=float, nargs=2, default=(0.1, 0.3))
     ap.add_argument("--grace", type=float, default=2.0)
+    ap.add_argument("--loss-limit", type=int, default=None,
+                    help="with --fresh: the pools' loss_limit count (default: the Pool's own)")
     ap.add_argument("--fresh", action="store_true", help="a new Pool per run, with its defaults, a CPU-bound map")
     args = ap.parse_args()
     if args.fresh:
