@@ -181,8 +181,8 @@ class Pool(Master):
                     *, retries: int | None = None, deadline: float | None = None) -> ApplyResult:
         self._check_running()
         check_deadline(deadline)
-        result = ApplyResult(self, callback, error_callback)
-        result._call = call_name("apply_async", func)  # the arguments: from the unit, if needed
+        # (an error adds the arguments, from the unit, if needed)
+        result = ApplyResult(self, callback, error_callback, call_name("apply_async", func))
         self._submit(result, func, APPLY, [[(tuple(args), dict(kwds or {}))]], retries=retries)
         self._set_deadline(result, deadline)
         return result
@@ -209,9 +209,9 @@ class Pool(Master):
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
         else:
             chunks = [items[i:i + chunksize] for i in range(0, len(items), chunksize)]
-        result = MapResult(self, len(chunks), callback, error_callback)
-        result._sizes = [len(c) for c in chunks] if deadline is not None else []
-        result._call = call_name("starmap" if kind == STARMAP else "map", func)
+        result = MapResult(self, len(chunks), callback, error_callback,
+                           call_name("starmap" if kind == STARMAP else "map", func),
+                           [len(c) for c in chunks] if deadline is not None else None)
         if chunks:
             self._submit(result, func, kind, chunks, func_bytes, retries)
             self._set_deadline(result, deadline)
@@ -247,8 +247,7 @@ class Pool(Master):
         retries = self._retries if retries is None else check_retries(retries)
         with sending_to(self._hub):
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
-        it = cls(self)
-        it._call = call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func)
+        it = cls(self, call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func))
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
             self._jobs[it._job_id] = it

@@ -88,7 +88,8 @@ def task_error(unit: Unit, ok: bool | None, value: Any) -> BaseException:
 class ApplyResult:
     """The result of ``apply_async``; the base of the other result types."""
 
-    def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None) -> None:
+    def __init__(self, pool: Pool, callback: Callable | None, error_callback: Callable | None,
+                 call: str = "apply_async") -> None:
         self._pool = pool
         self._event = threading.Event()
         self._callback = callback
@@ -96,7 +97,7 @@ class ApplyResult:
         self._success = False
         self._value: Any = None
         self._job_id = next(job_counter)
-        self._call = "apply_async"  # how errors name the call
+        self._call = call  # how errors name the call: apply_async(f)
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -173,11 +174,11 @@ AsyncResult = ApplyResult
 class MapResult(ApplyResult):
     """The result of ``map_async``/``starmap_async``: a list in input order."""
 
-    def __init__(self, pool: Pool, nunits: int,
-                 callback: Callable | None, error_callback: Callable | None) -> None:
-        super().__init__(pool, callback, error_callback)
+    def __init__(self, pool: Pool, nunits: int, callback: Callable | None,
+                 error_callback: Callable | None, call: str = "map", sizes: list[int] | None = None) -> None:
+        super().__init__(pool, callback, error_callback, call)
         self._chunks: list[Any] = [None] * nunits
-        self._sizes: list[int] = []  # items per unit, for a partial result at a deadline
+        self._sizes = sizes or []  # items per unit, for a partial result at a deadline
         self._left = nunits
         if nunits == 0:
             self._success, self._value = True, []
@@ -228,7 +229,7 @@ class MapResult(ApplyResult):
 class IMapIterator:
     """The iterator ``imap`` returns: results in input order, as they arrive."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, call: str = "imap") -> None:
         self._pool = pool
         self._cond = threading.Condition(threading.Lock())
         self._items: collections.deque = collections.deque()
@@ -237,7 +238,7 @@ class IMapIterator:
         self._length: int | None = None  # units, known once the input is consumed
         self._yielded_units = 0
         self._job_id = next(job_counter)
-        self._call = "imap"  # how errors name the call
+        self._call = call  # how errors name the call: imap(f)
         self._closed = False
 
     def __iter__(self) -> Iterator:

@@ -423,17 +423,18 @@ class WorkerTable:
     def _requeue(self, units: list[Unit]) -> None:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
-            live = [u for u in units if u.job._job_id in self._jobs and not u.done and not u.copies]
+            live = [u for u in units if u.func_id in self._jobs and not u.done and not u.copies]
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
 
     def _cancel(self, job: Any) -> None:
         """Drop a call's queued tasks; tell the workers that hold some to skip them."""
+        job_id = job._job_id
         with self._lock:
-            if self._jobs.pop(job._job_id, None) is None:
+            if self._jobs.pop(job_id, None) is None:
                 return
-            self._unit_seconds.pop(job._job_id, None)
+            self._unit_seconds.pop(job_id, None)
             if any(u.job is job for u in self._queue):
                 self._queue = collections.deque(u for u in self._queue if u.job is not job)
             for w in self._workers.values():
@@ -441,11 +442,12 @@ class WorkerTable:
                     continue
                 if any(units[0].job is job for units in w.pending.values()):
                     try:
-                        w.conn.send_frame(encode_pool_cancel(job._job_id))
+                        w.conn.send_frame(encode_pool_cancel(job_id))
                     except OSError:
                         pass
         self._wake()
 
     def _job_done(self, job: Any) -> None:
-        self._jobs.pop(job._job_id, None)
-        self._unit_seconds.pop(job._job_id, None)
+        job_id = job._job_id
+        self._jobs.pop(job_id, None)
+        self._unit_seconds.pop(job_id, None)
