@@ -95,10 +95,27 @@ def _private_tempdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]
     _suite_tempdir.finish()
 
 
+def _is_core(item: pytest.Item) -> bool:
+    return Path(__file__).parent in Path(item.path).parents
+
+
+_LAST_CORE_TEST = pytest.StashKey["pytest.Item | None"]()
+
+
+def _last_core_test(session: pytest.Session) -> pytest.Item | None:
+    """The core suite's last test in this session's order (after deselection)."""
+    if _LAST_CORE_TEST not in session.stash:
+        session.stash[_LAST_CORE_TEST] = next((i for i in reversed(session.items) if _is_core(i)), None)
+    return session.stash[_LAST_CORE_TEST]
+
+
 @pytest.hookimpl(trylast=True)  # after the test's fixtures are torn down
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    # The check ends with the core suite, also when other suites (the plugins') run after it.
-    if nextitem is None or Path(__file__).parent not in Path(nextitem.path).parents:
+    # The check ends with the core suite's last test, also when other suites (the plugins')
+    # run after it. Not before: where a plugin's tests run between two core files, ending
+    # it there would remove the live run directory of this process's runtime (its hub's
+    # socket), which the core tests after them still use, and drop the suite's TMPDIR.
+    if item is _last_core_test(item.session):
         _suite_tempdir.finish()
 
 
