@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         clean_name,
         exitcode_from_status,
         gpu_count,
+        job_environment,
         remove_all,
         split_secrets,
     )
@@ -63,6 +64,7 @@ _EXPORTS = {
     "TIMEOUT_ALIAS": "fiber_core.contract.backend",
     "clean_name": "fiber_core.contract.backend",
     "gpu_count": "fiber_core.contract.backend",
+    "job_environment": "fiber_core.contract.backend",
     "remove_all": "fiber_core.contract.backend",
     "split_secrets": "fiber_core.contract.backend",
     "HOST_LOST_EXITCODE": "fiber_core.contract.jobs",
@@ -90,7 +92,7 @@ __all__ = [
     "ENV_TOKEN", "EXTRA_ENV", "HOST_LOST_EXITCODE", "TIMEOUT_ALIAS",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
     "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
-    "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "install_elsewhere", "keepalive",
+    "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
     "parse_pairs", "remove_all", "split_secrets",
 ]
 

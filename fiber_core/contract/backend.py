@@ -117,7 +117,7 @@ import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -127,7 +127,7 @@ from fiber_core.contract.env import SECRET_VARIABLES
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
 
 __all__ = ["EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
-           "gpu_count", "remove_all", "split_secrets"]
+           "gpu_count", "job_environment", "remove_all", "split_secrets"]
 
 EXTRA_ENV = Option("extra_env", list, [], "KEY=VALUE pairs set in every job (not for secrets)")
 """The ``extra_env`` setting: a backend that lists it gets it in :meth:`Backend.job_env`."""
@@ -219,6 +219,14 @@ def clean_name(text: str, allowed: str = "A-Za-z0-9_.-", *, sub: str = "-", limi
     if limit is not None:
         out = out[:limit].strip(edges)
     return out or fallback
+
+
+def job_environment(env: Mapping[str, str], extra_env: Iterable[str] | None, where: str) -> dict[str, str]:
+    """A job's environment: the ``extra_env`` setting's ``KEY=VALUE`` entries, then ``env``
+    (the spec's) over them. A bad entry is a :class:`~fiber_core.base.errors.ConfigError` naming ``where`` it is set."""
+    out = parse_pairs(extra_env, f"extra_env in {where}") if extra_env else {}
+    out.update(env)
+    return out
 
 
 def split_secrets(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -340,8 +348,7 @@ class Backend(ABC):
         ``run_id`` is unique per run; ``rundir`` is a private directory of this process,
         removed when it exits. Once it returns, :attr:`settings` holds every option, typed
         (a missing one has its default), and renamed options are applied."""
-        self.settings: dict[str, Any] = _complete(self.options, self.renamed_options, settings or {},
-                                                  self.settings_section())
+        self.settings: dict[str, Any] = self.complete_settings(settings or {})
         self.run_id = run_id
         self._rundir = rundir
         self._own_rundir: str | None = None
@@ -349,6 +356,25 @@ class Backend(ABC):
         self._jobs_lock = threading.Lock()
         self._watchers: list[Watcher] = []
         self._closing = False
+
+    @classmethod
+    def complete_settings(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option's value, typed: what ``given`` holds, else the default; renamed
+        options applied (:attr:`renamed_options`). What :attr:`settings` holds; for
+        :meth:`clean`, which gets the settings without an instance."""
+        section = cls.settings_section()
+        settings = dict(given)
+        for o in cls.options:
+            settings[o.name] = o.parse(settings.get(o.name, o.default), f"{o.name} in [{section}]", "settings")
+        defaults = {o.name: o.default for o in cls.options}
+        for old, new in cls.renamed_options.items():
+            if settings.get(old) is None:
+                continue
+            warnings.warn(f"the {section} setting {old!r} is now called {new!r} (FIBER_{section.upper()}_"
+                          f"{new.upper()}, [{section}] {new}): the old name will go", FutureWarning, stacklevel=3)
+            if settings.get(new) == defaults.get(new):
+                settings[new] = settings[old]
+        return settings
 
     @property
     def rundir(self) -> str:
@@ -569,10 +595,7 @@ class Backend(ABC):
 
         It holds the run's secrets (:func:`split_secrets` tells them apart).
         """
-        extra = self.settings.get("extra_env") or ()
-        env = parse_pairs(extra, f"extra_env in [{self.settings_section()}]") if extra else {}
-        env.update(spec.env)
-        return env
+        return job_environment(spec.env, self.settings.get("extra_env"), f"[{self.settings_section()}]")
 
     def track_job(self, job: Job) -> Job:
         """Put ``job`` in the live-job table (:meth:`job_by_id`, :attr:`jobs`) until it ends.
@@ -668,19 +691,3 @@ class Backend(ABC):
         """Why ``job`` ended (``None`` while it runs or when the backend cannot tell)."""
         return job.state.reason if job.state.done() else None
 
-
-def _complete(options: Sequence[Option], renamed: Mapping[str, str], given: Mapping[str, Any],
-              section: str) -> dict[str, Any]:
-    """Every option's value, typed: what was given, else the default; renamed ones applied."""
-    settings = dict(given)
-    for o in options:
-        settings[o.name] = o.parse(settings.get(o.name, o.default), f"{o.name} in [{section}]", "settings")
-    defaults = {o.name: o.default for o in options}
-    for old, new in renamed.items():
-        if settings.get(old) is None:
-            continue
-        warnings.warn(f"the {section} setting {old!r} is now called {new!r} (FIBER_{section.upper()}_"
-                      f"{new.upper()}, [{section}] {new}): the old name will go", FutureWarning, stacklevel=3)
-        if settings.get(new) == defaults.get(new):
-            settings[new] = settings[old]
-    return settings
