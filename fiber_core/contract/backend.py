@@ -28,67 +28,21 @@ conformance suite (:mod:`fiber_core.testing`) checks:
   ``[sys.executable]``.
 
 Then register the class from a plugin module (:mod:`fiber_core.contract.hookspecs`)
-and run the suite on it. This whole backend runs each job as a process started
-through a shell, and passes the suite as written (``tests/test_authoring.py``
-runs it; ``examples/backend_template/`` is it as a distribution, and
-``docs/writing-a-backend.md`` walks through it)::
+and run the suite on it. ``examples/backend_template/fiber_shell.py`` is a whole backend
+that runs each job as a process started through a shell, in one module, and passes the
+suite as written: ``docs/writing-a-backend.md`` includes it and walks through it, and
+``tests/test_authoring.py`` runs that file through the suite.
 
-    from __future__ import annotations
+What the contract gives every backend, so that a plugin keeps only its platform:
 
-    import os
-    import shlex
-    import signal
-    import subprocess
-    import sys
-    import threading
-    from collections.abc import Callable
-
-    from fiber_core.contract import Backend, BackendError, Job, JobSpec, Option, hookimpl
-
-
-    class ShellBackend(Backend):
-        name = "shell"
-        options = (Option("shell", str, "/bin/sh", "the shell that starts jobs"),)
-
-        def create_job(self, spec: JobSpec) -> Job:
-            command = " ".join(map(shlex.quote, spec.command))
-            try:
-                popen = subprocess.Popen(
-                    [self.settings["shell"], "-c", "exec " + command],
-                    env={**os.environ, **spec.env}, cwd=spec.cwd, start_new_session=True,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            except OSError as e:
-                raise BackendError(f"cannot run the shell {self.settings['shell']!r}: set "
-                                   "FIBER_SHELL_SHELL to one that exists", cause=e) from None
-            job = Job(id=str(popen.pid), spec=spec, handle=popen)
-            threading.Thread(target=self._follow, args=(job,), daemon=True).start()
-            return job
-
-        def _follow(self, job: Job) -> None:
-            for chunk in iter(lambda: job.handle.stdout.read1(65536), b""):
-                job.state.log.append(chunk)
-            job.state.finish(job.handle.wait())  # the first end wins; Fiber's stops are STOPPED
-
-        def terminate_job(self, job: Job) -> None:
-            self._signal(job, signal.SIGTERM)
-
-        def kill_job(self, job: Job) -> None:
-            self._signal(job, signal.SIGKILL)
-
-        def _signal(self, job: Job, sig: int) -> None:
-            if not job.state.done():
-                try:
-                    os.killpg(job.handle.pid, sig)  # the job leads its own process group
-                except ProcessLookupError:
-                    pass
-
-        def worker_command(self) -> list[str]:
-            return [sys.executable]  # jobs run on this machine
-
-
-    @hookimpl
-    def fiber_register_backends(register: Callable[[type[Backend]], None]) -> None:
-        register(ShellBackend)
+* the live-job table: :meth:`~Backend.track_job`, :meth:`~Backend.job_by_id`,
+  :attr:`~Backend.jobs` (a job leaves it when its state finishes);
+* the settings every backend reads alike: :meth:`~Backend.job_image`,
+  :meth:`~Backend.job_env` (``extra_env``), :attr:`~Backend.api_timeout`, and
+  :attr:`~Backend.settings` complete and typed once ``__init__`` returns;
+* :func:`gpu_count`, :func:`clean_name`, :func:`split_secrets` (what must not be shown),
+  :func:`remove_all` (bulk removal at exit), and
+  :data:`~fiber_core.contract.jobs.HOST_LOST_EXITCODE`, the one exit code of a lost host.
 
 The rules every method follows
 ------------------------------
