@@ -27,7 +27,6 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fiber_core.base.log import log
@@ -38,6 +37,7 @@ from fiber_core.contract import (
     Job,
     JobSpec,
     Option,
+    remove_all,
 )
 
 from fiber_aws.api import AwsError, call, list_jobs, local_ipv4_addresses
@@ -474,13 +474,7 @@ class AwsBatchBackend(Backend):
             except BackendError as e:
                 log.warning("fiber: %s", e)
 
-        if pending:
-            try:
-                with ThreadPoolExecutor(max_workers=min(8, len(pending))) as pool:
-                    list(pool.map(stop, pending))
-            except RuntimeError:  # at interpreter exit no new thread may start: one by one
-                for job in pending:
-                    stop(job)
+        remove_all(pending, stop, limit=8)  # in threads while they can start, else one by one
         self._drop_key()  # the terminated jobs have read it long ago, or will never run
         super().cleanup()
         try:

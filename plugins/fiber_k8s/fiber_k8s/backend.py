@@ -44,6 +44,7 @@ from fiber_core.contract import (
     JobSpec,
     Option,
     Watcher,
+    remove_all,
 )
 
 from fiber_k8s.cluster import Cluster, http_status, in_pod
@@ -452,12 +453,16 @@ def _delete_pods(cluster: Cluster, selector: str) -> list[str]:
     except BackendError as e:
         if http_status(e) != 403:
             raise
-        for name in names:
+        def delete(name: str) -> None:
             try:
                 cluster.delete_pod(name, 0)
             except BackendError as e2:
                 if http_status(e2) != 404:
                     raise
+
+        errors = remove_all(names, delete)
+        if errors:
+            raise errors[0] from None
     return names
 
 
