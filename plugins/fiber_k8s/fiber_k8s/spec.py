@@ -234,13 +234,9 @@ def merge_pod_template(pod: dict[str, Any], template: Mapping[str, Any]) -> dict
     return pod
 
 
-def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespace: str, image: str,
-              labels: Mapping[str, str], owner: Mapping[str, Any] | None = None,
-              secret: str | None = None) -> dict[str, Any]:
-    """The pod manifest of one job. ``settings`` are the backend's, overridden by
-    ``spec.backend_options`` (any option key, e.g. ``service_account``). With ``secret``,
-    the run's key (``FIBER_AUTHKEY`` of ``spec.env``) comes from that Secret, not the spec."""
-    opts = {**settings, **spec.backend_options}
+def _scheduling(spec: JobSpec, opts: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str],
+                                                                   dict[str, str], list[dict[str, str]]]:
+    """(limits, requests, node selector, tolerations) of a job: its CPUs, memory and GPUs."""
     limits: dict[str, str] = {}
     requests: dict[str, str] = {}
     if spec.cpu:
@@ -259,10 +255,11 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
         tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
         if spec.gpu_type:
             node_selector[opts.get("gpu_label") or DEFAULT_GPU_LABEL] = spec.gpu_type
-    # $(VAR) in command and args is expanded by Kubernetes: $$ keeps a literal $.
-    argv = [a.replace("$", "$$") for a in spec.command]
-    if opts.get("signal_shell", True):
-        argv = ["/bin/sh", "-c", SIGNAL_SHELL, "fiber-job", *argv]
+    return limits, requests, node_selector, tolerations
+
+
+def _env(spec: JobSpec, opts: Mapping[str, Any], secret: str | None) -> list[dict[str, Any]]:
+    """The container's env: the pod's own fields, extra_env, the spec's; the key from ``secret``."""
     env: dict[str, Any] = {
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -271,43 +268,52 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
     env.update(job_environment(spec.env, opts.get("extra_env"), "[kubernetes]"))
     if secret and ENV_AUTHKEY in env:
         env[ENV_AUTHKEY] = {"secretKeyRef": {"name": secret, "key": SECRET_KEY}}
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": image,
-        "command": argv,
-        "env": [{"name": k, "valueFrom": v} if isinstance(v, dict) else {"name": k, "value": str(v)}
-                for k, v in env.items()],
-    }
-    if limits:
-        container["resources"] = {"limits": limits, **({"requests": requests} if requests else {})}
-    if spec.cwd:
-        container["workingDir"] = spec.cwd
-    if opts.get("image_pull_policy"):
-        container["imagePullPolicy"] = opts["image_pull_policy"]
+    return [{"name": k, "valueFrom": v} if isinstance(v, dict) else {"name": k, "value": str(v)}
+            for k, v in env.items()]
+
+
+def _volumes(spec: JobSpec, opts: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
+    """The ``volumes`` setting's mounts, then the spec's, numbered in that order."""
     volumes, mounts = parse_volumes(list(opts.get("volumes") or []))
     more_volumes, more_mounts = parse_volumes(spec.volumes)
     for v, m in zip(more_volumes, more_mounts):
         m["name"] = v["name"] = f"vol-{len(volumes)}"
         volumes.append(v)
         mounts.append(m)
-    if mounts:
-        container["volumeMounts"] = mounts
+    return volumes, mounts
+
+
+def _set(target: dict[str, Any], **values: Any) -> None:
+    """Set the keys of ``values`` that have a value (not ``None``, empty or false)."""
+    target.update({k: v for k, v in values.items() if v})
+
+
+def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespace: str, image: str,
+              labels: Mapping[str, str], owner: Mapping[str, Any] | None = None,
+              secret: str | None = None) -> dict[str, Any]:
+    """The pod manifest of one job. ``settings`` are the backend's, overridden by
+    ``spec.backend_options`` (any option key, e.g. ``service_account``). With ``secret``,
+    the run's key (``FIBER_AUTHKEY`` of ``spec.env``) comes from that Secret, not the spec."""
+    opts = {**settings, **spec.backend_options}
+    limits, requests, node_selector, tolerations = _scheduling(spec, opts)
+    # $(VAR) in command and args is expanded by Kubernetes: $$ keeps a literal $.
+    argv = [a.replace("$", "$$") for a in spec.command]
+    if opts.get("signal_shell", True):
+        argv = ["/bin/sh", "-c", SIGNAL_SHELL, "fiber-job", *argv]
+    container: dict[str, Any] = {"name": CONTAINER, "image": image, "command": argv, "env": _env(spec, opts, secret)}
+    if limits:
+        container["resources"] = {"limits": limits, **({"requests": requests} if requests else {})}
+    volumes, mounts = _volumes(spec, opts)
+    _set(container, workingDir=spec.cwd, imagePullPolicy=opts.get("image_pull_policy"), volumeMounts=mounts)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": int(opts.get("grace_period") or 0),
         "enableServiceLinks": False,
         "containers": [container],
     }
-    if opts.get("service_account"):
-        pod_spec["serviceAccountName"] = opts["service_account"]
-    if opts.get("image_pull_secrets"):
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in opts["image_pull_secrets"]]
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    if volumes:
-        pod_spec["volumes"] = volumes
+    _set(pod_spec, serviceAccountName=opts.get("service_account"),
+         imagePullSecrets=[{"name": s} for s in opts.get("image_pull_secrets") or []],
+         nodeSelector=node_selector, tolerations=tolerations, volumes=volumes)
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": namespace,

@@ -48,6 +48,30 @@ def pod_unschedulable(pod: Mapping[str, Any] | None) -> str | None:
     return ""
 
 
+def _exit_code(pod: Mapping[str, Any], deleted: bool, stop_signal: int | None) -> int | None:
+    """The exit code of the job of ``pod`` (see :func:`pod_end`), ``None`` while it runs or waits."""
+    status = pod.get("status") or {}
+    state = container_status(pod).get("state") or {}
+    term, phase, why = state.get("terminated") or {}, status.get("phase"), status.get("reason") or ""
+    if term:
+        code = exitcode_from_status(int(term.get("exitCode", 1))) or 0
+    elif phase == "Unknown" or why == "NodeLost":  # its node stopped answering: the rest is stale
+        code = HOST_LOST_EXITCODE
+    elif "running" in state and not deleted:  # (an evicted pod's container is still being killed)
+        return None
+    elif phase == "Succeeded":
+        code = 0
+    elif phase == "Failed" or pod_start_failure(pod):
+        code = NO_EXIT_STATUS
+    elif deleted:  # gone without a final state: force-deleted, or deleted before it ran
+        code = -(stop_signal or signal.SIGTERM)
+    else:
+        return None
+    if stop_signal == signal.SIGKILL and code < 0:
+        code = -signal.SIGKILL  # kill deletes the pod at once; a kubelet may still send SIGTERM first
+    return code
+
+
 def pod_end(pod: Mapping[str, Any], deleted: bool = False,
             stop_signal: int | None = None) -> tuple[int, EndReason, str] | None:
     """How the job of ``pod`` (its last state seen) ended: exit code, why, what the cluster said.
@@ -66,22 +90,9 @@ def pod_end(pod: Mapping[str, Any], deleted: bool = False,
     state = container_status(pod).get("state") or {}
     term, phase, why = state.get("terminated") or {}, status.get("phase"), status.get("reason") or ""
     start_failure = pod_start_failure(pod)
-    if term:
-        code = exitcode_from_status(int(term.get("exitCode", 1))) or 0
-    elif phase == "Unknown" or why == "NodeLost":  # its node stopped answering: the rest is stale
-        code = HOST_LOST_EXITCODE
-    elif "running" in state and not deleted:  # (an evicted pod's container is still being killed)
+    code = _exit_code(pod, deleted, stop_signal)
+    if code is None:
         return None
-    elif phase == "Succeeded":
-        code = 0
-    elif phase == "Failed" or start_failure:
-        code = NO_EXIT_STATUS
-    elif deleted:  # gone without a final state: force-deleted, or deleted before it ran
-        code = -(stop_signal or signal.SIGTERM)
-    else:
-        return None
-    if stop_signal == signal.SIGKILL and code < 0:
-        code = -signal.SIGKILL  # kill deletes the pod at once; a kubelet may still send SIGTERM first
 
     if term.get("reason") == "OOMKilled":
         limit = next((((c.get("resources") or {}).get("limits") or {}).get("memory")

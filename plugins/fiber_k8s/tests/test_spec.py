@@ -130,3 +130,20 @@ def test_bad_pod_template_fails_at_once_saying_what_to_change(tmp_path: Path, te
         load_pod_template(str(tmp_path / "missing.yaml"))
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_pod_template("{not json")
+
+
+def test_a_pods_resources_key_and_owner() -> None:
+    spec = JobSpec(command=["python3"], name="w", cpu=0.5, memory=256, cwd="/w",
+                   env={"FIBER_AUTHKEY": "secret-key", "A": "1"})
+    owner = {"metadata": {"name": "parent", "uid": "u1"}}
+    pod = build_pod(spec, {"grace_period": 3}, name="w-1", namespace="ns", image="img", labels={"fiber.run": "r"},
+                    owner=owner, secret="fiber-key-r")
+    c = pod["spec"]["containers"][0]
+    assert c["resources"] == {"limits": {"cpu": "500m", "memory": "256Mi"}, "requests": {"cpu": "500m", "memory": "256Mi"}}
+    assert c["workingDir"] == "/w" and "volumeMounts" not in c and "imagePullPolicy" not in c
+    env = {e["name"]: e for e in c["env"]}
+    assert env["FIBER_AUTHKEY"] == {"name": "FIBER_AUTHKEY",
+                                    "valueFrom": {"secretKeyRef": {"name": "fiber-key-r", "key": "authkey"}}}
+    assert "secret-key" not in json.dumps(pod)  # the key is in the Secret, not the pod
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 3 and "nodeSelector" not in pod["spec"]
+    assert pod["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "parent", "uid": "u1"}]
