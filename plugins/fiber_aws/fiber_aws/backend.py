@@ -32,6 +32,7 @@ from typing import Any
 from fiber_core.base.log import log
 from fiber_core.contract import (
     ENV_AUTHKEY,
+    EXTRA_ENV,
     Backend,
     BackendError,
     Job,
@@ -70,7 +71,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("job_role", str, None, "ARN of the IAM role the jobs run as (their own AWS credentials)"),
     Option("log_group", str, DEFAULT_LOG_GROUP, "CloudWatch Logs group the jobs log to (another group is set in "
            "the job definition with the awslogs driver)"),
-    Option("extra_env", list, [], "KEY=VALUE pairs set in every job"),
+    EXTRA_ENV,
     Option("key_from", str, "ssm", "how jobs get the run's key: ssm (a SecureString parameter of the run "
            "that the job definition's secrets inject; needs execution_role) or environment (visible to "
            "anyone allowed batch:DescribeJobs)", choices=("ssm", "environment")),

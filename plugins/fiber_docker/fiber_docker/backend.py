@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 
 from fiber_core.base.log import log
 from fiber_core.contract import (
+    EXTRA_ENV,
     HOST_LOST_EXITCODE,
     TIMEOUT_ALIAS,
     Backend,
@@ -87,7 +88,7 @@ OPTIONS: tuple[Option, ...] = (
            "speed, np.frombuffer(arr.get_obj()) and gymnasium's shared_memory=True work "
            "(default: the daemon's, private)"),
     Option("volumes", list, [], "more mounts, comma-separated SOURCE:TARGET[:ro]"),
-    Option("extra_env", list, [], "KEY=VALUE pairs set in every container"),
+    EXTRA_ENV,
     Option("user", str, None, "user[:group] the containers run as (default: the image's), e.g. your uid, so that files "
            "written in the mounted working directory are yours"),
     Option("check_image", bool, True,

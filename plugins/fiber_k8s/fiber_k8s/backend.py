@@ -37,6 +37,7 @@ from typing import Any
 
 from fiber_core.contract import (
     ENV_AUTHKEY,
+    EXTRA_ENV,
     Backend,
     BackendError,
     EndReason,
@@ -83,7 +84,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("tolerations", list, [], "tolerations, as key[=value][:Effect] (key:Effect tolerates any value)"),
     Option("node_selector", list, [], "node labels every pod requires, as key=value: pool=ml,zone=a"),
     Option("volumes", list, [], "mounts as SOURCE:PATH[:ro]; SOURCE is a PersistentVolumeClaim name, or a host path if it starts with /"),
-    Option("extra_env", list, [], "KEY=VALUE pairs set in every pod"),
+    EXTRA_ENV,
     Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs (amd.com/gpu)"),
     Option("gpu_label", str, DEFAULT_GPU_LABEL, "node label that gpu_type must equal (GKE: cloud.google.com/gke-accelerator)"),
     Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever)"),
