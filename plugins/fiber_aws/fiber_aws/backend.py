@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
@@ -29,7 +30,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fiber_core.base.log import log
 from fiber_core.contract import (
     ENV_AUTHKEY,
     EXTRA_ENV,
@@ -57,6 +57,8 @@ from fiber_aws.spec import (
     volumes,
 )
 from fiber_aws.status import CLEAN_REASON, FINAL, BatchJob, explain, log_stream
+
+log = logging.getLogger("fiber")
 
 DEFAULT_LOG_GROUP = "/aws/batch/job"
 DEFAULT_VCPUS = 1

@@ -4,11 +4,11 @@ finishes each job's state when Batch reports its end (:mod:`fiber_aws.status` sa
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING
 
-from fiber_core.base.log import log
 from fiber_core.contract import HOST_LOST_EXITCODE, BackendError, EndReason, Job, Watcher
 
 from fiber_aws.api import AwsError, call, list_jobs
@@ -26,6 +26,8 @@ from fiber_aws.status import (
 
 if TYPE_CHECKING:
     from fiber_aws.backend import AwsBatchBackend
+
+log = logging.getLogger("fiber")
 
 _MAX_BACKOFF = 30.0
 _LOST_AFTER = 3  # DescribeJobs rounds without the job before it counts as lost...

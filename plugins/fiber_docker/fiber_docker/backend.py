@@ -24,6 +24,7 @@ the plugin is loaded.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -33,7 +34,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from fiber_core.base.log import log
 from fiber_core.contract import (
     EXTRA_ENV,
     HOST_LOST_EXITCODE,
@@ -68,6 +68,8 @@ from fiber_docker.spec import (
     mounts,
 )
 from fiber_docker.status import START_FAILED, ImageCheck, check_verdict, container_end, exitcode
+
+log = logging.getLogger("fiber")
 
 OPTIONS: tuple[Option, ...] = (
     Option("image", str, None,
