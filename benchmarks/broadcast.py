@@ -11,6 +11,14 @@ round):
   whatever else it started) while all hold it, in GiB: what the machine spends;
 * ``shm``: growth of ``/dev/shm`` use, in GiB.
 
+``reads`` measures one reader of ``fiber_core.broadcast`` (a job on this host): the
+first read of each new version (opened, checked, mapped, unpickled) and a read of a
+version it already holds, over ``--generations`` versions.
+
+``--against DIR`` runs every measure also with the ``fiber_core`` of the checkout ``DIR``
+(a reference: the base commit of a change), alternating with this one, and prints its rows
+after this one's, marked ``(ref)``.
+
 Methods: ``broadcast`` (``fiber_core.broadcast``), ``shm-by-hand`` (``multiprocessing``
 with fork and ``shared_memory``, the parent copying the table in), ``ray-put``
 (``ray.put`` and one actor per worker, if Ray is installed), and the per-worker copies
@@ -20,6 +28,7 @@ for 64 workers do not fit in memory here, so they run with ``--copy-workers``.
 
     python benchmarks/broadcast.py table --mib 1024 --workers 64 --rounds 3
     python benchmarks/broadcast.py weights --mib 10 --workers 64 --generations 10
+    python benchmarks/broadcast.py reads --mib 10 --generations 20 --rounds 5 --against ../base
 """
 
 from __future__ import annotations
@@ -99,10 +108,45 @@ PROGRAM = textwrap.dedent("""
     def table(n, seed):
         return np.full(n, float(seed), dtype=np.float32)
 
+    def reader(handle, ask, back):
+        same = []
+        while True:
+            k = ask.get()
+            if k is None:
+                break
+            start = time.perf_counter()
+            handle.value  # a new version: opened, checked, mapped, unpickled
+            new = time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(k):
+                handle.value  # the same version: only the current version number is read
+            same.append((time.perf_counter() - start) / k)
+            back.put(new)
+        back.put(sorted(same)[len(same) // 2])
+
+    def reads(n, rounds):
+        import fiber_core
+        handle = fiber_core.broadcast(table(n, 1))
+        ask, back = fiber_core.Queue(), fiber_core.Queue()
+        p = fiber_core.Process(target=reader, args=(handle, ask, back))
+        p.start()
+        new = []
+        for g in range(rounds):
+            handle.publish(table(n, g + 2))
+            ask.put(2000)
+            new.append(back.get(timeout=600))
+        ask.put(None)
+        same = back.get(timeout=600)
+        p.join()
+        print(json.dumps({"times": new, "same": same, "pss": 0, "shm": 0}))
+
     if __name__ == "__main__":
         what, method, mib, workers, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
         n = mib * 2**20 // 4
         base_shm = shm_used()
+        if what == "reads":
+            reads(n, rounds)
+            sys.exit(0)
         if method == "ray-put":
             import ray
             ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR")
@@ -174,8 +218,10 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def measure(what: str, method: str, mib: int, workers: int, rounds: int, where: str) -> dict:
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(what: str, method: str, mib: int, workers: int, rounds: int, where: str, repo: str = HERE) -> dict:
     out = subprocess.run([sys.executable, where, what, method, str(mib), str(workers), str(rounds)],
                          capture_output=True, text=True, timeout=3600,
                          env={**os.environ, "PYTHONPATH": repo, "RAY_DEDUP_LOGS": "0"})
@@ -186,15 +232,16 @@ def measure(what: str, method: str, mib: int, workers: int, rounds: int, where: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["table", "weights"])
+    ap.add_argument("what", choices=["table", "weights", "reads"])
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--workers", type=int, default=64)
     ap.add_argument("--copy-workers", type=int, default=8, help="workers for the per-worker-copy methods")
-    ap.add_argument("--rounds", type=int, default=3, help="programs per method (table) ")
-    ap.add_argument("--generations", type=int, default=10, help="versions per program (weights)")
+    ap.add_argument("--rounds", type=int, default=3, help="programs per method (table, reads)")
+    ap.add_argument("--generations", type=int, default=10, help="versions per program (weights, reads)")
     ap.add_argument("--methods", default="broadcast,shm-by-hand,ray-put,fiber-arg,load")
+    ap.add_argument("--against", help="a checkout whose fiber_core is measured too, alternating")
     args = ap.parse_args()
-    methods = args.methods.split(",")
+    methods = ["broadcast"] if args.what == "reads" else args.methods.split(",")
     try:
         import ray  # noqa: F401
     except ImportError:
@@ -204,21 +251,31 @@ def main() -> None:
     where = "/tmp/fiber_bench_broadcast.py"
     with open(where, "w") as f:
         f.write(PROGRAM)
-    results: dict[str, list[dict]] = {m: [] for m in methods}
-    programs = args.rounds if args.what == "table" else 1
+    repos = {"": HERE} | ({" (ref)": os.path.abspath(args.against)} if args.against else {})
+    results: dict[str, list[dict]] = {m + tag: [] for m in methods for tag in repos}
+    programs = args.rounds if args.what in ("table", "reads") else 1
     versions = 1 if args.what == "table" else args.generations
     for _ in range(programs):
         for m in methods:
             workers = args.copy_workers if args.what == "table" and m in ("fiber-arg", "load") else args.workers
-            results[m].append(measure(args.what, m, args.mib, workers, versions, where))
+            for tag, repo in repos.items():
+                results[m + tag].append(measure(args.what, m, args.mib, workers, versions, where, repo))
+    if args.what == "reads":
+        print(f"reads: {args.mib} MiB float32, one reader, {args.generations} versions x {args.rounds} programs; medians")
+        print(f"{'method':<20}{'new version ms':>16}{'same version us':>17}")
+        for m, runs in results.items():
+            new = statistics.median(t for r in runs for t in r["times"]) * 1e3
+            same = statistics.median(r["same"] for r in runs) * 1e6
+            print(f"{m:<20}{new:>16.3f}{same:>17.2f}")
+        return
     copies = f" ({args.copy_workers} for per-worker copies)" if args.what == "table" else ""
     print(f"{args.what}: {args.mib} MiB float32, {args.workers} workers{copies}; medians")
-    print(f"{'method':<14}{'workers':>8}{'time s':>10}{'first s':>10}{'pss GiB':>10}{'shm GiB':>10}")
+    print(f"{'method':<20}{'workers':>8}{'time s':>10}{'first s':>10}{'pss GiB':>10}{'shm GiB':>10}")
     for m, runs in results.items():
         times = [t for r in runs for t in (r["times"][1:] or r["times"])]
         first = [r["times"][0] for r in runs]
-        workers = args.copy_workers if args.what == "table" and m in ("fiber-arg", "load") else args.workers
-        print(f"{m:<14}{workers:>8}{statistics.median(times):>10.3f}{statistics.median(first):>10.3f}"
+        workers = args.copy_workers if args.what == "table" and m.split()[0] in ("fiber-arg", "load") else args.workers
+        print(f"{m:<20}{workers:>8}{statistics.median(times):>10.3f}{statistics.median(first):>10.3f}"
               f"{statistics.median(r['pss'] for r in runs) / 2**30:>10.2f}"
               f"{statistics.median(r['shm'] for r in runs) / 2**30:>10.2f}")
 

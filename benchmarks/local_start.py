@@ -6,8 +6,15 @@ until all n workers run a task at once (each task waits at a Barrier of n), for 
 program's first Pool (Fiber's template starts with it) and for a second Pool in the same
 program. Modes alternate within each round; medians are printed.
 
+``--against DIR`` measures Fiber's modes also with the ``fiber_core`` of the checkout ``DIR``
+(a reference: the base commit of a change), alternating with this one (the order flips
+every round), and prints its rows marked ``(ref)``; ``--fiber-only`` leaves out
+``multiprocessing``. Compile both checkouts first (``python -m compileall fiber_core``) where
+``PYTHONDONTWRITEBYTECODE`` is set, or one side pays for compiling in every interpreter.
+
     python benchmarks/local_start.py -n 5 --rounds 7
     python benchmarks/local_start.py -n 64 --rounds 3
+    python benchmarks/local_start.py -n 5 --rounds 15 --fiber-only --against ../base
 """
 
 from __future__ import annotations
@@ -53,10 +60,12 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def measure(lib: str, mode: str, n: int, where: str) -> list[float]:
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(lib: str, mode: str, n: int, where: str, repo: str = HERE) -> list[float]:
     out = subprocess.run([sys.executable, where, lib, mode, str(n)], capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__)))})
+                         timeout=900, env={**os.environ, "PYTHONPATH": repo})
     if out.returncode != 0:
         raise RuntimeError(f"{lib} {mode}: {out.stderr[-2000:]}")
     return json.loads(out.stdout)
@@ -68,23 +77,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--against", help="a checkout whose fiber_core is measured too, alternating")
+    ap.add_argument("--fiber-only", action="store_true", help="leave out multiprocessing")
     args = ap.parse_args()
-    modes = [("fiber", "template"), ("fiber", "fresh"), ("mp", "fork"), ("mp", "spawn")]
+    modes = [("fiber", "template"), ("fiber", "fresh")]
+    if args.against:
+        modes += [("fiber (ref)", "template"), ("fiber (ref)", "fresh")]
+    if not args.fiber_only:
+        modes += [("mp", "fork"), ("mp", "spawn")]
+    repos = {"fiber": HERE, "fiber (ref)": os.path.abspath(args.against or HERE)}
     results: dict[tuple[str, str], list[list[float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as where:
         program = os.path.join(where, "start.py")
         with open(program, "w") as f:
             f.write(PROGRAM)
-        for _ in range(args.rounds):
-            for lib, mode in modes:
-                results[(lib, mode)].append(measure(lib, mode, args.n, program))
+        for r in range(args.rounds):
+            for lib, mode in modes if r % 2 == 0 else modes[::-1]:
+                name = "fiber" if lib.startswith("fiber") else lib
+                results[(lib, mode)].append(measure(name, mode, args.n, program, repos.get(lib, HERE)))
     print(f"Pool({args.n}) until all {args.n} workers run a task, medians of {args.rounds} "
           f"(load average {os.getloadavg()[0]:.1f}):")
-    print(f"  {'':16s} {'first Pool':>11s} {'second Pool':>12s}")
+    print(f"  {'':22s} {'first Pool':>11s} {'second Pool':>12s}")
     for lib, mode in modes:
         first = statistics.median(r[0] for r in results[(lib, mode)])
         second = statistics.median(r[1] for r in results[(lib, mode)])
-        print(f"  {lib + ' ' + mode:16s} {first:9.3f} s {second:10.3f} s")
+        print(f"  {lib + ' ' + mode:22s} {first:9.3f} s {second:10.3f} s")
 
 
 if __name__ == "__main__":

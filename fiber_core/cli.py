@@ -72,7 +72,7 @@ def _clean(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from fiber_core.runtime.status import find_runs  # the live view: only for this command
-    from fiber_core.runtime.top import top
+    from fiber_core.runtime.top import printable, top
 
     if args.list:
         runs = find_runs()
@@ -80,7 +80,8 @@ def _top(args: argparse.Namespace) -> int:
             print("no running program of yours shows its state")
             return 0
         print(_table([("RUN", "PID", "PROGRAM", "STARTED", "PAGE"),
-                      *((r.run_id, str(r.pid), r.program, _when(r.started), "yes" if r.page else "-")
+                      *((printable(r.run_id), str(r.pid), printable(r.program), _when(r.started),
+                         "yes" if r.page else "-")
                         for r in runs)]))
         return 0
     if args.interval <= 0:

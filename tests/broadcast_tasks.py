@@ -88,7 +88,7 @@ def die_while_fetching(handle: Any, host: str, shm_dir: str) -> None:
 
         while not seen.is_set():
             try:
-                if any(".part-" in name for name in os.listdir(shm_dir)):
+                if any(".part." in name for name in os.listdir(shm_dir)):
                     os.kill(os.getpid(), signal.SIGKILL)
             except FileNotFoundError:
                 pass

@@ -21,14 +21,14 @@ from procs import wait_until
 
 import fiber_core
 from fiber_core.base.errors import FiberError
-from fiber_core.parallel.broadcast import SHM_ROOT
+from fiber_core.parallel.broadcast import SHM_ROOT, store_name
 from fiber_core.runtime.run import runtime
 
 T = 30.0
 
 
 def store_dir(host: str = "") -> str:
-    return os.path.join(SHM_ROOT, f"fiber-bc-{runtime().run_id}" + (f"-{host}" if host else ""))
+    return os.path.join(SHM_ROOT, store_name(runtime().authkey, runtime().run_id, host))
 
 
 def segments(path: str) -> list[str]:
@@ -130,14 +130,14 @@ def test_a_reader_killed_mid_fetch_leaves_nothing_half_written() -> None:
     victim.join(T)
     assert victim.exitcode == -signal.SIGKILL
     assert b.fetches == 0  # it never finished
-    assert [n for n in os.listdir(store_dir(host)) if ".part-" in n]  # what it left
+    assert [n for n in os.listdir(store_dir(host)) if ".part." in n]  # what it left
     reader = fiber_core.Process(target=tasks.read_as_host, args=(b, host, q))
     reader.start()
     seen = q.get(timeout=T)
     reader.join(T)
     assert seen["values"] == [5.0] and seen["version"] == 1 and seen["shared"]
     assert b.fetches == 1
-    assert not [n for n in os.listdir(store_dir(host)) if ".part-" in n]
+    assert not [n for n in os.listdir(store_dir(host)) if ".part." in n]
     assert segments(store_dir(host)) == sorted([f"{b._bid}-1", f"{small._bid}-1"])
     hold.set()
     stays.join(T)
@@ -283,8 +283,8 @@ def test_no_segment_outlives_the_program(ending: str, tmp_path, own_tmpdir: str)
     try:
         run_id = proc.stdout.readline().strip()
         assert run_id, "the program did not get as far as reading"
-        dirs = [os.path.join(SHM_ROOT, f"fiber-bc-{run_id}"), os.path.join(SHM_ROOT, f"fiber-bc-{run_id}-far")]
-        assert all(segments(d) for d in dirs)
+        dirs = [n for n in os.listdir(SHM_ROOT) if n.startswith(f"fiber-bc-{run_id}-")]
+        assert len(dirs) == 2 and all(segments(os.path.join(SHM_ROOT, d)) for d in dirs)  # here and "far"
         if ending == "killed":
             proc.kill()
         else:

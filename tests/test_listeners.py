@@ -21,9 +21,17 @@ import pytest
 import fiber_core
 from fiber_core.backends.local import LocalBackend
 from fiber_core.runtime.config import plugins
-from fiber_core.runtime.hub import pending_bound
+from fiber_core.runtime.hub import (
+    HANDSHAKE_RETRIES,
+    Waiting,
+    dial,
+    pending_bound,
+    source_bound,
+    source_of,
+    to_shed,
+)
 from fiber_core.runtime.run import runtime
-from fiber_core.wire.auth import _MAGIC
+from fiber_core.wire.auth import _MAGIC, server_handshake
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -159,14 +167,14 @@ def test_a_flood_of_idle_connections_is_bounded_and_jobs_still_dial_in(tcp_only:
     # The handshake deadline is beyond the test: what is shed goes for the bound alone.
     fiber_core.init(handshake_timeout=3 * T)
     host, _, port = _hub_address("tcp").rpartition(":")
-    bound, n = pending_bound(), pending_bound() + 600
+    bound, n = source_bound(pending_bound()), pending_bound() + 600  # one source: loopback
     before = _open_descriptors()
     flooder = subprocess.Popen([sys.executable, "-c", _FLOODER, host, port, str(n), str(bound)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert flooder.stdout is not None
         closed = int(flooder.stdout.readline())
-        # The oldest strangers were shed; the newest still wait, as many as the bound.
+        # The oldest strangers were shed; the newest still wait, as many as one source may.
         assert closed == n - bound
         held = sum(t.name == "fiber-hub-conn" for t in threading.enumerate())
         assert held <= bound + 16  # (a few may serve connections of the run itself)
@@ -259,7 +267,7 @@ import resource, sys
 import fiber_core
 from fiber_core.backends.local import LocalBackend
 from fiber_core.runtime.config import plugins
-from fiber_core.runtime.hub import pending_bound
+from fiber_core.runtime.hub import pending_bound, source_bound
 from fiber_core.runtime.run import runtime
 
 class TcpOnlyBackend(LocalBackend):
@@ -287,7 +295,7 @@ if __name__ == "__main__":
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     tcp = [a for a in runtime().addresses_for(runtime().get_backend("tcp-only")).split(",")
            if a.startswith("tcp:")][0]
-    print(tcp[4:], pending_bound(), flush=True)
+    print(tcp[4:], source_bound(pending_bound()), flush=True)
     sys.stdin.readline()  # flooded: more idle connections than this process has descriptors
     with fiber_core.Pool(2, backend="tcp-only") as pool:
         assert pool.map(square, range(50)) == [x * x for x in range(50)]
@@ -404,3 +412,85 @@ def test_manager_of_remote_jobs_binds_only_the_address_they_reach(tcp_only: str)
             socket.create_connection(("127.0.0.2", port), timeout=T).close()
     finally:
         manager.shutdown()
+
+
+# -- what is shed first, and a dial that tries again ------------------------------------------
+
+
+def _waiting(*entries: str) -> dict[int, Waiting]:
+    """Connections in the order they came: ``"a"`` from source a, silent; ``"a!"``: it spoke."""
+    return {i: Waiting(e.rstrip("!"), e.endswith("!")) for i, e in enumerate(entries)}
+
+
+def test_nothing_is_shed_while_both_bounds_hold() -> None:
+    assert to_shed({}, 4, 2) is None
+    assert to_shed(_waiting("a", "a", "b", "c"), 4, 2) is None
+
+
+def test_past_the_bound_the_oldest_silent_connection_goes_before_any_that_spoke() -> None:
+    assert to_shed(_waiting("a!", "b!", "a", "b", "a"), 4, 4) == 2
+    assert to_shed(_waiting("a!", "a!", "a!", "a!", "a"), 4, 8) == 4  # even the newest
+
+
+def test_when_every_connection_spoke_the_oldest_of_the_largest_source_goes() -> None:
+    assert to_shed(_waiting("a!", "b!", "b!", "a!", "b!"), 4, 4) == 1
+
+
+def test_one_source_past_its_share_loses_its_own_even_below_the_bound() -> None:
+    # c's connection is older and silent, but the source past its share is a.
+    assert to_shed(_waiting("c", "a!", "a", "a"), 8, 2) == 2
+    assert to_shed(_waiting("c", "a!", "a!", "a!"), 8, 2) == 1
+
+
+@pytest.mark.parametrize(("peer", "source"), [
+    (("10.1.2.3", 5000), "10.1.2.3"),
+    (("127.0.0.1", 5000), "loopback"),
+    (("127.9.8.7", 5000), "loopback"),  # any local user may bind any loopback address
+    (("::1", 5000, 0, 0), "loopback"),
+    (("::ffff:10.1.2.3", 5000, 0, 0), "10.1.2.3"),
+    (("2001:db8:1:2:3:4:5:6", 5000, 0, 0), "2001:db8:1:2::/64"),
+    (("fe80::1%eth0", 5000, 0, 2), "fe80::/64"),
+    ("", "local"),  # a Unix socket's peer
+])
+def test_the_source_of_a_connection(peer: object, source: str) -> None:
+    assert source_of(peer) == source
+
+
+def _flaky_listener(key: bytes, ended: int, answers: bool = True) -> tuple[socket.socket, threading.Thread]:
+    """A listener that ends the handshake of its first ``ended`` connections, then answers (if
+    ``answers``) the next one."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with lsock:
+            for i in range(ended + answers):
+                conn, _ = lsock.accept()
+                with conn:
+                    if i < ended:
+                        conn.recv(len(_MAGIC) + 16, socket.MSG_WAITALL)  # its hello, then shed
+                        continue
+                    assert server_handshake(conn, key) == "t"
+                    conn.sendall(b"OK")
+                    conn.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return lsock, thread
+
+
+def test_a_dial_whose_handshake_was_shed_tries_again() -> None:
+    key = os.urandom(32)
+    lsock, thread = _flaky_listener(key, HANDSHAKE_RETRIES)
+    sock = dial(f"tcp:127.0.0.1:{lsock.getsockname()[1]}", key, "t", timeout=T)
+    sock.close()
+    thread.join(T)
+    assert not thread.is_alive()
+
+
+def test_a_dial_gives_up_after_its_retries_with_the_reason() -> None:
+    key = os.urandom(32)
+    lsock, thread = _flaky_listener(key, HANDSHAKE_RETRIES + 1, answers=False)
+    with pytest.raises(ConnectionError, match="closed the connection at the handshake"):
+        dial(f"tcp:127.0.0.1:{lsock.getsockname()[1]}", key, "t", timeout=T)
+    thread.join(T)
+    assert not thread.is_alive()  # every try reached it

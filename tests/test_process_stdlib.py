@@ -72,6 +72,9 @@ def _ctrl_c(tmp_path: Path, *args: str) -> tuple[str, int]:
     script.write_text(textwrap.dedent(SLEEPER))
     pid, fd = pty.fork()
     if pid == 0:  # the program, on the terminal (its own session, the foreground group)
+        # As an interactive shell starts it: SIGINT at its default, even when this suite
+        # runs with it ignored (nohup, or in the background of a non-interactive shell).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.chdir(tmp_path)
         os.execv(sys.executable, [sys.executable, str(script), *args])
     out = bytearray()

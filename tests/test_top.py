@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from fiber_core.runtime.top import printable, render
+
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 PROGRAM = Path(__file__).with_name("status_program.py")
 COLUMNS, ROWS = 120, 40
@@ -208,3 +210,41 @@ def test_fiber_top_without_a_terminal_prints_one_plain_frame(program: Program) -
     elsewhere = _fiber({**program.env, "TMPDIR": str(empty)}, "top")
     assert elsewhere.returncode == 2 and "start it with FIBER_STATUS=1" in elsewhere.stderr
     assert "--interval must be above 0" in _fiber(program.env, "top", "--interval", "0").stderr
+
+
+# -- what the program sends is shown, never obeyed -----------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("PoolWorker-1", "PoolWorker-1"),
+    ("h\u00e9llo \u65e5\u672c \U0001f642 \u00a0", "h\u00e9llo \u65e5\u672c \U0001f642 \u00a0"),  # printable Unicode
+    ("\x1b]0;owned\x07name", "?name"),  # an OSC title, ended by BEL
+    ("\x1b]2;owned\x1b\\name", "?name"),  # ... or by ST
+    ("\x1b[2J\x1b[Hx", "??x"),  # clear screen, cursor home
+    ("a\x9b31mb", "a?b"),  # a C1 CSI
+    ("\x1bP1$r\x1b\\after", "?after"),  # a DCS string
+    ("\x1bc reset", "? reset"),  # a two-byte escape
+    ("tail\x1b", "tail?"),
+    ("\x7fdel\x00nul\x85nel", "?del?nul?nel"),  # DEL, C0, C1
+    ("\u202eevil\u2028line", "?evil?line"),  # a bidi override, a line separator
+    ("a\tb\nc\r\n", "a b c  "),  # tabs and line breaks: spaces
+])
+def test_printable_turns_every_escape_and_control_into_a_question_mark(text: str, shown: str) -> None:
+    assert printable(text) == shown
+
+
+def test_render_shows_no_control_character_of_the_state_it_is_given() -> None:
+    evil = "\x1b]0;t\x07\x1b[2J\x9b1m"
+    worker = {"name": evil + "w", "backend": "local", "host": evil + "h", "id": "1", "state": "busy",
+              "for_seconds": 1.0, "done": 0, "in_flight": 0}
+    pool = {"id": evil, "min_size": 1, "size": 1, "elastic": False, "backend": evil, "state": "RUN",
+            "age_seconds": 1.0, "tasks": {"queued": 0, "running": 0, "done": 0, "failed": 0},
+            "throughput": 0.0, "throughput_seconds": 10, "losses": {evil: 1}, "last_loss": evil,
+            "error": evil, "calls": [{"call": evil, "units": None, "units_done": 0}], "workers": [worker]}
+    state = {"run": {"id": evil, "program": evil, "pid": 1, "host": evil, "backend": evil,
+                     "now": 2.0, "started": 1.0},
+             "pools": [pool], "processes": [{"name": evil, "backend": None, "host": evil, "id": None,
+                                             "state": evil}]}
+    text = "\n".join(render(state))
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), repr(text)
+    assert "?w" in text and "?h" in text

@@ -146,6 +146,16 @@ class PicklingError(FiberError, TypeError):
     """
 
 
+class ForeignObjectError(FiberError, PermissionError):
+    """Something Fiber would trust by its name belongs to another user, or is open to others.
+
+    A named semaphore or shared-memory segment of the run that another local user made under
+    its name (after its creator removed it), or a file or directory in a shared place
+    (``/dev/shm``) that is not this user's private one. It is not used; the message says
+    which one, whose it is, and what to do.
+    """
+
+
 class RemoteError(FiberError):
     """Carries the formatted traceback of an exception raised in another process."""
 

@@ -1,9 +1,10 @@
 """The environment variables Fiber sets in every job: part of what a backend passes on.
 
-A backend copies ``JobSpec.env`` into the job as it is. Two of these values are
-secrets (:data:`SECRET_VARIABLES`): whoever reads them can reach the parent and have
-it unpickle what they send, so a backend never logs them or shows them in anything
-others can list.
+A backend copies ``JobSpec.env`` into the job as it is. The run's key is a secret:
+whoever reads it can reach the parent and have it unpickle what they send, so a backend
+never logs it or shows it in anything others can list, and the job takes it out of its
+environment once read (:data:`SECRET_VARIABLES` says what goes with it, and why the
+tokens need not be hidden as the key is).
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ broadcast value between them (:mod:`fiber_core.parallel.broadcast`). A backend t
 leaves it unset on other machines costs one copy per job, never a wrong value."""
 
 SECRET_VARIABLES = frozenset({ENV_AUTHKEY, ENV_TOKEN, ENV_GROUP})
-"""The variables of a job's environment that must not be readable by others."""
+"""What a job takes out of its environment once read, so that nothing it starts inherits it;
+and what a backend hides from those who can list its jobs where that costs nothing.
+
+Only the key must be hidden. A token (or a group's secret, from which the tokens of its
+members derive) names one process of the parent, and the parent reads it only from a
+client that has proved it holds the key: without the key a token opens nothing, and with
+the key it adds nothing (the key alone lets its holder send the parent what it unpickles).
+So a backend that gives its jobs the key by a channel of its own may leave the tokens in
+the plain job definition: the kubernetes backend's pod spec and AWS Batch's
+``DescribeJobs`` show them; docker's and ssh's channel carries them with the key."""
 
 PER_MEMBER_VARIABLES = frozenset({ENV_TOKEN, ENV_GROUP_INDEX})
 """What differs between the environments of a group's members: a backend that starts the

@@ -22,14 +22,22 @@ its next read of ``.value``, and always a whole version, never a mix of two. The
 reader's :attr:`Broadcast.version` says which version its last read gave.
 
 **One copy per host.** A version is a *segment*: a file on ``/dev/shm`` in a directory
-that the run's processes on one host share (``/dev/shm/fiber-bc-<run>``, and per
-machine where the backend tells its jobs' machines apart with ``FIBER_JOB_HOST``).
+that the run's processes on one host share (``/dev/shm/fiber-bc-<run>-<tag>``, one per
+machine where the backend tells its jobs' machines apart with ``FIBER_JOB_HOST``: see
+:func:`store_name`).
 The publisher writes each version into its own host's directory, so its local jobs
 map it without any transfer. Elsewhere, the first reader on a host fetches the version
 from the publisher over an authenticated connection of its own (not the Pool's) and
 renames it into place only once it is whole; the other readers there wait for it and
 map it. A reader whose ``/dev/shm`` is private (a pod, a container of its own) or full
 keeps a copy of its own (``handle.shared`` is False) and logs once that it does.
+
+**Other users of the host.** The directory's name is derived from the run's key, so no
+one outside the run can make it first; it is made with mode 0700, and one that exists is
+used only if it is this user's and closed to others (else a warning names it and the
+process keeps its own copy). Its files are made with ``O_EXCL`` under random names and
+opened without following links, owner checked. A segment's header, region table and
+pickle stream carry an HMAC with the run's key, checked before anything is unpickled.
 
 **What a read gives.** numpy arrays, in the value or nested in it, come back as
 read-only views of the segment (pickle protocol 5's out-of-band buffers); a ``bytes``,
@@ -53,14 +61,14 @@ import fcntl
 import mmap
 import os
 import pickle
-import re
 import struct
 import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from fiber_core.base.errors import FiberError
+from fiber_core.base import owned
+from fiber_core.base.errors import FiberError, ForeignObjectError
 from fiber_core.base.log import log
 from fiber_core.contract.env import ENV_JOB_HOST
 from fiber_core.parallel.sharing import (
@@ -77,6 +85,7 @@ from fiber_core.parallel.sharing import (
 )
 from fiber_core.runtime.hub import Hub, dial
 from fiber_core.runtime.run import runtime
+from fiber_core.wire.auth import mac, mac_matches
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.serialize import dumps
 
@@ -87,8 +96,11 @@ SHM_ROOT = "/dev/shm"
 
 _CHUNK = 4 << 20  # bytes per send: a transfer never needs a second copy of the version
 _ALIGN = 64  # numpy's arrays want aligned data
-_MAGIC = b"FBC1"
-_HEAD = struct.Struct("!4sQII")  # magic, version, kind, number of regions
+_MAGIC = b"FBC2"
+_HEAD = struct.Struct("!4sQII")  # magic, version, kind, number of regions; then the MAC
+_MAC = 32  # HMAC-SHA256 with the run's key of the header, the region table and the stream
+_SEGMENT_LABEL = b"fiber broadcast segment\0"
+_DIR_LABEL = b"fiber broadcast directory\0"
 _REGION = struct.Struct("!QQ")  # offset, length
 _PICKLED, _RAW = 0, 1
 _FETCH = struct.Struct("!Q")  # the object id asked for
@@ -126,7 +138,7 @@ def _encode(value: Any) -> tuple[int, bytes, list[memoryview]]:
 
 
 def _layout(stream: bytes, buffers: list[memoryview]) -> tuple[list[tuple[int, int]], int]:
-    regions, offset = [], _HEAD.size + _REGION.size * (1 + len(buffers))
+    regions, offset = [], _HEAD.size + _MAC + _REGION.size * (1 + len(buffers))
     for n in [len(stream)] + [b.nbytes for b in buffers]:
         offset = -(-offset // _ALIGN) * _ALIGN
         regions.append((offset, n))
@@ -134,26 +146,56 @@ def _layout(stream: bytes, buffers: list[memoryview]) -> tuple[list[tuple[int, i
     return regions, max(offset, 1)
 
 
-def _write(mm: mmap.mmap, version: int, kind: int, stream: bytes, buffers: list[memoryview],
-           regions: list[tuple[int, int]]) -> None:
+def _write(mm: mmap.mmap, key: bytes, version: int, kind: int, stream: bytes,
+           buffers: list[memoryview], regions: list[tuple[int, int]]) -> None:
     _HEAD.pack_into(mm, 0, _MAGIC, version, kind, len(regions))
+    table = _HEAD.size + _MAC
     for i, (offset, n) in enumerate(regions):
-        _REGION.pack_into(mm, _HEAD.size + _REGION.size * i, offset, n)
+        _REGION.pack_into(mm, table + _REGION.size * i, offset, n)
     for (offset, n), data in zip(regions, [memoryview(stream)] + buffers):
         mm[offset:offset + n] = data
+    view = memoryview(mm)
+    try:
+        mm[_HEAD.size:table] = mac(key, *_mac_parts(view, len(regions), stream))
+    finally:
+        view.release()
 
 
-def _decode(mm: mmap.mmap) -> tuple[int, Any]:
-    """The version and value held in a segment; buffers are read-only views of ``mm``."""
+def _mac_parts(view: memoryview, count: int, stream: bytes | memoryview) -> tuple[bytes | memoryview, ...]:
+    """What a segment's MAC covers: its header, its region table and its pickle stream."""
+    # The buffers (numpy arrays, raw bytes) are left out: hashing them would cost a pass over
+    # the whole value for each version and reader, and they are never unpickled: the stream,
+    # which is authenticated, says what they are, and they are only ever read as data.
+    table = _HEAD.size + _MAC
+    return _SEGMENT_LABEL, view[:_HEAD.size], view[table:table + _REGION.size * count], stream
+
+
+def _damaged(why: str) -> FiberError:
+    return FiberError(f"a broadcast segment is not one this run wrote ({why}); nothing of it was "
+                      "used. Every process of a run must use the same version of Fiber; if they do, "
+                      "another program wrote it: check who can write to this host's /dev/shm")
+
+
+def _decode(mm: mmap.mmap, key: bytes) -> tuple[int, Any]:
+    """The version and value held in a segment; buffers are read-only views of ``mm``.
+
+    Nothing is unpickled unless the segment's MAC shows that a holder of ``key`` wrote it.
+    """
     view = memoryview(mm).toreadonly()
+    if len(view) < _HEAD.size + _MAC:
+        raise _damaged("too short")
     magic, version, kind, count = _HEAD.unpack_from(view, 0)
-    if magic != _MAGIC:
-        raise FiberError("a broadcast segment is damaged (bad magic): every process of a run "
-                         "must use the same version of Fiber")
+    table = _HEAD.size + _MAC
+    if magic != _MAGIC or count < 1 or table + _REGION.size * count > len(view):
+        raise _damaged("bad header")
     parts = []
     for i in range(count):
-        offset, n = _REGION.unpack_from(view, _HEAD.size + _REGION.size * i)
+        offset, n = _REGION.unpack_from(view, table + _REGION.size * i)
+        if offset + n > len(view):
+            raise _damaged("a region lies outside it")
         parts.append(view[offset:offset + n])
+    if not mac_matches(view[_HEAD.size:table], key, *_mac_parts(view, count, parts[0])):
+        raise _damaged("its MAC does not match the run's key")
     if kind == _RAW:
         fmt, shape = pickle.loads(parts[0])
         return version, parts[1].cast(fmt, shape)
@@ -163,15 +205,33 @@ def _decode(mm: mmap.mmap) -> tuple[int, Any]:
 # -- a host's directory of copies ------------------------------------------------------------
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64]
+def store_name(key: bytes, run_id: str, job_host: str = "") -> str:
+    """The name in ``/dev/shm`` of a run's directory of copies on one machine.
+
+    ``fiber-bc-<run>-<tag>``, the tag an HMAC with the run's key of the run and the machine:
+    other users of the host can learn the run id, but not compute the name, so they cannot
+    make the directory before the run does.
+    """
+    tag = mac(key, _DIR_LABEL, run_id.encode(), b"\0", job_host.encode()).hex()[:32]
+    return f"fiber-bc-{run_id}-{tag}"
+
+
+def _fresh(prefix: str) -> str:
+    """A new name for a file of this process in a directory of copies: never a predictable one."""
+    return f"{prefix}.{os.urandom(8).hex()}"
 
 
 class _Store:
-    """This process's use of its host's directory of segments (one per run and machine)."""
+    """This process's use of its host's directory of segments (one per run and machine).
+
+    The directory is made with mode 0700 and used only if it is this user's and closed to
+    others; every file in it is opened without following links and checked as this
+    user's, and made with ``O_EXCL`` under a random name (:mod:`fiber_core.base.owned`).
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._dir = -1
         self._users = -1
 
     def join(self) -> bool:
@@ -180,31 +240,41 @@ class _Store:
             return True
         for _ in range(10):
             try:
-                os.makedirs(self.path, mode=0o700, exist_ok=True)
-                fd = os.open(os.path.join(self.path, ".users"), os.O_RDONLY | os.O_CREAT, 0o600)
+                dfd = owned.private_dir(self.path)
+            except ForeignObjectError as e:
+                _say_foreign(self.path, e)
+                return False
             except OSError as e:
                 log.debug("fiber: no shared directory for broadcast values at %s: %s", self.path, e)
                 return False
+            try:
+                fd = owned.open_file(".users", os.O_RDONLY | os.O_CREAT, dfd, f"{self.path}/.users")
+            except OSError as e:
+                os.close(dfd)
+                if isinstance(e, ForeignObjectError):
+                    _say_foreign(self.path, e)
+                    return False
+                continue  # the last user of another process removed it meanwhile
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:  # the last user of another process may have removed it meanwhile
-                same = os.stat(os.path.join(self.path, ".users")).st_ino == os.fstat(fd).st_ino
+                same = os.stat(os.path.join(self.path, ".users"), follow_symlinks=False).st_ino == os.fstat(fd).st_ino
             except OSError:
                 same = False
             if same:
-                os.set_inheritable(fd, False)
-                self._users = fd
+                self._dir, self._users = dfd, fd
                 track_shared_dir(self.path)
                 return True
             os.close(fd)
+            os.close(dfd)
         return False
 
-    def segment(self, bid: str, version: int) -> str:
-        return os.path.join(self.path, f"{bid}-{version}")
+    def _open(self, name: str, flags: int) -> int:
+        return owned.open_file(name, flags, self._dir, f"{self.path}/{name}")
 
     def open(self, bid: str, version: int) -> mmap.mmap | None:
         """The mapping of a whole version here, or None if this host has none."""
         try:
-            fd = os.open(self.segment(bid, version), os.O_RDONLY)
+            fd = self._open(f"{bid}-{version}", os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
@@ -213,40 +283,44 @@ class _Store:
             os.close(fd)
 
     def create(self, bid: str, version: int, size: int, fetched: bool = True) -> tuple[str, mmap.mmap]:
-        """A new, unnamed-yet segment: its temporary path and a writable mapping.
+        """A new, unnamed-yet segment: its temporary name and a writable mapping.
 
         A fetched one is written under :meth:`fetching`, so one found by the next
         fetcher was left by a fetcher that died; the publisher's is its own business.
         ``OSError`` (ENOSPC) when ``/dev/shm`` has no room for it: the space is
         reserved up front, so a full ``/dev/shm`` is an error here, not a SIGBUS later.
         """
-        kind = "part" if fetched else "new"
-        part = f"{self.segment(bid, version)}.{kind}-{os.getpid()}-{threading.get_ident()}"
-        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        part = _fresh(f"{bid}-{version}.{'part' if fetched else 'new'}")
+        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | owned.NOFOLLOW, 0o600, dir_fd=self._dir)
         try:
             os.posix_fallocate(fd, 0, size)
             return part, mmap.mmap(fd, size)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(part)
+                os.unlink(part, dir_fd=self._dir)
             raise
         finally:
             os.close(fd)
 
     def publish(self, part: str, bid: str, version: int) -> None:
         """Give a whole segment its name: from now on readers here map it."""
-        os.rename(part, self.segment(bid, version))
+        os.rename(part, f"{bid}-{version}", src_dir_fd=self._dir, dst_dir_fd=self._dir)
+
+    def discard(self, part: str) -> None:
+        """Remove a segment that :meth:`create` made and that will not be published."""
+        with contextlib.suppress(OSError):
+            os.unlink(part, dir_fd=self._dir)
 
     @contextlib.contextmanager
     def fetching(self, bid: str) -> Iterator[None]:
         """Hold the right to fetch ``bid`` for this host; left half-written parts are removed."""
-        fd = os.open(os.path.join(self.path, f"{bid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._open(f"{bid}.lock", os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # a fetcher that dies lets go with its death
-            for name in os.listdir(self.path):
-                if name.startswith(f"{bid}-") and ".part-" in name:
+            for name in os.listdir(self._dir):
+                if name.startswith(f"{bid}-") and ".part." in name:
                     with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.path, name))
+                        os.unlink(name, dir_fd=self._dir)
             yield
         finally:
             os.close(fd)
@@ -254,47 +328,65 @@ class _Store:
     def drop(self, bid: str, below: int | None = None) -> None:
         """Remove the segments of ``bid`` older than ``below`` (all of them if None)."""
         with contextlib.suppress(OSError):
-            for name in os.listdir(self.path):
+            for name in os.listdir(self._dir):
                 head, _, tail = name.rpartition("-")
                 if head == bid and tail.isdigit() and (below is None or int(tail) < below):
                     with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.path, name))
+                        os.unlink(name, dir_fd=self._dir)
             if below is None:
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.path, f"{bid}.current"))
+                    os.unlink(f"{bid}.current", dir_fd=self._dir)
 
     def current(self, bid: str) -> int | None:
         """The publisher's current version, if the publisher shares this directory."""
         try:
-            with open(os.path.join(self.path, f"{bid}.current"), "rb") as f:
-                return int(f.read() or b"0") or None
+            fd = self._open(f"{bid}.current", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            return int(os.read(fd, 32) or b"0") or None
         except (OSError, ValueError):
             return None
+        finally:
+            os.close(fd)
 
     def set_current(self, bid: str, version: int) -> None:
-        tmp = os.path.join(self.path, f"{bid}.current.{os.getpid()}")
-        with open(tmp, "wb") as f:
-            f.write(b"%d" % version)
-        os.rename(tmp, os.path.join(self.path, f"{bid}.current"))
+        tmp = _fresh(f"{bid}.current")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | owned.NOFOLLOW, 0o600, dir_fd=self._dir)
+        try:
+            os.write(fd, b"%d" % version)
+        finally:
+            os.close(fd)
+        os.rename(tmp, f"{bid}.current", src_dir_fd=self._dir, dst_dir_fd=self._dir)
 
 
 _store: _Store | None = None
 _store_key: tuple[str, str] | None = None
 _store_lock = threading.Lock()
 _said_private = False
+_said_foreign: set[str] = set()
 
 
 def _host_store() -> _Store | None:
     """This process's host directory, joined; None where ``/dev/shm`` cannot be used."""
     global _store, _store_key
-    run_id = runtime().run_id
+    rt = runtime()
+    run_id = rt.run_id
     job_host = os.environ.get(ENV_JOB_HOST, "")
     with _store_lock:
         if _store_key != (run_id, job_host):
-            suffix = f"-{_safe(job_host)}" if job_host else ""
-            _store, _store_key = _Store(os.path.join(SHM_ROOT, f"fiber-bc-{run_id}{suffix}")), (run_id, job_host)
+            _store = _Store(os.path.join(SHM_ROOT, store_name(rt.authkey, run_id, job_host)))
+            _store_key = (run_id, job_host)
         assert _store is not None
         return _store if _store.join() else None
+
+
+def _say_foreign(path: str, error: ForeignObjectError) -> None:
+    if path not in _said_foreign:
+        _said_foreign.add(path)
+        log.warning("fiber: %s; this process keeps broadcast values in its own memory instead. "
+                    "Another user may have made it: remove it, or make sure it is this user's "
+                    "with mode 0700", error)
 
 
 def _say_private(why: str) -> None:
@@ -377,7 +469,7 @@ class Broadcast:
                     _say_private(f"{SHM_ROOT}: {e}")
             if mm is None:
                 mm = mmap.mmap(-1, size)
-            _write(mm, version, kind, stream, buffers, regions)
+            _write(mm, runtime().authkey, version, kind, stream, buffers, regions)
             del stream, buffers
             if store is not None and part is not None:
                 store.publish(part, self._bid, version)
@@ -481,7 +573,7 @@ class Broadcast:
                     mm = store.open(self._bid, version)
                     assert mm is not None
         self.shared = True
-        return _decode(mm)
+        return _decode(mm, runtime().authkey)
 
     def _fetch(self, target: Any) -> int:
         """Receive the newest version into ``target(version, size)``'s mapping."""
@@ -521,8 +613,7 @@ class Broadcast:
         except BaseException:
             for part, mm in made:
                 mm.close()
-                with contextlib.suppress(OSError):
-                    os.unlink(part)
+                store.discard(part)
             raise
         part, mm = made[0]
         mm.close()
@@ -539,7 +630,7 @@ class Broadcast:
 
         self._fetch(target)
         self.shared = False
-        return _decode(held[0])
+        return _decode(held[0], runtime().authkey)
 
 
 class _NoRoom(Exception):

@@ -36,7 +36,6 @@ import multiprocessing.shared_memory as _shared_memory
 import multiprocessing.util as _std_util
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -49,7 +48,7 @@ from fiber_core.contract.env import ENV_HUB
 from fiber_core.parallel.pool import Pool
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import Process
-from fiber_core.runtime.hub import Handshakes, accept_retrying, reachable_host
+from fiber_core.runtime.hub import Handshakes, accept_retrying, reachable_host, source_of
 from fiber_core.runtime.run import runtime
 
 
@@ -129,25 +128,12 @@ def _serve(cls: type[BaseManager], registry: dict[str, _RegistryEntry], authkey:
     server.serve_forever()
 
 
-def _shut_descriptor(fd: int) -> Callable[[], None]:
-    """Shut down the socket of descriptor ``fd`` without closing it (for :class:`Handshakes`)."""
-
-    def shut() -> None:
-        sock = socket.socket(fileno=fd)
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.detach()
-
-    return shut
-
-
 class _Handshaking:
     """A server's new connection until its client has authenticated.
 
-    The stdlib's server reads the challenge answers with ``recv_bytes`` and the
-    first request, once the client is authenticated, with ``recv``: that ends the
-    handshake's clock. ``close`` ends it too, before the descriptor is freed, so
+    The stdlib's server reads the challenge answers with ``recv_bytes`` (the first
+    says the client has spoken) and the first request, once the client is
+    authenticated, with ``recv``: that ends the handshake's clock. ``close`` ends it too, before the descriptor is freed, so
     a late deadline never shuts down a descriptor reused by another connection.
     """
 
@@ -155,6 +141,11 @@ class _Handshaking:
         self._conn = conn
         self._handshakes = handshakes
         self._token = token
+
+    def recv_bytes(self, maxlength: int | None = None) -> bytes:
+        data = self._conn.recv_bytes(maxlength)
+        self._handshakes.spoke(self._token)  # its answer to the challenge came
+        return data
 
     def recv(self) -> Any:
         if not self._handshakes.done(self._token):
@@ -185,9 +176,10 @@ class _Server(_std.Server):
     def accepter(self) -> None:
         handshakes = Handshakes()
         lsock = self.listener._listener._socket  # type: ignore[attr-defined]  # the stdlib's SocketListener
-        while (sock := accept_retrying(lsock, handshakes, lambda: False, "the manager server")) is not None:
+        while (accepted := accept_retrying(lsock, handshakes, lambda: False, "the manager server")) is not None:
+            sock, peer = accepted
             sock.setblocking(True)
-            token = handshakes.admit(_shut_descriptor(sock.fileno()))
+            token = handshakes.admit(sock.fileno(), source_of(peer))
             raw: Any = Connection(sock.detach())
             if isinstance(self.listener, _std_connection.XmlListener):  # type: ignore[attr-defined]
                 raw = _xml_connection(raw)  # serializer="xmlrpclib", as XmlListener.accept wraps it

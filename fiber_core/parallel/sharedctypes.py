@@ -26,7 +26,7 @@ import sys
 import weakref
 from typing import Any
 
-from fiber_core.base.errors import FiberError
+from fiber_core.base.errors import FiberError, ForeignObjectError
 from fiber_core.parallel.sharing import (
     Lost,
     Ref,
@@ -144,7 +144,9 @@ def _rebuild_ctype(desc: tuple, name: str, size: int, ref: Ref) -> Any:
     type_ = _undescribe(desc)
     if may_attach(ref):
         try:
-            segment = Segment.attach(name, size)
+            segment = Segment.attach(name, size, ref.uid)
+        except ForeignObjectError:
+            raise
         except OSError:  # not visible here (another IPC namespace, another user)
             pass
         else:
@@ -386,7 +388,9 @@ def _rebuild_buffer(name: str, size: int, ref: Ref) -> BufferWrapper:
     wrapper._name, wrapper._size, wrapper._segment = name, size, None
     if may_attach(ref):
         try:
-            wrapper._segment = Segment.attach(name, size)
+            wrapper._segment = Segment.attach(name, size, ref.uid)
+        except ForeignObjectError:
+            raise
         except OSError:
             pass
     return remember(ref, wrapper)

@@ -46,7 +46,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from fiber_core.base.errors import FiberError
+from fiber_core.base import owned
+from fiber_core.base.errors import FiberError, ForeignObjectError
 from fiber_core.base.fds import readable
 from fiber_core.base.log import log
 from fiber_core.processes.process import current_process
@@ -103,13 +104,19 @@ SERVED_ENV = "FIBER_SYNC_SERVED"
 (for tests and measurements of that path)."""
 
 
+UID = os.geteuid()
+"""This process's user: the owner of the semaphores and segments it creates."""
+
+
 class Ref(NamedTuple):
-    """Where a shared object is served: its creator and its id there."""
+    """Where a shared object is served: its creator, its id there, and the creator's user
+    (a process that attaches to its named objects checks that they are that user's)."""
 
     token: str
     host: str
     addresses: str
     oid: int
+    uid: int = UID
 
 
 def may_attach(ref: Ref) -> bool:
@@ -142,7 +149,7 @@ def ref_for_pickle(obj: Any) -> Ref:
                 _routed = hub
             ref = obj._fiber_ref
             if ref is None:
-                ref = Ref(TOKEN, HOST, hub.addresses, next(_oids))
+                ref = Ref(TOKEN, HOST, hub.addresses, next(_oids), UID)
                 _objects[(TOKEN, ref.oid)] = obj
                 obj._fiber_ref = ref
     if ref.token == TOKEN:
@@ -202,7 +209,7 @@ def drop_dir(path):
     import fcntl, os, shutil, time
     for _ in range(100):
         try:
-            fd = os.open(path + "/.users", os.O_RDONLY)
+            fd = os.open(path + "/.users", os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return
         try:
@@ -330,9 +337,46 @@ def create_semlock(owner: Any, kind: int, value: int, maxvalue: int) -> Any:
     raise FileExistsError("cannot find a free name for a semaphore")
 
 
-def attach_semlock(kind: int, maxvalue: int, name: str) -> Any:
-    """The semaphore ``name`` of this host (``OSError`` if it cannot be opened here)."""
-    return _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)
+def _foreign(what: str, name: str, creator: int, e: ForeignObjectError) -> ForeignObjectError:
+    return ForeignObjectError(
+        f"the {what} {name} of this host is not the one its creator (uid {creator}) made ({e}): the "
+        f"creator removed it (it dropped the object, or ended) and another user made one under "
+        f"its name. It is not used. Keep the object referenced in the process that created it "
+        f"while other processes may receive it")
+
+
+def _semaphore_file(name: str) -> str | None:
+    """Where the named semaphore ``name`` lives (glibc's ``sem_open``), or None if unknown."""
+    return f"/dev/shm/sem.{name.lstrip('/')}" if sys.platform == "linux" else None
+
+
+def _semaphore_owner(path: str, owner: int) -> tuple[int, int]:
+    """The identity of the semaphore file at ``path``, checked as ``owner``'s."""
+    fd = os.open(path, os.O_RDONLY | owned.NOFOLLOW)
+    try:
+        st = owned.check(fd, "its file", uid=owner, private=False)
+    finally:
+        os.close(fd)
+    return st.st_dev, st.st_ino
+
+
+def attach_semlock(kind: int, maxvalue: int, name: str, owner: int = UID) -> Any:
+    """The semaphore ``name`` of this host (``OSError`` if it cannot be opened here).
+
+    :class:`ForeignObjectError` if it is not user ``owner``'s (its creator's). ``sem_open``
+    gives no descriptor to check, so its file is checked before and after it is opened:
+    another user cannot replace a file of the creator's (``/dev/shm`` is sticky), so the
+    same file, the creator's, both times is the one opened.
+    """
+    path = _semaphore_file(name)
+    try:
+        before = _semaphore_owner(path, owner) if path else None
+        semlock = _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)
+        if path and _semaphore_owner(path, owner) != before:
+            raise ForeignObjectError("it was replaced while it was opened")
+    except ForeignObjectError as e:
+        raise _foreign("semaphore", name, owner, e) from None
+    return semlock
 
 
 class Segment:
@@ -372,17 +416,21 @@ class Segment:
         raise FileExistsError("cannot find a free name for a shared-memory segment")
 
     @classmethod
-    def attach(cls, name: str, size: int) -> Segment:
+    def attach(cls, name: str, size: int, owner: int = UID) -> Segment:
         """Map the segment ``name`` of this host (``OSError`` if it cannot be opened here).
 
-        Unlike ``multiprocessing.shared_memory.SharedMemory(name)`` before Python 3.13,
-        this does not register it with a resource tracker, which would remove it when
-        this process exits.
+        :class:`ForeignObjectError` if it is not user ``owner``'s (its creator's). Unlike
+        ``multiprocessing.shared_memory.SharedMemory(name)`` before Python 3.13, this does
+        not register it with a resource tracker, which would remove it when this process exits.
         """
         length = max(size, 1)
-        fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
+        fd = _posixshmem.shm_open(name, os.O_RDWR | owned.NOFOLLOW, mode=0o600)
         try:
-            if os.fstat(fd).st_size < length:
+            try:
+                st = owned.check(fd, "it", uid=owner, private=False)
+            except ForeignObjectError as e:
+                raise _foreign("shared-memory segment", name, owner, e) from None
+            if st.st_size < length:
                 raise OSError(f"shared-memory segment {name} is smaller than expected")
             buf = mmap.mmap(fd, length)
         finally:

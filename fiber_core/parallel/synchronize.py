@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fiber_core.base.errors import FiberError
+from fiber_core.base.errors import FiberError, ForeignObjectError
 from fiber_core.parallel.sharing import (
     Lost,
     PeerGone,
@@ -188,7 +188,9 @@ def _rebuild_semlock(cls: type[SemLock], ref: Ref, kind: int, maxvalue: int, nam
     semlock: Any = None
     if may_attach(ref):
         try:
-            semlock = attach_semlock(kind, maxvalue, name)
+            semlock = attach_semlock(kind, maxvalue, name, ref.uid)
+        except ForeignObjectError:
+            raise
         except OSError:  # not visible here (another IPC namespace, another user)
             pass
     if semlock is None:
@@ -495,7 +497,9 @@ def _rebuild_barrier(ref: Ref, parties: int, action: Callable[[], Any] | None,
     segment = None
     if may_attach(ref) and not _is_served(cond):
         try:
-            segment = Segment.attach(segment_name, 8)
+            segment = Segment.attach(segment_name, 8, ref.uid)
+        except ForeignObjectError:
+            raise
         except OSError:
             pass
     barrier._setup(parties, action, timeout, cond, segment)

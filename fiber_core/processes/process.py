@@ -282,7 +282,13 @@ class Process(BaseProcess):
         gets ``KeyboardInterrupt`` (or the handler the job installed), so ``finally`` clauses
         run; uncaught, the job ends with exit code 1. On every Python and backend: the signal
         travels on the job's connection (or once it has connected). A no-op on a job that
-        has ended or not started."""
+        has ended or not started.
+
+        Unlike the stdlib's, it works on a job of a program whose SIGINT is ignored (started
+        under ``nohup``, or in the background of a non-interactive shell): every job starts
+        with Python's own SIGINT handler, whatever it inherited, so an interrupt that was
+        asked for is not lost (a stdlib child inherits ``SIG_IGN`` and then ignores it). A job
+        that wants SIGINT ignored says so itself with ``signal.signal()``."""
         self._check_closed()
         if self._run is not None:
             self._run.interrupt()

@@ -2,6 +2,8 @@
 
 It dials the parent named in ``FIBER_PARENT_HUB``, authenticates with the run's
 key, receives the pickled process object, runs it and reports the exit code.
+Once it has read the key and its token, they leave its environment
+(``SECRET_VARIABLES``), so a program that the job starts does not inherit them.
 While it runs, fds 1 and 2 go through pipes whose contents are sent to the
 parent (which prints them prefixed with the process name) and also written to
 the job's own stdout/stderr, where the backend keeps its logs. When the parent
@@ -21,12 +23,13 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from fiber_core.base import rundirs
+from fiber_core.base import environ, rundirs
 from fiber_core.contract.env import (
     ENV_HUB,
     ENV_PARENT_PID,
     ENV_PARENT_PIDFD,
     ENV_PARENT_RUNDIR,
+    SECRET_VARIABLES,
     job_token,
 )
 from fiber_core.processes import process as process_mod
@@ -321,15 +324,27 @@ def _exit() -> None:
 
 
 def main() -> int:
-    if os.environ.get(ENV_PARENT_PID, "").isdigit():
-        _watch_parent_outside(int(os.environ[ENV_PARENT_PID]))
-    _keep_temp_files_in_the_parents_run_dir()
-    rt = runtime()
+    # Process.interrupt() raises KeyboardInterrupt here wherever the job was started from: a
+    # job started by a program whose SIGINT is ignored (under nohup, or as background work of
+    # a non-interactive shell) inherits SIG_IGN, and an interpreter that starts so installs no
+    # handler. The stdlib's child then ignores interrupt() and a join() waits forever; a job
+    # gets the handler of a fresh interpreter instead, as a forked one (template.py) does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    rt = runtime()  # it reads the run's key
     try:
-        sock = dial(os.environ[ENV_HUB], rt.authkey, f"proc:{job_token()}")
+        hub, target = os.environ[ENV_HUB], f"proc:{job_token()}"
     except KeyError as e:
         sys.stderr.write(f"fiber worker: {e.args[0]} is not set; this module is run by fiber jobs only\n")
         return 2
+    # Both read: what the job starts (a simulator, a shell command) must not inherit the key or
+    # the token. Its own Fiber processes get the key from the runtime. Before the parent's
+    # watcher is forked, which would keep a copy of the environment's block.
+    environ.forget(SECRET_VARIABLES)
+    if os.environ.get(ENV_PARENT_PID, "").isdigit():
+        _watch_parent_outside(int(os.environ[ENV_PARENT_PID]))
+    _keep_temp_files_in_the_parents_run_dir()
+    try:
+        sock = dial(hub, rt.authkey, target)
     except Exception as e:
         sys.stderr.write(f"fiber worker: cannot reach the parent process: {e}\n")
         return 3

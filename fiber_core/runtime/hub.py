@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 
 from fiber_core.base.errors import AuthenticationError
 from fiber_core.base.log import log
@@ -32,36 +34,75 @@ def tune(sock: socket.socket) -> None:
         keepalive(sock, timeout / 2, timeout / 6, 3)
 
 
+HANDSHAKE_RETRIES = 3
+"""How many more times a dial tries a handshake that the listener ended (end of stream, reset).
+
+A listener flooded with connections that do not authenticate sheds some of those waiting
+(:class:`Handshakes`), and a job's may be among them: it dials again after a pause of 0.05 s,
+then 0.2, then 0.8 (each with up to half of it added at random), within the dial's timeout.
+"""
+
+
+def _open(kind: str, rest: str, timeout: float) -> socket.socket | None:
+    """A connected socket to one address of a hub; None for a Unix path that is not here."""
+    if kind == "unix":
+        if not os.path.exists(rest):
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(rest)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    if kind == "tcp":
+        host, _, port = rest.rpartition(":")
+        return connect_tcp(host.strip("[]"), int(port), timeout)
+    raise ValueError(f"unknown address kind {kind!r}")
+
+
+def _dial_one(addr: str, key: bytes, target: str, timeout: float) -> socket.socket | None:
+    """Connect to one address and authenticate, trying a shed handshake again; None: not here."""
+    kind, _, rest = addr.partition(":")
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while (sock := _open(kind, rest, max(0.001, deadline - time.monotonic()))) is not None:
+        try:
+            client_handshake(sock, key, target)
+        except (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
+            sock.close()
+            pause = 0.05 * 4 ** attempt * (1.0 + os.urandom(1)[0] / 510)  # (no random: 1 ms to import)
+            if attempt == HANDSHAKE_RETRIES or time.monotonic() + pause >= deadline:
+                raise
+            attempt += 1
+            time.sleep(pause)  # a backoff: the listener is busy shedding strangers
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        tune(sock)
+        return sock
+    return None
+
+
 def dial(addresses: str, key: bytes, target: str, timeout: float = 30.0) -> socket.socket:
     """Connect to the hub at ``addresses`` (``unix:PATH,tcp:HOST:PORT``) and authenticate.
 
-    The Unix address is tried first when its path exists here (same host), then TCP.
+    The Unix address is tried first when its path exists here (same host), then TCP. Each
+    address has ``timeout`` seconds, in which a handshake that the hub ended is tried again
+    (:data:`HANDSHAKE_RETRIES`).
     """
     errors = []
     for addr in addresses.split(","):
-        kind, _, rest = addr.partition(":")
         try:
-            if kind == "unix":
-                if not os.path.exists(rest):
-                    continue
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(timeout)
-                sock.connect(rest)
-            elif kind == "tcp":
-                host, _, port = rest.rpartition(":")
-                sock = connect_tcp(host.strip("[]"), int(port), timeout)
-            else:
-                raise ValueError(f"unknown address kind {kind!r}")
-            try:
-                client_handshake(sock, key, target)
-            except BaseException:
-                sock.close()
-                raise
-            sock.settimeout(None)
-            tune(sock)
-            return sock
+            sock = _dial_one(addr, key, target, timeout)
         except (OSError, EOFError) as e:
             errors.append(f"{addr}: {e}")
+            continue
+        if sock is not None:
+            return sock
     raise ConnectionError(f"cannot reach the fiber process at {addresses}: " + "; ".join(errors))
 
 
@@ -90,20 +131,126 @@ def pending_bound() -> int:
     return max(8, min(512, soft // 8))
 
 
+def source_bound(bound: int) -> int:
+    """How many of ``bound`` unauthenticated connections one source may hold: half (at least 8).
+
+    So a stranger (every local user counts as one source: loopback) leaves the other half to
+    jobs on other hosts, and a host with many jobs dialing at once still gets them in.
+    """
+    return max(8, bound // 2)
+
+
+def source_of(peer: object) -> str:
+    """Where a connection comes from, for the bound per source (``peer``: what ``accept`` gave).
+
+    An IPv4 address; all of loopback as one (every local user may bind any of 127.0.0.0/8);
+    an IPv6 address's /64 (what one host is usually given); ``local`` for a Unix socket.
+    """
+    if not isinstance(peer, tuple) or not peer:
+        return "local"
+    host = str(peer[0])
+    if ":" not in host:  # IPv4, dotted as accept() gives it: no parsing (7 us) on each accept
+        return "loopback" if host.startswith("127.") else host
+    import ipaddress  # IPv6 peers only: a job that dials out never needs it (1 ms to import)
+
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return str(peer[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class Waiting:
+    """A connection that has not authenticated yet, as :func:`to_shed` sees it: ``source``,
+    where it comes from (:func:`source_of`), and whether it ``spoke``: sent its first message
+    (a hub's hello, the answer to a manager's challenge)."""
+
+    __slots__ = ("source", "spoke")
+
+    def __init__(self, source: str, spoke: bool = False) -> None:
+        self.source = source
+        self.spoke = spoke
+
+
+def to_shed(waiting: Mapping[int, Waiting], bound: int, per_source: int) -> int | None:
+    """Which waiting connection to shut down so that the bounds hold, or None if they do.
+
+    ``waiting`` maps tokens to connections in the order they came. When the source with
+    the most waiting holds more than ``per_source``, or all hold more than ``bound``, that
+    source loses its oldest connection that has not spoken, or else its oldest: a stranger
+    who opens connections and sends nothing cannot push out a job's handshake, and one
+    source cannot take every place.
+    """
+    if not waiting:
+        return None
+    counts = Counter(w.source for w in waiting.values())
+    source, most = counts.most_common(1)[0]  # (of equals, the one seen first: the oldest)
+    if most <= per_source and len(waiting) <= bound:
+        return None
+    oldest = None
+    for token, w in waiting.items():
+        if w.source == source:
+            if not w.spoke:
+                return token
+            if oldest is None:
+                oldest = token
+    return oldest
+
+
+class _Pending(Waiting):
+    __slots__ = ("deadline", "fd")
+
+    def __init__(self, source: str, deadline: float, fd: int) -> None:
+        super().__init__(source)
+        self.deadline = deadline
+        self.fd = fd
+
+
+def shut_descriptor(fd: int) -> None:
+    """Shut down both directions of the socket of descriptor ``fd``, without closing it.
+
+    Closing would free a descriptor that the handshake's thread still reads from, and that
+    another connection may get; shutting wakes that thread, which closes it.
+    """
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.detach()
+
+
+def _has_input(fd: int) -> bool:
+    """Whether bytes (or the end of stream) wait to be read on ``fd``."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class Handshakes:
     """Connections that have not authenticated yet: bounded, each with one deadline.
 
-    A listener passes each accepted connection to :meth:`admit` before its handshake
-    and calls :meth:`done` after it. The whole handshake has ``handshake_timeout``
-    seconds, however slowly its bytes arrive; past that, or when more than the bound
-    are waiting (the oldest goes first), the connection is shut down, which wakes its
+    A listener passes each accepted connection to :meth:`admit` before its handshake, may
+    say when it has spoken (:meth:`spoke`), and calls :meth:`done` after it. The whole
+    handshake has ``timeout`` seconds (default ``handshake_timeout``), however slowly its
+    bytes arrive; past that, or when the bounds are passed (:func:`to_shed`: ``bound`` in
+    all, ``per_source`` from one source), a connection is shut down, which wakes its
     handshake with an end of stream. Authenticated connections are never shed here.
     """
 
-    def __init__(self, bound: int | None = None) -> None:
+    def __init__(self, bound: int | None = None, per_source: int | None = None,
+                 timeout: float | None = None) -> None:
         self._bound = bound or pending_bound()
+        self._per_source = per_source or source_bound(self._bound)
+        self._timeout = timeout
         self._lock = threading.Condition(threading.Lock())
-        self._pending: dict[int, tuple[float, Callable[[], None]]] = {}  # in deadline order
+        self._pending: dict[int, _Pending] = {}  # in deadline order
+        self._sources: Counter[str] = Counter()
         self._next = 0
         self._closed = False
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="fiber-handshakes")
@@ -112,23 +259,35 @@ class Handshakes:
         except RuntimeError:  # made while the interpreter exits (3.12.0/1 forbid threads then)
             pass  # no deadlines at that point: the program is ending anyway
 
-    def admit(self, shut: Callable[[], None]) -> int:
-        """Start the clock of one connection; ``shut`` shuts it down. Returns its token."""
-        timeout = config.get("handshake_timeout")
+    def admit(self, fd: int, source: str = "local") -> int:
+        """Start the clock of the connection on descriptor ``fd``. Returns its token."""
+        timeout = self._timeout if self._timeout is not None else config.get("handshake_timeout")
         deadline = time.monotonic() + (timeout if timeout and timeout > 0 else 10.0)
         with self._lock:
             token = self._next
             self._next += 1
-            self._pending[token] = (deadline, shut)
-            while len(self._pending) > self._bound:
-                self._shed(next(iter(self._pending)))
+            self._pending[token] = _Pending(source, deadline, fd)
+            self._sources[source] += 1
+            if len(self._pending) > self._bound or self._sources[source] > self._per_source:
+                self._enforce()
             self._lock.notify()
         return token
+
+    def spoke(self, token: int) -> None:
+        """The connection sent its first message: strangers that did not are shed before it."""
+        with self._lock:
+            pending = self._pending.get(token)
+            if pending is not None:
+                pending.spoke = True
 
     def done(self, token: int) -> bool:
         """The handshake ended: True if the connection is still ours (not shed meanwhile)."""
         with self._lock:
-            return self._pending.pop(token, None) is not None
+            pending = self._pending.pop(token, None)
+            if pending is None:
+                return False
+            self._forget(pending)
+            return True
 
     def shed_oldest(self) -> bool:
         """Shut the oldest waiting connection (a descriptor is needed). False if none waits."""
@@ -143,10 +302,27 @@ class Handshakes:
             self._closed = True
             self._lock.notify()
 
+    def _enforce(self) -> None:
+        """Shed until the bounds hold; one with bytes waiting counts as having spoken."""
+        looked = 0
+        while (token := to_shed(self._pending, self._bound, self._per_source)) is not None:
+            pending = self._pending[token]
+            if not pending.spoke and looked < 8 and _has_input(pending.fd):
+                looked += 1  # (its handshake's thread has not read them yet)
+                pending.spoke = True
+                continue
+            self._shed(token)
+
+    def _forget(self, pending: _Pending) -> None:
+        self._sources[pending.source] -= 1
+        if not self._sources[pending.source]:
+            del self._sources[pending.source]
+
     def _shed(self, token: int) -> None:
-        _, shut = self._pending.pop(token)
+        pending = self._pending.pop(token)
+        self._forget(pending)
         try:
-            shut()
+            shut_descriptor(pending.fd)
         except OSError:
             pass
 
@@ -156,38 +332,29 @@ class Handshakes:
                 now = time.monotonic()
                 while self._pending:
                     token = next(iter(self._pending))
-                    deadline = self._pending[token][0]
-                    if deadline > now:
+                    if self._pending[token].deadline > now:
                         break
                     log.debug("closed a connection that did not authenticate in time")
                     self._shed(token)
-                wait = self._pending[next(iter(self._pending))][0] - now if self._pending else None
+                wait = (self._pending[next(iter(self._pending))].deadline - now
+                        if self._pending else None)
                 self._lock.wait(wait)
 
 
-def shutdown_socket(sock: socket.socket) -> Callable[[], None]:
-    """What :meth:`Handshakes.admit` calls to end ``sock``: both directions shut, not closed.
-
-    Closing would free a descriptor that the handshake thread still reads from, and
-    that another connection may get; shutting wakes that thread, which closes it.
-    """
-    return lambda: sock.shutdown(socket.SHUT_RDWR)
-
-
 def accept_retrying(lsock: socket.socket, handshakes: Handshakes, closed: Callable[[], bool],
-                    what: str) -> socket.socket | None:
+                    what: str) -> tuple[socket.socket, object] | None:
     """``lsock.accept()`` that survives its errors while the listener lives.
 
     Out of descriptors, the oldest unauthenticated connection is shed and the accept
     retried after a pause that doubles up to a second; a warning says so once per
     shortage, since every job that dials in waits meanwhile. None once the listener
-    is closed.
+    is closed. Otherwise the new socket and its peer's address, as ``accept()`` gives them.
     """
     delay = 0.0
     short = False
     while not closed():
         try:
-            sock, _ = lsock.accept()
+            accepted = lsock.accept()
         except OSError as e:
             if closed() or e.errno in (errno.EBADF, errno.EINVAL, errno.ENOTSOCK):
                 return None
@@ -203,7 +370,7 @@ def accept_retrying(lsock: socket.socket, handshakes: Handshakes, closed: Callab
             continue
         if short:
             log.warning("fiber: %s has file descriptors again", what)
-        return sock
+        return accepted
     return None
 
 
@@ -290,8 +457,9 @@ class Hub:
 
     def _accept_loop(self, lsock: socket.socket) -> None:
         what = "the listener of this process"
-        while (sock := accept_retrying(lsock, self._handshakes, lambda: self._closed, what)) is not None:
-            token = self._handshakes.admit(shutdown_socket(sock))
+        while (accepted := accept_retrying(lsock, self._handshakes, lambda: self._closed, what)) is not None:
+            sock, peer = accepted
+            token = self._handshakes.admit(sock.fileno(), source_of(peer))
             try:
                 threading.Thread(target=self._serve, args=(sock, token), daemon=True,
                                  name="fiber-hub-conn").start()
@@ -302,7 +470,7 @@ class Hub:
 
     def _serve(self, sock: socket.socket, token: int) -> None:
         try:
-            target = server_handshake(sock, self._key)
+            target = server_handshake(sock, self._key, heard=lambda: self._handshakes.spoke(token))
             route = self._find(target)
             if not self._handshakes.done(token):
                 raise EOFError("the handshake took too long, or too many were waiting")

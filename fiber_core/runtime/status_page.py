@@ -7,6 +7,12 @@ program printed, or the ``X-Fiber-Token`` header the script sends), compared in 
 time; without it, or with a ``Host`` other than this address (a page of another site
 that renamed itself to 127.0.0.1), the answer is 403 and nothing else. Requests are not
 logged: their addresses hold the token.
+
+Anyone on this host can connect to the page, so connections are bounded as the hub's are
+(:class:`~fiber_core.runtime.hub.Handshakes`): at most :data:`PAGE_CONNECTIONS` wait for
+their request, each for :data:`PAGE_TIMEOUT` seconds; past that bound the oldest that has
+sent nothing is closed at once. Idle connections hold no more threads than that, and one
+that sends its request (the owner's browser) is not pushed out by them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from fiber_core.base.log import log
+from fiber_core.runtime.hub import Handshakes, source_of
 
 FORBIDDEN = (b"403 Forbidden: this page needs the address with its token that the program "
              b"printed when it started serving it.\n")
@@ -35,21 +42,71 @@ _HEADERS = {
 }
 
 
+PAGE_CONNECTIONS = 16
+"""How many connections the page holds while their request has not come (one thread each)."""
+
+PAGE_TIMEOUT = 5.0
+"""Seconds a connection has to send its request, and each later read or write may take."""
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     state: Callable[[], dict[str, Any]]
     token: bytes
     hosts: frozenset[str]
 
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.waiting = Handshakes(PAGE_CONNECTIONS, PAGE_CONNECTIONS, PAGE_TIMEOUT)
+        self._tokens: dict[int, int] = {}  # descriptor -> its token in waiting, while open
+        self._tokens_lock = threading.Lock()
+        super().__init__(address, handler)  # (a port that is taken: server_close, then raises)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        token = self.waiting.admit(request.fileno(), source_of(client_address))
+        with self._tokens_lock:
+            self._tokens[request.fileno()] = token
+        super().process_request(request, client_address)
+
+    def _token(self, request: Any) -> int:
+        with self._tokens_lock:
+            return self._tokens.get(request.fileno(), -1)
+
+    def heard(self, request: Any) -> None:
+        """The request line of ``request`` came: idle connections are closed before it."""
+        self.waiting.spoke(self._token(request))
+
+    def came(self, request: Any) -> bool:
+        """The whole request came: True if in time (its connection was not closed meanwhile)."""
+        return self.waiting.done(self._token(request))
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._tokens_lock:  # done before the descriptor is freed: never shed a reused one
+            token = self._tokens.pop(request.fileno(), -1)
+        self.waiting.done(token)
+        super().shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.waiting.close()
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "fiber-status"
     sys_version = ""
-    timeout = 30  # an idle keep-alive connection lets its thread go after this
+    timeout = PAGE_TIMEOUT  # each read and write; a connection is closed after one response
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the request line holds the token: no log of it anywhere
+
+    def parse_request(self) -> bool:
+        self.server.heard(self.request)
+        if not super().parse_request():  # (it reads the headers)
+            return False
+        if not self.server.came(self.request):
+            self.close_connection = True
+            return False
+        return True
 
     def _allowed(self, url: Any) -> bool:
         if self.headers.get("Host", "") not in self.server.hosts:

@@ -5,15 +5,21 @@ the run it is given), dials that program's hub with the run's key from the file,
 for its state (:mod:`fiber_core.runtime.status`). Plain ANSI: the alternate screen, the
 cursor home, each line cleared to its end; ``q`` (or Ctrl-C) quits. Without a terminal,
 or with ``--once``, it prints one frame of plain text and exits.
+
+Every text of the program's that it prints (names, hosts, loss details, a worker's error)
+goes through :func:`printable` first: a name holding an escape sequence shows as ``?``
+instead of retitling or clearing the operator's terminal.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import shutil
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -21,6 +27,36 @@ from fiber_core.runtime.status import RunFile, Viewer, find_run
 
 BAR_WIDTH = 40
 """Characters of the progress bar."""
+
+
+_ESCAPE_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, the final byte
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC, DCS...: to ST
+    r"|\x1b[ -/]*[0-~]?"  # any other escape: intermediates and one final byte
+)
+_LINE_BREAKS = str.maketrans("\t\n\r\v\f", "     ")
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # controls, bidi and zero-width marks
+
+
+def printable(text: str) -> str:
+    """``text`` safe to write to a terminal: each escape sequence and each other control
+    character (C0, C1, DEL, bidi overrides, line separators) becomes ``?``, tabs and line
+    breaks a space. Printable Unicode is kept as it is."""
+    if text.isprintable():
+        return text
+    text = _ESCAPE_SEQUENCE.sub("?", text).translate(_LINE_BREAKS)
+    return "".join("?" if unicodedata.category(c) in _UNPRINTABLE else c for c in text)
+
+
+def _printable_state(value: Any) -> Any:
+    """``value`` (a state as the program sent it) with :func:`printable` applied to every text."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(k)): _printable_state(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_state(v) for v in value]
+    return value
 
 
 def duration(seconds: float) -> str:
@@ -47,6 +83,7 @@ def _bar(done: int, total: int) -> str:
 
 def render_pool(pool: dict[str, Any]) -> list[str]:
     """The lines of one pool: its size, tasks, progress, losses, calls and workers."""
+    pool = _printable_state(pool)
     size = (f"{pool['min_size']}-{pool['size']} workers (elastic)" if pool["elastic"]
             else f"{pool['size']} workers")
     t = pool["tasks"]
@@ -74,6 +111,7 @@ def render_pool(pool: dict[str, Any]) -> list[str]:
 
 def render(state: dict[str, Any]) -> list[str]:
     """The lines of one frame, for a run's state as :meth:`Viewer.ask` returns it."""
+    state = _printable_state(state)
     run = state["run"]
     clock = time.strftime("%H:%M:%S", time.localtime(run["now"]))
     lines = [f"fiber top  run {run['id']}  {run['program']}  pid {run['pid']} on {run['host']}  "
@@ -179,7 +217,7 @@ def top(run_id: str | None = None, interval: float = 1.0, once: bool = False,
                     try:
                         state = viewer.ask()
                     except (EOFError, OSError) as e:
-                        ended = f"fiber top: run {run.run_id} ended ({e})"
+                        ended = printable(f"fiber top: run {run.run_id} ended ({e})")
                         break
                     terminal.draw(render(state))
                     if terminal.quit_pressed(interval):

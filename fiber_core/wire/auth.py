@@ -14,6 +14,7 @@ import hmac
 import os
 import socket
 import struct
+from collections.abc import Callable
 
 from fiber_core.base.errors import AuthenticationError
 from fiber_core.wire.framing import _recv_exact
@@ -30,8 +31,20 @@ _MAC = 32
 _HANDSHAKE_TIMEOUT = 10.0
 
 
-def _mac(key: bytes, *parts: bytes) -> bytes:
-    return hmac.digest(key, b"".join(parts), "sha256")
+def mac(key: bytes, *parts: bytes | memoryview) -> bytes:
+    """HMAC-SHA256 with ``key`` over ``parts`` in order, as if joined (none is copied).
+
+    The first part is a label of its use, so that no MAC made for one use passes for another.
+    """
+    h = hmac.new(key, digestmod="sha256")
+    for part in parts:
+        h.update(part)
+    return h.digest()
+
+
+def mac_matches(expected: bytes | memoryview, key: bytes, *parts: bytes | memoryview) -> bool:
+    """Whether ``expected`` is :func:`mac` of ``parts`` with ``key`` (in constant time)."""
+    return hmac.compare_digest(bytes(expected), mac(key, *parts))
 
 
 def client_handshake(sock: socket.socket, key: bytes, target: str) -> None:
@@ -46,27 +59,32 @@ def client_handshake(sock: socket.socket, key: bytes, target: str) -> None:
             f"ending, or it runs another version of Fiber (this one speaks wire version "
             f"{_MAGIC[-1]}; every process of a run must use the same one)") from None
     server_nonce, server_mac = reply[:_NONCE], reply[_NONCE:]
-    if not hmac.compare_digest(server_mac, _mac(key, b"fiber-s", nonce, server_nonce)):
+    if not hmac.compare_digest(server_mac, mac(key, b"fiber-s", nonce, server_nonce)):
         raise AuthenticationError("the peer does not hold this run's key")
     name = target.encode()
-    sock.sendall(_mac(key, b"fiber-c", server_nonce, nonce) + struct.pack("!H", len(name)) + name)
+    sock.sendall(mac(key, b"fiber-c", server_nonce, nonce) + struct.pack("!H", len(name)) + name)
     if _recv_exact(sock, 2) != b"OK":
         raise ConnectionRefusedError(f"{target} is not served by that process (it may have ended)")
 
 
-def server_handshake(sock: socket.socket, key: bytes) -> str:
-    """Authenticate a client; return the target it asked for. Raises on any mismatch."""
+def server_handshake(sock: socket.socket, key: bytes, heard: Callable[[], None] | None = None) -> str:
+    """Authenticate a client; return the target it asked for. Raises on any mismatch.
+
+    ``heard`` is called once the client's hello (its first message) has come.
+    """
     hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
     if not hello.startswith(_MAGIC):
         if hello.startswith(_MAGIC[:-1]):
             raise AuthenticationError(f"a fiber client of wire version {hello[len(_MAGIC) - 1]}; "
                                       f"this process speaks version {_MAGIC[-1]}")
         raise AuthenticationError("not a fiber client")
+    if heard is not None:
+        heard()
     nonce = hello[len(_MAGIC):]
     server_nonce = os.urandom(_NONCE)
-    sock.sendall(server_nonce + _mac(key, b"fiber-s", nonce, server_nonce))
+    sock.sendall(server_nonce + mac(key, b"fiber-s", nonce, server_nonce))
     answer = _recv_exact(sock, _MAC + 2)
-    if not hmac.compare_digest(answer[:_MAC], _mac(key, b"fiber-c", server_nonce, nonce)):
+    if not hmac.compare_digest(answer[:_MAC], mac(key, b"fiber-c", server_nonce, nonce)):
         raise AuthenticationError("client does not hold this run's key")
     (length,) = struct.unpack("!H", answer[_MAC:])
     return _recv_exact(sock, length).decode()

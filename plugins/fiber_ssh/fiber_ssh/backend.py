@@ -94,8 +94,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("workdir", str, None,
            "working directory of the jobs on the hosts (default: the upload directory, else the home)"),
     Option("upload", bool, False, "copy this process's working directory to every host (sftp) before its first "
-           "job there, into workdir, else a directory of this run in the host's temp directory that "
-           "cleanup removes; the jobs run there, so its modules import"),
+           "job there, into workdir (an existing one only if it is the login's and others cannot write "
+           "in it), else a new directory in the host's temp directory, with a random name and mode 0700, "
+           "that cleanup removes; the jobs run there, so its modules import"),
     Option("upload_exclude", list, DEFAULT_EXCLUDE, "names and glob patterns that upload skips"),
     Option("upload_max_mb", float, 100.0, "refuse to upload a working directory larger than this (MiB)"),
     Option("api_timeout", float, 15.0,

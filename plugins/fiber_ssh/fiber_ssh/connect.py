@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from fiber_core.contract import BackendError, ConfigError, install_elsewhere, keepalive
 
+from fiber_ssh import upload_dir
 from fiber_ssh.hosts import HostSpec, parse_hosts
 
 if TYPE_CHECKING:
@@ -32,7 +33,8 @@ log = logging.getLogger("fiber")
 _PROBE = r"""
 import json, os, socket, sys, tempfile
 info = {"python": sys.version.split()[0], "new_enough": sys.version_info >= (3, 10),
-        "cpus": os.cpu_count() or 1, "tmp": tempfile.gettempdir(), "hostname": socket.gethostname()}
+        "cpus": os.cpu_count() or 1, "tmp": tempfile.gettempdir(), "hostname": socket.gethostname(),
+        "uid": os.getuid()}
 try:
     import fiber_core
     info["fiber_core"] = getattr(fiber_core, "__version__", "?")
@@ -379,7 +381,7 @@ class Connector:
             return self.settings["workdir"]
         if self.settings["upload"]:
             assert host.info is not None
-            return f"{host.info['tmp']}/fiber-{self.run_id or 'run'}-{os.getpid()}"
+            return f"{host.info['tmp']}/{upload_dir.fresh_name(self.run_id)}"
         return None
 
 

@@ -9,10 +9,10 @@ import os
 import shlex
 import stat
 from pathlib import Path
-from typing import Any
 
 from fiber_core.contract import BackendError
 
+from fiber_ssh import upload_dir
 from fiber_ssh.connect import Connector, Host, Unreachable
 
 log = logging.getLogger("fiber")
@@ -49,11 +49,15 @@ def upload(conn: Connector, host: Host) -> None:
                 home = sftp.normalize(".")
                 if not target.startswith("/"):
                     target = f"{home}/{target[2:] if target.startswith('~/') else target}"
-                created = _sftp_makedirs(sftp, target)
+                if host.created_dir != target:  # (else this run made it, at an earlier try)
+                    created = upload_dir.prepare(sftp, target, (host.info or {})["uid"],
+                                                 bool(conn.settings["workdir"]), host.name)
+                    if created and not conn.settings["workdir"]:
+                        host.created_dir = target  # cleanup() removes it, even if the copy fails
                 for rel, path, _ in files:
                     remote = f"{target}/{rel}"
                     if path is None:
-                        _sftp_makedirs(sftp, remote)
+                        upload_dir.makedirs(sftp, remote)
                     else:
                         sftp.put(str(path), remote)
                         sftp.chmod(remote, stat.S_IMODE(path.stat().st_mode))
@@ -62,10 +66,9 @@ def upload(conn: Connector, host: Host) -> None:
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise BackendError(f"uploading {Path.cwd()} to {host.name}:{target} failed: check the "
                                "space and permissions there, or [ssh] workdir", cause=e) from None
-        if created and not conn.settings["workdir"]:
-            host.created_dir = target
         host.workdir = target
         host.uploaded = True
+
 
 def remove_upload(conn: Connector, host: Host) -> None:
     t = next((x for x in host.transports if x.is_active()), None)
@@ -101,17 +104,3 @@ def _upload_list(root: Path, exclude: list[str]) -> list[tuple[str, Path | None,
                 continue
             out.append((rel, path, path.stat().st_size))
     return out
-
-
-def _sftp_makedirs(sftp: Any, path: str) -> bool:
-    """``mkdir -p`` over sftp; return whether the last directory was created."""
-    try:
-        sftp.stat(path)
-        return False
-    except OSError:
-        pass
-    parent = path.rsplit("/", 1)[0]
-    if parent and parent != path:
-        _sftp_makedirs(sftp, parent)
-    sftp.mkdir(path)
-    return True

@@ -219,16 +219,32 @@ def private_sshd(hosts: dict[str, str], tmp_path: Path, port: int, config: str =
         UseDNS no
     """) + textwrap.dedent(config))
     # nsenter, not ip netns exec, which mounts a sysfs of its own without /sys/fs/cgroup
-    sshd = ["nsenter", "--net=/run/netns/fiber-h1", "/usr/sbin/sshd", "-f", str(config_file),
-            "-E", str(tmp_path / f"sshd_{port}.log")]
+    log_file = tmp_path / f"sshd_{port}.log"
+    sshd = ["nsenter", "--net=/run/netns/fiber-h1", "/usr/sbin/sshd", "-D", "-f", str(config_file),
+            "-E", str(log_file)]
     if cgroup is not None:  # the shell joins the cgroup, then becomes sshd
         sshd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *sshd]
-    subprocess.run(sshd, check=True, timeout=30)
+    # In the foreground (-D): its pid is known at once, so it is stopped even if the test ends
+    # before it listens (a daemon's pid file may not be written yet, and it would stay).
+    proc = subprocess.Popen(sshd)
     try:
+        deadline = time.monotonic() + T
+        while not _accepts(addr, port) or proc.poll() is not None:
+            assert proc.poll() is None, f"sshd on port {port} ended: {log_file.read_text()[-500:]}"
+            assert time.monotonic() < deadline, f"sshd on port {port} does not listen within {T} s"
+            time.sleep(0.05)
         yield f"{addr}:{port}"
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        proc.terminate()
+        proc.wait(T)
+
+
+def _accepts(addr: str, port: int) -> bool:
+    try:
+        socket.create_connection((addr, port), timeout=T).close()
+        return True
+    except ConnectionRefusedError:
+        return False
 
 
 @contextlib.contextmanager
@@ -562,6 +578,27 @@ def test_upload_copies_the_working_directory(make_backend: Any, tmp_path: Path,
     assert check.wait_for_job(probe, T) == 0
     assert probe.host == host.hostname  # both went to the first host: it had the most free slots
     assert check.get_job_logs(probe).split() == ["False"]
+
+
+def test_an_upload_that_failed_is_tried_again_and_leaves_nothing(make_backend: Any, hosts: dict[str, str],
+                                                                 tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "data.txt").write_text("payload")
+    (tmp_path / "unreadable").symlink_to("/proc/self/mem")  # a file whose read fails (EIO)
+    monkeypatch.chdir(tmp_path)
+    first = hosts["FIBER_SSH_HOSTS"].split()[0]  # one host: every backend here sees its /tmp
+    b = make_backend(upload=True, hosts=first)
+    with pytest.raises(BackendError, match=r"uploading .* failed"):
+        b.start_job(py("pass"))
+    (tmp_path / "unreadable").unlink()
+    job = b.start_job(py("print(open('data.txt').read())"))  # in the directory the first try made
+    assert b.wait_for_job(job, T) == 0, b.get_job_logs(job)
+    assert b.get_job_logs(job).split() == ["payload"]
+    b.cleanup()
+    check = make_backend(hosts=first)
+    probe = check.start_job(py(f"import glob; print(len(glob.glob('/tmp/fiberupload-{b.run_id}-*')))"))
+    assert check.wait_for_job(probe, T) == 0
+    assert check.get_job_logs(probe).split() == ["0"]
 
 
 def test_more_connections_when_sshd_limits_sessions(make_backend: Any, hosts: dict[str, str],
