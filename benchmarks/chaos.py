@@ -16,10 +16,19 @@ Backends: ``local`` (signals to the worker's process) and ``docker`` (the signal
 goes to the container through the Docker API: ``DOCKER_HOST`` and
 ``FIBER_DOCKER_IMAGE`` must name a daemon and an image with Fiber).
 
+``--fresh`` is the run a new user writes: each run a new
+``Pool(workers)`` with its defaults, one ``map`` of CPU-bound 1-5 ms tasks, a random
+process of ``pool._pool`` (starting workers too) SIGKILLed every ``--every`` seconds;
+each run's outcome (exact, or the error that ended it), time and kills are printed,
+then how many finished exact and why the others did not.
+
 Usage::
 
     python benchmarks/chaos.py --runs 10                    # local, kill, every API
     python benchmarks/chaos.py --mode preempt --backend docker --runs 3 --api map
+    python benchmarks/chaos.py --fresh --runs 30            # a new Pool(8) per run, 30 runs
+    python benchmarks/chaos.py --fresh --runs 10 --every 0.05 0.1   # the stress figure
+    python benchmarks/chaos.py --fresh --runs 10 --every 0.05 0.1 --loss-limit 100000
 """
 
 from __future__ import annotations
@@ -42,6 +51,67 @@ from fiber_core.parallel.pool import Pool  # noqa: E402
 def task(x: int) -> int:
     time.sleep(0.001 + (x % 5) * 0.001)  # the work itself: 1-5 ms
     return x
+
+
+def cpu_task(x: int) -> int:
+    end = time.thread_time() + 0.001 + (x % 5) * 0.001  # the work itself: 1-5 ms of CPU
+    while time.thread_time() < end:
+        pass
+    return x
+
+
+class AnyKill:
+    """A thread that SIGKILLs a random process of ``pool._pool`` (starting ones too)."""
+
+    def __init__(self, pool: Pool, every: tuple[float, float], seed: int) -> None:
+        self.pool, self.every, self.rng = pool, every, random.Random(seed)
+        self.stop = threading.Event()
+        self.hits = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.rng.uniform(*self.every)):
+            pids = [p.pid for p in self.pool._pool if p.pid is not None]
+            if pids:
+                try:
+                    os.kill(self.rng.choice(pids), signal.SIGKILL)
+                    self.hits += 1
+                except ProcessLookupError:
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def fresh_runs(args: argparse.Namespace) -> None:
+    """``--runs`` runs, a new Pool each time with its defaults, a CPU-bound map, SIGKILLs."""
+    print(f"local, SIGKILL of any process of pool._pool every {args.every[0]:g}-{args.every[1]:g} s, "
+          f"a new Pool({args.workers}) per run, map of {args.tasks} CPU-bound tasks of 1-5 ms\n")
+    print("| run | outcome | seconds | kills |")
+    print("|---:|---|---:|---:|")
+    expected = list(range(args.tasks))
+    outcomes: dict[str, int] = {}
+    times, kills = [], []
+    for run in range(args.runs):
+        limit = {} if args.loss_limit is None else {"loss_limit": (args.loss_limit, 600.0)}
+        with Pool(args.workers, **limit) as pool:
+            chaos = AnyKill(pool, tuple(args.every), seed=run)
+            start = time.perf_counter()
+            try:
+                outcome = "exact" if pool.map(cpu_task, range(args.tasks)) == expected else "WRONG RESULTS"
+            except Exception as e:
+                outcome = f"{type(e).__name__}: {str(e)[:160]}"
+            elapsed = time.perf_counter() - start
+            chaos.close()
+        key = outcome.split(":")[0] if outcome != "exact" else outcome
+        outcomes[key] = outcomes.get(key, 0) + 1
+        times.append(elapsed)
+        kills.append(chaos.hits)
+        print(f"| {run + 1} | {outcome} | {elapsed:.1f} | {chaos.hits} |", flush=True)
+    print(f"\n{outcomes.get('exact', 0)}/{args.runs} exact; outcomes: {outcomes}; median "
+          f"{statistics.median(times):.1f} s, {statistics.median(kills):g} kills per run")
 
 
 class Chaos:
@@ -113,7 +183,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="disturbed runs per API")
     ap.add_argument("--every", type=float, nargs=2, default=(0.1, 0.3))
     ap.add_argument("--grace", type=float, default=2.0)
+    ap.add_argument("--loss-limit", type=int, default=None,
+                    help="with --fresh: the pools' loss_limit count (default: the Pool's own)")
+    ap.add_argument("--fresh", action="store_true", help="a new Pool per run, with its defaults, a CPU-bound map")
     args = ap.parse_args()
+    if args.fresh:
+        fresh_runs(args)
+        return
     apis = ["map", "imap", "imap_unordered", "apply_async"] if args.api == "all" else [args.api]
     losses = 1 if args.mode == "preempt" else 3
     print(f"{args.backend}, {args.mode} every {args.every[0]:g}-{args.every[1]:g} s, Pool({args.workers}), "

@@ -51,7 +51,7 @@ def simulate(control: Any, task_ms: float) -> None:
     import queue
 
     from fiber_core.contract.env import ENV_AUTHKEY, ENV_HUB, job_token
-    from fiber_core.parallel.pool import _encode_results, _load_func, _run_unit
+    from fiber_core.parallel.pool.worker import encode_results, load_func, run_unit
     from fiber_core.runtime.hub import dial
     from fiber_core.wire.framing import Connection
     from fiber_core.wire.messages import (
@@ -147,12 +147,12 @@ def simulate(control: Any, task_ms: float) -> None:
             elif op == POOL_TASKS:
                 batch_id, func_id, func_bytes, kind, units, _watch = decode_pool_tasks(msg)
                 if func_bytes is not None:
-                    funcs[func_id] = _load_func(func_bytes)
-                results = [_run_unit(funcs[func_id], kind, unit, None) for unit in units]
+                    funcs[func_id] = load_func(func_bytes)
+                results = [run_unit(funcs[func_id], kind, unit, None) for unit in units]
                 # a unit of a map is a chunk: a list of its items' results
                 items = sum(len(v) if ok and isinstance(v, list) else 1 for ok, v in results)
                 seconds = task_ms / 1000 * items
-                payload = _encode_results(batch_id, seconds, results)
+                payload = encode_results(batch_id, seconds, results)
                 if task_ms > 0:  # a worker runs its batches one after another
                     at = busy[job_id] = max(time.monotonic(), busy.get(job_id, 0.0)) + seconds
                     heapq.heappush(due, (at, next(sequence), conn, payload))

@@ -40,7 +40,7 @@ def test_both_ends_to_each_worker_and_parent_closes_the_worker_end() -> None:
             remote.send(("step", k))
         assert [remote.recv() for remote in remotes] == [2 * k, 2 * k]
     # One end here and one in the worker are used: they talk directly, not through a relay.
-    assert all(remote._state.direct is not None for remote in remotes)
+    assert all(remote._state.machine.direct is not None for remote in remotes)
     for remote in remotes:
         remote.send(("close", None))
     for p, remote in zip(ps, remotes):
@@ -61,7 +61,7 @@ def test_an_unused_copy_kept_here_does_not_slow_the_pair_down() -> None:
     for _ in range(50):
         conn.send_bytes(b"x")
         assert conn.recv_bytes() == b"x"
-    assert conn._state.direct is not None
+    assert conn._state.machine.direct is not None
     conn.send_bytes(b"")
     p.join(T)
     assert p.exitcode == 0
@@ -203,6 +203,38 @@ def test_messages_a_copy_did_not_read_go_back_when_it_exits() -> None:
     assert r.recv_bytes() == b"second"
     with pytest.raises(EOFError):
         r.recv_bytes()
+
+
+def _poll_then_close(conn, report) -> None:  # noqa: ANN001
+    conn.fileno()  # in use: the creator knows, and it asked for a message
+    report.put("ready")
+    report.put(conn.poll(T))  # the message came to this copy on its request ...
+    conn.close()  # ... and it closes without reading it
+
+
+def _hello_then_read(conn, go, report) -> None:  # noqa: ANN001
+    conn.send("hello")  # in use, not reading yet
+    go.get(timeout=T)
+    report.put(conn.recv())
+
+
+def test_a_message_a_closing_reader_gives_back_reaches_the_one_reader_left() -> None:
+    here, there = fiber_core.Pipe()
+    go, report_a, report_b = fiber_core.Queue(), fiber_core.Queue(), fiber_core.Queue()
+    b = started(_hello_then_read, there, go, report_b)
+    assert here.recv() == "hello"
+    a = started(_poll_then_close, there, report_a)  # two copies in use: messages are queued
+    there.close()
+    assert report_a.get(timeout=T) == "ready"
+    here.send("given back")
+    assert report_a.get(timeout=T) is True
+    a.join(T)
+    assert a.exitcode == 0
+    # The one reader left now talks to this end directly: what the other gave back is its.
+    go.put(True)
+    assert report_b.get(timeout=T) == "given back"
+    b.join(T)
+    assert b.exitcode == 0
 
 
 def _close_unused_then_read(a, b, report) -> None:  # noqa: ANN001

@@ -25,11 +25,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pool_worker_tasks import pool_modules
 from procs import wait_until
 
 import fiber_core
 from fiber_core.base.errors import BackendError, FiberError, JobStartError, PicklingError
+from fiber_core.base.oom import oom_kills
 from fiber_core.parallel.pool import MAX_TASK_ATTEMPTS, MaybeEncodingError, Pool, RemoteTraceback
+from fiber_core.parallel.pool.ledger import MAX_TASK_KILLS
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -196,7 +199,7 @@ def kill_random_worker(pool: Pool, rng: random.Random, spare: set[int],
                 w.process.pid for w in pool._workers.values()
                 if w.process.pid is not None and w.process.pid not in spare | also_spare
                 and not w.lost
-                and not any(u.attempts for batch in list(w.pending.values()) for u in batch)
+                and not any(u.charges for batch in list(w.pending.values()) for u in batch)
             ]
             if victims:
                 pid = rng.choice(victims)
@@ -703,7 +706,10 @@ def test_task_that_kills_its_worker_is_failed_after_bounded_attempts(how: str,
                     r.get(timeout=T)
             else:
                 assert r.get(timeout=T) == i
-        assert record.read_text().count("ran") == MAX_TASK_ATTEMPTS
+        # once in a batch not watched (uncharged), then watched until its budget is spent:
+        # task_losses, or for a SIGKILL known not to be an OOM kill, MAX_TASK_KILLS
+        budget = MAX_TASK_KILLS if how == "sigkill" and oom_kills() is not None else MAX_TASK_ATTEMPTS
+        assert record.read_text().count("ran") == budget + 1
 
         # in a map: the map fails once, through error_callback, never hangs
         errors: list[BaseException] = []
@@ -884,3 +890,12 @@ def test_a_short_task_is_not_sent_behind_a_task_of_unknown_length() -> None:
         assert quick.get(timeout=T) == 9  # on the new worker, while the first is held
         gate.put(None)
         assert held.get(timeout=T) == 1
+
+
+def test_a_pool_worker_loads_the_worker_side_of_the_pool_only() -> None:
+    with Pool(1) as pool:
+        loaded = set(pool.apply(pool_modules, (0,)))
+    assert "fiber_core.parallel.pool.worker" in loaded
+    master_side = {f"fiber_core.parallel.pool.{m}" for m in
+                   ("facade", "master", "events", "dispatch", "table", "results", "planner", "ledger")}
+    assert not loaded & master_side, loaded

@@ -8,7 +8,9 @@ everything they started, told this process's pid so that they end the moment it
 does (``FIBER_PARENT_PID``), with stdout and stderr kept in a log file (in the run
 directory) for :meth:`~fiber_core.contract.backend.Backend.get_job_logs`. A job
 SIGKILLed while the kernel counted an out-of-memory kill in this cgroup ended
-for :attr:`~fiber_core.contract.jobs.EndReason.OOM`.
+for :attr:`~fiber_core.contract.jobs.EndReason.OOM`; one SIGKILLed while the count
+stood still, for :attr:`~fiber_core.contract.jobs.EndReason.KILLED`
+(:mod:`fiber_core.base.oom`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, NamedTuple
 from fiber_core.backends.template import Template, TemplateError
 from fiber_core.base.errors import BackendError
 from fiber_core.base.log import log
+from fiber_core.base.oom import oom_kills
 from fiber_core.base.options import Option
 from fiber_core.contract.backend import Backend, Job, JobSpec
 from fiber_core.contract.env import ENV_PARENT_PID
@@ -68,7 +71,7 @@ class LocalBackend(Backend):
     def create_job(self, spec: JobSpec) -> Job:
         path = self._log_path(spec.name)
         env = {**os.environ, **spec.env, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
-        ooms = _oom_kills()
+        ooms = oom_kills()
         template = self._template_for(spec)
         if template is not None:
             try:
@@ -139,10 +142,16 @@ class LocalBackend(Backend):
         return job.state.exitcode
 
     def _finish(self, job: Job, code: int) -> None:
-        if code == -signal.SIGKILL and not job.state.stop_requested and _oom_kills() > job.handle.ooms:
+        if code != -signal.SIGKILL or job.state.stop_requested or job.handle.ooms is None:
+            job.state.finish(code)
+            return
+        now = oom_kills()
+        if now is None:
+            job.state.finish(code)
+        elif now > job.handle.ooms:
             job.state.finish(code, EndReason.OOM, "killed by the kernel's out-of-memory killer")
         else:
-            job.state.finish(code)
+            job.state.finish(code, EndReason.KILLED)  # the kernel counted no out-of-memory kill
 
     def _signal(self, job: Job, sig: int) -> None:
         popen = job.handle.popen
@@ -188,23 +197,8 @@ class _Local(NamedTuple):
 
     popen: subprocess.Popen  # or a template's ForkedJob, which has the same parts
     log_path: str
-    ooms: int
-    """The cgroup's OOM-kill count when the job started."""
-
-
-_MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
-
-
-def _oom_kills() -> int:
-    """How many processes the kernel's OOM killer has killed in this cgroup (0 if unknown)."""
-    try:
-        with open(_MEMORY_EVENTS, "rb") as f:
-            for line in f:
-                if line.startswith(b"oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+    ooms: int | None
+    """The cgroup's OOM-kill count when the job started (None: it cannot be read)."""
 
 
 @hookimpl

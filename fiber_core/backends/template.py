@@ -340,6 +340,6 @@ class Template:
 if __name__ == "__main__":
     try:
         serve(socket.socket(fileno=int(sys.argv[1])),
-              ["fiber_core.processes.worker", "fiber_core.parallel.pool", *sys.argv[2:]])
+              ["fiber_core.processes.worker", "fiber_core.parallel.pool.worker", *sys.argv[2:]])
     except (ConnectionError, KeyboardInterrupt):
         pass  # the backend went away meanwhile: nothing is left to serve

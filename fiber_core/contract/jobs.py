@@ -36,7 +36,9 @@ class EndReason(enum.Enum):
     Fiber uses it to tell an application's failure from an infrastructure loss:
     a job lost to :attr:`PREEMPTED`, :attr:`HOST_LOST` or :attr:`STOPPED` is not
     its task's fault; :attr:`OOM` and :attr:`EXITED` (which includes a signal
-    nobody in Fiber sent) may be.
+    nobody in Fiber sent) may be. :attr:`KILLED` is a SIGKILL that the platform
+    says was not an out-of-memory kill: most likely from outside (an operator, a
+    node agent, a chaos test), though the program may have sent it itself.
     """
 
     EXITED = "exited"
@@ -46,6 +48,11 @@ class EndReason(enum.Enum):
     :meth:`~fiber_core.contract.backend.Backend.kill_job` or cleanup."""
     OOM = "oom"
     """Killed by the system for using more memory than it may."""
+    KILLED = "killed"
+    """Killed by SIGKILL that Fiber did not send, and the platform says it was not an
+    out-of-memory kill (the kernel's count of OOM kills did not move, Docker's and
+    Kubernetes' ``OOMKilled`` is false). Where the platform cannot tell, the end is
+    :attr:`EXITED`."""
     PREEMPTED = "preempted"
     """Preempted or evicted: a spot instance reclaimed, a pod evicted or disrupted, a node drained."""
     HOST_LOST = "host-lost"

@@ -25,9 +25,11 @@ program's, and then as the stdlib does (every pending future fails with it, ``su
 raises it, its ``__cause__`` is the Fiber error that says what happened):
 
 * a task that kills its worker (it exits, crashes, is killed) every time it runs. A first
-  death cannot be told apart from a worker lost to the infrastructure, so the task runs up
-  to :data:`~fiber_core.parallel.pool.MAX_TASK_ATTEMPTS` times (the stdlib runs it once);
-  the cause is a :class:`~fiber_core.base.errors.TaskLostError`;
+  death cannot be told apart from a worker lost to the infrastructure, so the task runs
+  once more than :data:`~fiber_core.parallel.pool.MAX_TASK_ATTEMPTS` (its first death, in
+  a batch that does not say which task started, is charged to none; a SIGKILL the platform
+  says was not an out-of-memory kill counts toward ``MAX_TASK_KILLS`` instead) where the
+  stdlib runs it once; the cause is a :class:`~fiber_core.base.errors.TaskLostError`;
 * workers that die before they are ready, as with a failing ``initializer`` or a bad image:
   the pool gives up after a few in a row; the cause is a
   :class:`~fiber_core.base.errors.JobStartError` with the worker's exit code and log.

@@ -54,7 +54,7 @@ from fiber_core.contract.env import (
 from fiber_core.processes import spares
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
-from fiber_core.wire.framing import _HEADER, Connection
+from fiber_core.wire.framing import Connection, framed
 from fiber_core.wire.messages import (
     PROCESS_EXIT,
     PROCESS_INTERRUPT,
@@ -721,7 +721,7 @@ class _JobRun:
             if not self._started or self.sock is None:
                 self._interrupt = True
                 return True
-            frame = _HEADER.pack(len(PROCESS_INTERRUPT)) + PROCESS_INTERRUPT
+            frame = framed(PROCESS_INTERRUPT)
             try:
                 if wait:
                     self.sock.sendall(frame)

@@ -234,7 +234,7 @@ QUEUE_RECALL = _kind(b"R", "QUEUE_RECALL", "owner", "handle", "", "",
                      "unasked: another getter waits, give back unused items (QUEUE_RETURN)")
 
 
-# -- pipe: a copy of a Pipe end and the pipe's creator (control frames: processes/pipe.py) --
+# -- pipe: a copy of a Pipe end and the pipe's creator (control frames: wire/control.py) --
 
 PIPE_ACTIVE = _kind(b"u", "PIPE_ACTIVE", "copy", "creator", "", "",
                   "the copy was used for the first time")

@@ -1,0 +1,230 @@
+"""The Pool's master thread: its loop over the workers' connections and exits, deadlines,
+and the live view's snapshot.
+
+One thread per pool waits on a selector (the workers' sockets, their exit
+sentinels, a wake-up socket) and hands each event to :mod:`~fiber_core.parallel.pool.events`;
+then it dispatches work, starts or retires workers, and expires deadlines.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from typing import Any
+
+from fiber_core.base.errors import FiberError
+from fiber_core.base.log import log
+from fiber_core.parallel.pool.dispatch import BACKUP_CHECK_SECONDS
+from fiber_core.parallel.pool.events import Events
+from fiber_core.parallel.pool.table import THROUGHPUT_SECONDS, Worker
+
+STATUS_WAIT_SECONDS = 2.0
+"""How long a snapshot for the live view waits for the master thread (then it is taken
+from another thread, its counts possibly one batch apart)."""
+
+
+class StatusAsk:
+    """A snapshot asked of the master thread: it fills ``state`` and sets ``ready``."""
+
+    __slots__ = ("ready", "state")
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.state: dict[str, Any] | None = None
+
+
+def worker_state(w: Worker) -> str:
+    """What a worker is doing, in one word, as the live view shows it."""
+    if w.lost:
+        return "lost"
+    if w.draining:
+        return "draining"
+    if w.retiring:
+        return "retiring"
+    if w.conn is None:
+        return "starting"
+    if not w.ready:
+        return "initializing"
+    return "busy" if w.pending else "idle"
+
+
+class Master(Events):
+    """The master thread's loop, deadlines, and the live view."""
+
+    _thread: threading.Thread
+    _status_asks: list[StatusAsk]
+
+    def _master(self) -> None:
+        try:
+            while self._round():
+                pass
+        except Exception as e:  # a bug here must fail the callers, never hang them
+            log.exception("fiber: pool master failed")
+            self._error = FiberError(f"pool master thread failed: {e!r}")
+            self._fail_all(self._error)
+        finally:
+            self._sel.close()  # only the master uses the selector and the read end
+            self._wake_r.close()
+            with self._lock:
+                self._done.set()
+                self._answer_status()
+
+    def _round(self) -> bool:
+        """One round of the master: wait for events, take them in, then act; False: the pool ended."""
+        # A result or a ready message gives room to its worker only: dispatching to
+        # it alone keeps a message's cost independent of the pool's size. Anything
+        # else (new work, re-queued work, a resize, a quiet second) looks at all.
+        timeout = BACKUP_CHECK_SECONDS if self._backup is not None and self._jobs else 1.0
+        if self._deadlines:
+            with self._lock:
+                left = self._expire_deadlines()
+            if left is not None:
+                timeout = min(timeout, left)
+        touched = self._take_events(self._sel.select(timeout))
+        if self._requeued:
+            self._requeued = False
+            touched = None
+        while not self._incoming.empty():
+            self._adopt(*self._incoming.get())
+        with self._lock:
+            if self._status_asks:
+                self._answer_status()
+            if self._state == "TERMINATE":
+                return False
+            return self._act(touched)
+
+    def _take_events(self, events: list) -> list[Worker] | None:
+        """Hand each event to its handler; return the workers whose messages came (None: look at all)."""
+        touched: list[Worker] | None = [] if events else None
+        for key, _ in events:
+            kind, w = key.data
+            if kind == "wake":
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:
+                    pass
+                touched = None
+            elif kind == "conn":
+                self._on_message(w)
+                if touched is not None:
+                    touched.append(w)
+            elif kind == "exit":
+                self._on_exit(w)
+                touched = None
+        return touched
+
+    def _act(self, touched: list[Worker] | None) -> bool:
+        """Dispatch, start, retire (lock held); False once a closed pool has nothing left."""
+        if self._start_retry_at is not None and time.monotonic() >= self._start_retry_at:
+            self._top_up()
+        self._dispatch(touched)
+        if self._state == "RUN" or self._queue:
+            self._grow()
+            self._shrink_idle()
+        if self._backup is not None and not self._queue:
+            self._start_backups()
+        if self._state == "CLOSE" and not self._jobs and not self._queue:
+            self._retire_all()
+            if not self._workers:
+                return False
+        return True
+
+    def _set_deadline(self, job: Any, deadline: float | None) -> None:
+        if deadline is None:
+            return
+        with self._lock:
+            heapq.heappush(self._deadlines, (time.monotonic() + deadline, job._job_id, deadline, job))
+        self._wake()
+
+    def _expire_deadlines(self) -> float | None:
+        """Fail the calls whose deadline passed; return the seconds to the next one. Lock held."""
+        now = time.monotonic()
+        while self._deadlines:
+            at, job_id, seconds, job = self._deadlines[0]
+            if at > now:
+                return at - now
+            heapq.heappop(self._deadlines)
+            if job_id in self._jobs:
+                self._cancel(job)
+                job._expire(seconds)
+        return None
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The pool's state for the live view (:mod:`fiber_core.runtime.status`).
+
+        Taken by the master thread between two rounds, under the pool lock, so that its
+        counts add up: every task of a call is queued, running or done. Waits at most
+        :data:`STATUS_WAIT_SECONDS` for the master (busy in a callback, say); then, or once
+        the master has ended, it is taken here under the lock.
+        """
+        if threading.current_thread() is not self._thread:
+            ask = StatusAsk()
+            with self._lock:
+                alive = not self._done.is_set()
+                if alive:
+                    self._status_asks.append(ask)
+            if alive:
+                self._wake()
+                if ask.ready.wait(STATUS_WAIT_SECONDS) and ask.state is not None:
+                    return ask.state
+        with self._lock:
+            return self._snapshot_locked()
+
+    def _answer_status(self) -> None:
+        """Answer the snapshots asked for (lock held)."""
+        asks, self._status_asks = self._status_asks, []
+        if asks:
+            state = self._snapshot_locked()
+            for ask in asks:
+                ask.state = state
+                ask.ready.set()
+
+    def _snapshot_locked(self) -> dict[str, Any]:
+        now = time.monotonic()
+        queued = sum(u.count for u in self._queue)
+        running = 0
+        seen: set[int] = set()  # a unit that a backup copy runs too is counted once
+        workers = []
+        for w in list(self._workers.values()):
+            units = [u for batch in list(w.pending.values()) for u in batch]
+            if w.culprit is not None:  # lost while it ran this one: its exit decides
+                units.append(w.culprit[0])
+            in_flight = 0
+            for u in units:
+                in_flight += u.count
+                if id(u) not in seen:
+                    seen.add(id(u))
+                    running += u.count
+            job = w.process.job
+            workers.append({
+                "name": w.process.name,
+                "id": job.id if job is not None else None,
+                "backend": self._backend_name,
+                "host": job.host if job is not None else None,
+                "state": worker_state(w),
+                "for_seconds": round(now - w.since, 3),
+                "done": w.done,
+                "in_flight": in_flight,
+            })
+        window_start = max(self._created, now - THROUGHPUT_SECONDS)
+        recent = sum(n for second, n in self._done_per_second if second >= int(window_start))
+        span = now - window_start
+        return {
+            "id": self._id[:8],
+            "state": self._state,
+            "error": None if self._error is None else str(self._error),
+            "backend": self._backend_name,
+            "size": self._processes,
+            "min_size": self._min,
+            "elastic": self._min < self._processes,
+            "age_seconds": round(now - self._created, 3),
+            "tasks": {"queued": queued, "running": running, "done": self._tasks_done,
+                      "failed": self._tasks_failed},
+            "throughput": round(recent / span, 3) if span > 0 else 0.0,
+            "throughput_seconds": THROUGHPUT_SECONDS,
+            "losses": dict(self._losses_by),
+            "last_loss": self._last_loss,
+            "calls": [job._progress() for job in list(self._jobs.values())],
+            "workers": workers,
+        }
