@@ -1,30 +1,27 @@
-"""Writing a backend as the contract says: the recipe, the template, and the suite that proves them.
+"""Writing a backend as the guide says: its one example file, the template, and the suite.
 
-The recipe in :mod:`fiber_core.contract.backend`'s docstring is copied, as written, to
-``tests/authoring/shell_backend.py`` and ``examples/backend_template/fiber_shell.py``;
-the copies are checked against the docstring, registered by hand, and run through the
-conformance suite. The suite itself is checked to fail at once, with the job's log,
-on a backend whose jobs cannot start.
+``docs/writing-a-backend.md`` includes one file as its example backend
+(``examples/backend_template/fiber_shell.py``, no copy of it anywhere): the file the guide
+names is loaded, registered by hand as the guide's step 2 says, and run through the
+conformance suite. The suite itself is checked to fail at once, with the job's log, on a
+backend whose jobs cannot start.
 """
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import os
 import re
 import subprocess
 import sys
-import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from authoring import shell_backend
 
 from fiber_core.base.errors import BackendError
 from fiber_core.contract import JobSpec
-from fiber_core.contract import backend as contract
 from fiber_core.runtime.config import config, create_backend, plugins
 from fiber_core.testing import BackendConformance
 
@@ -35,52 +32,44 @@ except ImportError:  # Python 3.10
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "examples" / "backend_template"
-COPIES = [Path(__file__).parent / "authoring" / "shell_backend.py", TEMPLATE / "fiber_shell.py"]
+GUIDE = REPO / "docs" / "writing-a-backend.md"
+
+
+def guide_example() -> Path:
+    """The file the guide includes as its example backend."""
+    found = re.findall(r"```\{literalinclude\} (\S+)", GUIDE.read_text())
+    assert len(found) == 1, f"{GUIDE} includes {len(found)} files; it shows one example backend"
+    return (GUIDE.parent / found[0]).resolve()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _shell_registered() -> None:
-    """The recipe's module, registered by hand as a plugin (as an entry point would)."""
-    if not plugins().pm.has_plugin("shell"):
-        plugins().register_plugin(shell_backend, name="shell")
+    """The guide's example module, registered by hand as its step 2 says."""
+    if plugins().pm.has_plugin("shell"):
+        return
+    spec = importlib.util.spec_from_file_location("fiber_shell", guide_example())
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fiber_shell"] = module
+    spec.loader.exec_module(module)
+    plugins().register_plugin(module, name="shell")
 
 
 class TestShellRecipe(BackendConformance):
     backend_name = "shell"
 
 
-# -- the recipe and its copies ---------------------------------------------------------------
+# -- the one example file ---------------------------------------------------------------------
 
 
-def recipe() -> str:
-    """The literal block of the backend contract's docstring that defines ``ShellBackend``."""
-    doc = contract.__doc__ or ""
-    for block in doc.split("::\n\n")[1:]:
-        lines = []
-        for line in block.splitlines():
-            if line and not line.startswith(" "):
-                break
-            lines.append(line)
-        code = textwrap.dedent("\n".join(lines)).strip("\n") + "\n"
-        if "class ShellBackend(Backend):" in code:
-            return code
-    raise AssertionError("the backend contract's docstring has no ShellBackend recipe")
-
-
-def without_docstring(path: Path) -> str:
-    source = path.read_text()
-    first = ast.parse(source).body[0]
-    assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant), \
-        f"{path} starts with a docstring, then the recipe"
-    assert first.end_lineno is not None
-    return "\n".join(source.splitlines()[first.end_lineno:]).strip("\n") + "\n"
-
-
-@pytest.mark.parametrize("path", COPIES, ids=lambda p: p.name)
-def test_copy_is_the_recipe_as_written(path: Path) -> None:
-    assert without_docstring(path) == recipe(), (
-        f"{path} and the recipe in fiber_core/contract/backend.py's docstring differ: "
-        "change both together")
+def test_the_guide_includes_the_one_example_file_that_the_suite_runs() -> None:
+    assert guide_example() == TEMPLATE / "fiber_shell.py"
+    assert sys.modules["fiber_shell"].__file__ == str(guide_example())
+    needle = "class ShellBackend" + "(Backend):"  # spelt apart, so that this file holds no copy
+    copies = [path for path in [*REPO.glob("fiber_core/**/*.py"), *REPO.glob("tests/**/*.py"),
+                                *REPO.glob("docs/*.md"), *REPO.glob("examples/**/*.py")]
+              if needle in path.read_text() and path != guide_example()]
+    assert copies == [], f"copies of the example backend: change the one file instead: {copies}"
 
 
 def test_shell_option_and_a_missing_shell(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +109,7 @@ def template_installed(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.timeout(300)
 def test_template_tests_pass_with_its_entry_point(template_installed: dict[str, str],
                                                   tmp_path: Path) -> None:
-    # The whole suite already runs above on the same code (the copies are identical): here
+    # The whole suite already runs above on the same file: here
     # the template's own test file proves the wiring, entry point to registered backend to
     # a Fiber process on it.
     out = subprocess.run(
@@ -134,7 +123,7 @@ def test_template_tests_pass_with_its_entry_point(template_installed: dict[str, 
 # -- the suite fails fast, with the log ---------------------------------------------------------
 
 NO_PYTHON = '''
-from authoring.shell_backend import ShellBackend
+from fiber_shell import ShellBackend
 from fiber_core.contract import hookimpl
 from fiber_core.runtime.config import plugins
 from fiber_core.testing import BackendConformance
@@ -171,7 +160,7 @@ def no_python_report(tmp_path: Path) -> Iterator[dict[str, str]]:
     (tmp_path / "test_nopython.py").write_text(NO_PYTHON)
     report = tmp_path / "report.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
+        filter(None, [str(TEMPLATE), os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "60",
          f"--junitxml={report}", "test_nopython.py"],

@@ -190,3 +190,104 @@ def test_a_group_members_token_derives_from_the_group_and_its_index() -> None:
     assert job_token({"FIBER_GROUP": "secret", "FIBER_GROUP_INDEX": "3"}) == group_token("secret", 3)
     with pytest.raises(KeyError, match="not started by Fiber"):
         job_token({"FIBER_GROUP": "secret", "FIBER_GROUP_INDEX": ""})
+
+
+# -- what the contract gives every backend: the live-job table, settings, helpers ------------
+
+
+def test_a_job_leaves_the_live_table_when_its_state_finishes() -> None:
+    b = _Recorder()
+    first, second = b.start_jobs(_specs(2))
+    assert b.job_by_id("job-0") is first and b.jobs == [first, second]
+    first.state.finish(0)  # a watcher learnt of its end: nobody calls untrack_job
+    assert b.job_by_id("job-0") is None and b.jobs == [second]
+
+
+def test_a_job_tracked_early_is_found_by_id_before_fiber_tracks_it() -> None:
+    b = _Recorder()
+    job = Job(id="c1", spec=_specs(1)[0])
+    b.track_job(job)
+    assert b.job_by_id("c1") is job
+    b._track([job])  # Fiber's own tracking after create_job: the same entry
+    assert b.jobs == [job]
+
+
+def test_a_done_callback_runs_once_at_the_end_or_at_once_when_it_has_ended() -> None:
+    state, seen = JobState(), []
+    state.add_done_callback(lambda s: seen.append(("before", s.exitcode)))
+    state.finish(3)
+    state.finish(4)
+    state.add_done_callback(lambda s: seen.append(("after", s.exitcode)))
+    assert seen == [("before", 3), ("after", 3)]
+
+
+class _Configured(_Recorder):
+    name = "configured"
+    options = (contract.Option("api_timeout", float, 15.0), contract.TIMEOUT_ALIAS, contract.EXTRA_ENV,
+               contract.Option("image", str, None), contract.Option("slots", int, 2))
+    renamed_options = {"timeout": "api_timeout"}
+
+    def __init__(self, settings: dict[str, object]) -> None:
+        Backend.__init__(self, settings, "run")
+
+
+def test_settings_are_complete_and_typed_when_the_backend_is_made() -> None:
+    b = _Configured({"slots": "3", "extra_env": "A=1,B=2"})
+    assert b.settings["slots"] == 3 and b.settings["api_timeout"] == 15.0 and b.api_timeout == 15.0
+    assert b.settings["image"] is None and b.settings["extra_env"] == ["A=1", "B=2"]
+    with pytest.raises(contract.ConfigError, match="slots"):
+        _Configured({"slots": "many"})
+
+
+def test_the_old_name_of_api_timeout_still_works_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match="now called 'api_timeout'"):
+        b = _Configured({"timeout": 60})
+    assert b.api_timeout == 60.0
+    with pytest.warns(FutureWarning):
+        b = _Configured({"timeout": 60, "api_timeout": 5})
+    assert b.api_timeout == 5.0  # the new name wins where both are set
+
+
+def test_a_jobs_environment_is_extra_env_under_its_own_and_its_secrets_are_told_apart() -> None:
+    b = _Configured({"extra_env": ["A=1", "B=x=y"]})
+    spec = JobSpec(command=["true"], env={"B": "2", "FIBER_AUTHKEY": "k", "FIBER_PROCESS_TOKEN": "t"})
+    env = b.job_env(spec)
+    assert env == {"A": "1", "B": "2", "FIBER_AUTHKEY": "k", "FIBER_PROCESS_TOKEN": "t"}
+    assert contract.split_secrets(env) == ({"A": "1", "B": "2"}, {"FIBER_AUTHKEY": "k", "FIBER_PROCESS_TOKEN": "t"})
+    with pytest.raises(contract.ConfigError, match="KEY=VALUE"):
+        _Configured({"extra_env": ["nope"]}).job_env(spec)
+
+
+def test_a_jobs_image_comes_from_the_spec_then_the_setting_else_an_error_says_what_to_set() -> None:
+    b = _Configured({"image": "mine:1"})
+    assert b.job_image(JobSpec(command=[], image="theirs:2")) == "theirs:2"
+    assert b.job_image(JobSpec(command=[])) == "mine:1"
+    assert _Configured({}).job_image(JobSpec(command=[]), default="own:3") == "own:3"
+    with pytest.raises(BackendError, match="FIBER_CONFIGURED_IMAGE.*pip"):
+        _Configured({}).job_image(JobSpec(command=[]), hint="; pip install fiber-core")
+
+
+@pytest.mark.parametrize("gpu, gpu_type, count", [(None, None, 0), (0, None, 0), (2, None, 2),
+                                                  (None, "a10g", 1), (4, "a10g", 4), (-1, None, -1)])
+def test_a_gpu_type_alone_asks_for_one_gpu(gpu: int | None, gpu_type: str | None, count: int) -> None:
+    assert contract.gpu_count(JobSpec(command=[], gpu=gpu, gpu_type=gpu_type)) == count
+
+
+def test_a_name_is_cleaned_to_what_the_platform_accepts() -> None:
+    assert contract.clean_name("Process-1:2 weird/name") == "Process-1-2-weird-name"
+    assert contract.clean_name("Process-1:2", "a-z0-9-", lower=True) == "process-1-2"
+    assert contract.clean_name("..//..") == "job" and contract.clean_name("", fallback="") == ""
+    assert contract.clean_name("a" * 10 + "-b", limit=11) == "a" * 10
+
+
+def test_remove_all_calls_every_removal_and_returns_the_errors() -> None:
+    removed: list[int] = []
+
+    def remove(n: int) -> None:
+        if n == 3:
+            raise OSError("busy")
+        removed.append(n)
+
+    errors = contract.remove_all(range(40), remove, limit=8)
+    assert sorted(removed) == [n for n in range(40) if n != 3]
+    assert [str(e) for e in errors] == ["busy"]

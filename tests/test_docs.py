@@ -60,8 +60,9 @@ def test_a_table_has_a_row_per_option_with_its_variable_type_default_and_choices
     assert env_variable("host_key_policy", "ssh") == "FIBER_SSH_HOST_KEY_POLICY"
     assert "| `FIBER_SSH_HOST_KEY_POLICY` |" in policy
     assert "| str | `strict` |" in policy and "one of `strict`, `accept-new`" in policy
-    timeout = next(r for r in rows if r.startswith("| `timeout`"))
+    timeout = next(r for r in rows if r.startswith("| `api_timeout`"))
     assert "| float | `15.0` |" in timeout
+    assert "former name of api_timeout" in next(r for r in rows if r.startswith("| `timeout`"))
     # aws-batch's section is aws: a variable cannot have a dash in its name
     assert "| `queue` | `FIBER_AWS_QUEUE` | str |  |" in docs.settings_table("aws")
 

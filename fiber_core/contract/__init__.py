@@ -14,7 +14,19 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
     from fiber_core.base.errors import BackendError, ConfigError
     from fiber_core.base.net import keepalive
     from fiber_core.base.options import Option, parse_pairs
-    from fiber_core.contract.backend import Backend, Job, JobSpec, exitcode_from_status
+    from fiber_core.contract.backend import (
+        EXTRA_ENV,
+        TIMEOUT_ALIAS,
+        Backend,
+        Job,
+        JobSpec,
+        clean_name,
+        exitcode_from_status,
+        gpu_count,
+        job_environment,
+        remove_all,
+        split_secrets,
+    )
     from fiber_core.contract.env import (
         ENV_AUTHKEY,
         ENV_GROUP,
@@ -28,7 +40,14 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         SECRET_VARIABLES,
     )
     from fiber_core.contract.hookspecs import hookimpl
-    from fiber_core.contract.jobs import LOG_LIMIT, EndReason, JobState, LogRing, Watcher
+    from fiber_core.contract.jobs import (
+        HOST_LOST_EXITCODE,
+        LOG_LIMIT,
+        EndReason,
+        JobState,
+        LogRing,
+        Watcher,
+    )
     from fiber_core.contract.registry import install_elsewhere
 
 _EXPORTS = {
@@ -41,6 +60,14 @@ _EXPORTS = {
     "Job": "fiber_core.contract.backend",
     "JobSpec": "fiber_core.contract.backend",
     "exitcode_from_status": "fiber_core.contract.backend",
+    "EXTRA_ENV": "fiber_core.contract.backend",
+    "TIMEOUT_ALIAS": "fiber_core.contract.backend",
+    "clean_name": "fiber_core.contract.backend",
+    "gpu_count": "fiber_core.contract.backend",
+    "job_environment": "fiber_core.contract.backend",
+    "remove_all": "fiber_core.contract.backend",
+    "split_secrets": "fiber_core.contract.backend",
+    "HOST_LOST_EXITCODE": "fiber_core.contract.jobs",
     "hookimpl": "fiber_core.contract.hookspecs",
     "ENV_AUTHKEY": "fiber_core.contract.env",
     "ENV_HUB": "fiber_core.contract.env",
@@ -62,10 +89,11 @@ _EXPORTS = {
 
 __all__ = [
     "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_RUN_ID",
-    "ENV_TOKEN",
+    "ENV_TOKEN", "EXTRA_ENV", "HOST_LOST_EXITCODE", "TIMEOUT_ALIAS",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
     "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
-    "Watcher", "exitcode_from_status", "hookimpl", "install_elsewhere", "keepalive", "parse_pairs",
+    "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
+    "parse_pairs", "remove_all", "split_secrets",
 ]
 
 

@@ -28,67 +28,21 @@ conformance suite (:mod:`fiber_core.testing`) checks:
   ``[sys.executable]``.
 
 Then register the class from a plugin module (:mod:`fiber_core.contract.hookspecs`)
-and run the suite on it. This whole backend runs each job as a process started
-through a shell, and passes the suite as written (``tests/test_authoring.py``
-runs it; ``examples/backend_template/`` is it as a distribution, and
-``docs/writing-a-backend.md`` walks through it)::
+and run the suite on it. ``examples/backend_template/fiber_shell.py`` is a whole backend
+that runs each job as a process started through a shell, in one module, and passes the
+suite as written: ``docs/writing-a-backend.md`` includes it and walks through it, and
+``tests/test_authoring.py`` runs that file through the suite.
 
-    from __future__ import annotations
+What the contract gives every backend, so that a plugin keeps only its platform:
 
-    import os
-    import shlex
-    import signal
-    import subprocess
-    import sys
-    import threading
-    from collections.abc import Callable
-
-    from fiber_core.contract import Backend, BackendError, Job, JobSpec, Option, hookimpl
-
-
-    class ShellBackend(Backend):
-        name = "shell"
-        options = (Option("shell", str, "/bin/sh", "the shell that starts jobs"),)
-
-        def create_job(self, spec: JobSpec) -> Job:
-            command = " ".join(map(shlex.quote, spec.command))
-            try:
-                popen = subprocess.Popen(
-                    [self.settings["shell"], "-c", "exec " + command],
-                    env={**os.environ, **spec.env}, cwd=spec.cwd, start_new_session=True,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            except OSError as e:
-                raise BackendError(f"cannot run the shell {self.settings['shell']!r}: set "
-                                   "FIBER_SHELL_SHELL to one that exists", cause=e) from None
-            job = Job(id=str(popen.pid), spec=spec, handle=popen)
-            threading.Thread(target=self._follow, args=(job,), daemon=True).start()
-            return job
-
-        def _follow(self, job: Job) -> None:
-            for chunk in iter(lambda: job.handle.stdout.read1(65536), b""):
-                job.state.log.append(chunk)
-            job.state.finish(job.handle.wait())  # the first end wins; Fiber's stops are STOPPED
-
-        def terminate_job(self, job: Job) -> None:
-            self._signal(job, signal.SIGTERM)
-
-        def kill_job(self, job: Job) -> None:
-            self._signal(job, signal.SIGKILL)
-
-        def _signal(self, job: Job, sig: int) -> None:
-            if not job.state.done():
-                try:
-                    os.killpg(job.handle.pid, sig)  # the job leads its own process group
-                except ProcessLookupError:
-                    pass
-
-        def worker_command(self) -> list[str]:
-            return [sys.executable]  # jobs run on this machine
-
-
-    @hookimpl
-    def fiber_register_backends(register: Callable[[type[Backend]], None]) -> None:
-        register(ShellBackend)
+* the live-job table: :meth:`~Backend.track_job`, :meth:`~Backend.job_by_id`,
+  :attr:`~Backend.jobs` (a job leaves it when its state finishes);
+* the settings every backend reads alike: :meth:`~Backend.job_image`,
+  :meth:`~Backend.job_env` (``extra_env``), :attr:`~Backend.api_timeout`, and
+  :attr:`~Backend.settings` complete and typed once ``__init__`` returns;
+* :func:`gpu_count`, :func:`clean_name`, :func:`split_secrets` (what must not be shown),
+  :func:`remove_all` (bulk removal at exit), and
+  :data:`~fiber_core.contract.jobs.HOST_LOST_EXITCODE`, the one exit code of a lost host.
 
 The rules every method follows
 ------------------------------
@@ -112,18 +66,29 @@ The rules every method follows
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fiber_core.base.errors import BackendError
-from fiber_core.base.options import Option
+from fiber_core.base.options import Option, parse_pairs
+from fiber_core.contract.env import SECRET_VARIABLES
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
 
-__all__ = ["Backend", "Job", "JobSpec", "exitcode_from_status"]
+__all__ = ["EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
+           "gpu_count", "job_environment", "remove_all", "split_secrets"]
+
+EXTRA_ENV = Option("extra_env", list, [], "KEY=VALUE pairs set in every job (not for secrets)")
+"""The ``extra_env`` setting: a backend that lists it gets it in :meth:`Backend.job_env`."""
+
+TIMEOUT_ALIAS = Option("timeout", float, None, "deprecated: the former name of api_timeout")
+"""The old name of ``api_timeout`` that the ssh and docker backends still read (with a
+warning); a backend lists it with ``renamed_options = {"timeout": "api_timeout"}``."""
 
 
 @dataclass
@@ -193,6 +158,77 @@ def exitcode_from_status(status: int | None) -> int | None:
     return status
 
 
+def gpu_count(spec: JobSpec) -> int:
+    """How many GPUs ``spec`` asks for: ``spec.gpu``, one when it names only a ``gpu_type``
+    (``-1``, every GPU of a node, stays ``-1``)."""
+    return spec.gpu or (1 if spec.gpu_type else 0)
+
+
+def clean_name(text: str, allowed: str = "A-Za-z0-9_.-", *, sub: str = "-", limit: int | None = None,
+               lower: bool = False, edges: str = "-_.", fallback: str = "job") -> str:
+    """``text`` as a name the platform accepts: each run of characters outside ``allowed``
+    (a regular-expression class body) becomes ``sub``, ``edges`` are stripped from both ends,
+    at most ``limit`` characters; ``fallback`` when nothing is left."""
+    out = re.sub(f"[^{allowed}]+", sub, text.lower() if lower else text).strip(edges)
+    if limit is not None:
+        out = out[:limit].strip(edges)
+    return out or fallback
+
+
+def job_environment(env: Mapping[str, str], extra_env: Iterable[str] | None, where: str) -> dict[str, str]:
+    """A job's environment: the ``extra_env`` setting's ``KEY=VALUE`` entries, then ``env``
+    (the spec's) over them. A bad entry is a :class:`~fiber_core.base.errors.ConfigError` naming ``where`` it is set."""
+    out = parse_pairs(extra_env, f"extra_env in {where}") if extra_env else {}
+    out.update(env)
+    return out
+
+
+def split_secrets(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``env`` as (what may be shown, the :data:`~fiber_core.contract.env.SECRET_VARIABLES`).
+
+    A backend puts the second part where only the job can read it (a Kubernetes Secret, the
+    job's stdin, an SSM parameter), never in what others can list or inspect.
+    """
+    public = {k: v for k, v in env.items() if k not in SECRET_VARIABLES}
+    return public, {k: v for k, v in env.items() if k in SECRET_VARIABLES}
+
+
+def remove_all(items: Sequence[Any], remove: Callable[[Any], None], limit: int = 16) -> list[Exception]:
+    """Call ``remove(item)`` for every item, ``limit`` at a time; return the errors.
+
+    For removing many platform objects at exit (containers, pods, jobs): in threads while
+    threads can start, else (at interpreter exit on Python 3.12, where :meth:`Backend.cleanup`
+    runs from atexit) one after another.
+    """
+    left = list(items)
+    lock = threading.Lock()
+    errors: list[Exception] = []
+
+    def drain() -> None:
+        while True:
+            with lock:
+                if not left:
+                    return
+                item = left.pop()
+            try:
+                remove(item)
+            except Exception as e:
+                errors.append(e)
+
+    threads = []
+    for _ in range(min(limit, len(left)) - 1):
+        t = threading.Thread(target=drain, daemon=True, name="fiber-remove")
+        try:
+            t.start()
+        except RuntimeError:
+            break
+        threads.append(t)
+    drain()
+    for t in threads:
+        t.join()
+    return errors
+
+
 class Backend(ABC):
     """Starts, watches and stops jobs on one kind of infrastructure.
 
@@ -231,6 +267,14 @@ class Backend(ABC):
         Where its options live when the name cannot be used (``aws-batch`` has a
         dash, which environment variable names cannot hold): ``"aws"`` gives
         ``[aws]`` and ``FIBER_AWS_*``. Defaults to ``name``.
+    ``renamed_options``
+        ``{old: new}`` for settings that were renamed: a value set under the old name
+        (still listed in ``options``, default ``None``) is used for the new one, with a
+        :class:`FutureWarning`, unless the new one is set too.
+
+    The settings every backend reads the same way: ``image`` (:meth:`job_image`),
+    ``extra_env`` (:data:`EXTRA_ENV`, :meth:`job_env`) and ``api_timeout``
+    (:attr:`api_timeout`: seconds one call to the platform may take).
     """
 
     name: ClassVar[str]
@@ -240,6 +284,7 @@ class Backend(ABC):
     config_section: ClassVar[str | None] = None
     shares_this_machine: ClassVar[bool] = False
     spare_jobs: ClassVar[int] = 0
+    renamed_options: ClassVar[Mapping[str, str]] = {}
 
     peer_timeout: float = 30.0
     """Seconds after which a TCP peer that stopped answering counts as gone (the
@@ -253,16 +298,37 @@ class Backend(ABC):
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:
-        """``settings`` holds every option of :attr:`options`, typed; ``run_id`` is unique per
-        run; ``rundir`` is a private directory of this process, removed when it exits."""
-        self.settings: dict[str, Any] = dict(settings or {})
+        """``settings`` holds options of :attr:`options` (Fiber passes each one, resolved);
+        ``run_id`` is unique per run; ``rundir`` is a private directory of this process,
+        removed when it exits. Once it returns, :attr:`settings` holds every option, typed
+        (a missing one has its default), and renamed options are applied."""
+        self.settings: dict[str, Any] = self.complete_settings(settings or {})
         self.run_id = run_id
         self._rundir = rundir
         self._own_rundir: str | None = None
-        self._jobs: list[Job] = []
+        self._jobs: dict[str, Job] = {}  # the live jobs, by id: see track_job
         self._jobs_lock = threading.Lock()
         self._watchers: list[Watcher] = []
         self._closing = False
+
+    @classmethod
+    def complete_settings(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option's value, typed: what ``given`` holds, else the default; renamed
+        options applied (:attr:`renamed_options`). What :attr:`settings` holds; for
+        :meth:`clean`, which gets the settings without an instance."""
+        section = cls.settings_section()
+        settings = dict(given)
+        for o in cls.options:
+            settings[o.name] = o.parse(settings.get(o.name, o.default), f"{o.name} in [{section}]", "settings")
+        defaults = {o.name: o.default for o in cls.options}
+        for old, new in cls.renamed_options.items():
+            if settings.get(old) is None:
+                continue
+            warnings.warn(f"the {section} setting {old!r} is now called {new!r} (FIBER_{section.upper()}_"
+                          f"{new.upper()}, [{section}] {new}): the old name will go", FutureWarning, stacklevel=3)
+            if settings.get(new) == defaults.get(new):
+                settings[new] = settings[old]
+        return settings
 
     @property
     def rundir(self) -> str:
@@ -461,6 +527,57 @@ class Backend(ABC):
 
     # -- helpers for backends ---------------------------------------------------------
 
+    @property
+    def api_timeout(self) -> float:
+        """Seconds one call to the platform may take before it is an error (``api_timeout``)."""
+        return float(self.settings.get("api_timeout") or 30.0)
+
+    def job_image(self, spec: JobSpec, default: str | None = None, hint: str = "") -> str:
+        """The image of a job: ``spec.image`` (``Process(image=...)``, the global ``image``
+        setting), else this backend's ``image`` setting, else ``default``; if none, a
+        :class:`BackendError` that says what to set, followed by ``hint``."""
+        image = spec.image or self.settings.get("image") or default
+        if image:
+            return str(image)
+        section = self.settings_section()
+        raise BackendError(f"no image for {self.name} jobs: set FIBER_{section.upper()}_IMAGE (or [{section}] "
+                           "image in .fiberconfig, or the global image setting) to an image that has Python "
+                           f"3 and fiber-core installed{hint}")
+
+    def job_env(self, spec: JobSpec) -> dict[str, str]:
+        """A job's environment: the ``extra_env`` setting, then ``spec.env`` over it.
+
+        It holds the run's secrets (:func:`split_secrets` tells them apart).
+        """
+        return job_environment(spec.env, self.settings.get("extra_env"), f"[{self.settings_section()}]")
+
+    def track_job(self, job: Job) -> Job:
+        """Put ``job`` in the live-job table (:meth:`job_by_id`, :attr:`jobs`) until it ends.
+
+        Fiber tracks every job it starts once :meth:`create_job` returns; a backend whose
+        watcher must find a job by id earlier (an event may come before ``create_job``
+        returns) calls this as soon as it has the id. A finish hook on ``job.state``
+        takes it out of the table when it ends.
+        """
+        self._insert(job)
+        return job
+
+    def _insert(self, job: Job) -> bool:
+        """Add ``job`` to the live-job table; False once cleanup has taken the table."""
+        with self._jobs_lock:
+            if self._closing:
+                return False
+            if job.id in self._jobs or job.state.done():
+                return True
+            self._jobs[job.id] = job
+        job.state.add_done_callback(lambda _state: self.untrack_job(job))
+        return True
+
+    def job_by_id(self, job_id: str) -> Job | None:
+        """The live job with this id, or ``None`` (not started here, ended, or cleaned up)."""
+        with self._jobs_lock:
+            return self._jobs.get(job_id)
+
     def watch(self, step: Callable[[], float | None], name: str, interval: float = 1.0,
               max_backoff: float = 30.0) -> Watcher:
         """Start a :class:`~fiber_core.contract.jobs.Watcher` that :meth:`cleanup` stops."""
@@ -476,15 +593,15 @@ class Backend(ABC):
         replacing a worker while the program exits) is stopped at once and refused.
         """
         with self._jobs_lock:
-            jobs, self._jobs = self._jobs, []
+            jobs, self._jobs = list(self._jobs.values()), {}
             self._closing = True
         return jobs
 
     @property
     def jobs(self) -> list[Job]:
-        """The jobs started in this run that are still tracked."""
+        """The jobs started in this run that have not ended, in the order they started."""
         with self._jobs_lock:
-            return list(self._jobs)
+            return list(self._jobs.values())
 
     # -- called by Fiber; not for backends to override ----------------------------
 
@@ -501,11 +618,7 @@ class Backend(ABC):
         return job
 
     def _track(self, jobs: list[Job]) -> None:
-        with self._jobs_lock:
-            closing = self._closing
-            if not closing:
-                self._jobs.extend(jobs)
-        if closing:  # cleanup already ran: nothing would ever stop these
+        if not all([self._insert(job) for job in jobs]):  # cleanup ran: nothing would ever stop these
             for job in jobs:
                 try:
                     self.stop_job(job, force=True)
@@ -525,11 +638,10 @@ class Backend(ABC):
     def untrack_job(self, job: Job) -> None:
         """Stop tracking ``job``, which has ended: :meth:`cleanup` need not look at it."""
         with self._jobs_lock:
-            try:
-                self._jobs.remove(job)
-            except ValueError:
-                pass
+            if self._jobs.get(job.id) is job:
+                del self._jobs[job.id]
 
     def end_reason(self, job: Job) -> EndReason | None:
         """Why ``job`` ended (``None`` while it runs or when the backend cannot tell)."""
         return job.state.reason if job.state.done() else None
+

@@ -25,6 +25,10 @@ from fiber_core.base.log import log
 LOG_LIMIT = 1 << 20
 """Bytes of a job's output a :class:`JobState` keeps by default (the last ones)."""
 
+HOST_LOST_EXITCODE = -1
+"""The exit code of a job whose machine, or the way to it, was lost before it reported one
+(with :attr:`EndReason.HOST_LOST`): ``-SIGHUP``, the line to it hung up. Every backend uses it."""
+
 
 class EndReason(enum.Enum):
     """Why a job ended, as far as its backend can tell.
@@ -109,6 +113,25 @@ class JobState:
         self.stop_requested = False
         """Fiber asked the job to stop: an end by signal is then :attr:`EndReason.STOPPED`."""
         self.log = LogRing(log_limit)
+        self._callbacks: list[Callable[[JobState], None]] = []
+
+    def add_done_callback(self, fn: Callable[[JobState], None]) -> None:
+        """Call ``fn(self)`` once the job ends: at once if it has, else from :meth:`finish`.
+
+        Like :meth:`concurrent.futures.Future.add_done_callback`: an exception ``fn`` raises
+        is logged and ignored. It runs in the thread that finishes the job: keep it short.
+        """
+        with self._lock:
+            if self.exitcode is None:
+                self._callbacks.append(fn)
+                return
+        self._call(fn)
+
+    def _call(self, fn: Callable[[JobState], None]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            log.exception("fiber: a job's done callback failed")
 
     def finish(self, exitcode: int, reason: EndReason | None = None, detail: str = "") -> bool:
         """Record the end of the job; return whether this call was the first.
@@ -123,7 +146,10 @@ class JobState:
                 stopped = self.stop_requested and exitcode < 0
                 reason = EndReason.STOPPED if stopped else EndReason.EXITED
             self.exitcode, self.reason, self.detail = exitcode, reason, detail
+            callbacks, self._callbacks = self._callbacks, []
         self._done.set()
+        for fn in callbacks:
+            self._call(fn)
         return True
 
     def done(self) -> bool:
@@ -191,4 +217,4 @@ class Watcher:
             self._wake.clear()
 
 
-__all__ = ["LOG_LIMIT", "EndReason", "JobState", "LogRing", "Watcher"]
+__all__ = ["HOST_LOST_EXITCODE", "LOG_LIMIT", "EndReason", "JobState", "LogRing", "Watcher"]

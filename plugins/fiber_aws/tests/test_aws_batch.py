@@ -654,7 +654,7 @@ def test_missing_cpu_queue_and_image(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(BackendError, match=r"no job queue for CPU jobs.*FIBER_AWS_QUEUE"):
         make_backend("t").start_job(JobSpec(command=["true"]))
     monkeypatch.delenv("FIBER_AWS_IMAGE")
-    with pytest.raises(BackendError, match=r"no container image.*FIBER_AWS_IMAGE"):
+    with pytest.raises(BackendError, match=r"no image for aws-batch jobs.*FIBER_AWS_IMAGE"):
         make_backend("t").start_job(JobSpec(command=["true"], gpu_type="a10g"))
 
 

@@ -82,11 +82,13 @@ def ms_task(x: int) -> int:
 
 def read_broadcast(handle: object) -> tuple[int, list[int], bool, str]:
     """What a broadcast gives in a container: its version, its distinct bytes, whether it
-    is the container's shared copy, and which job read it."""
-    from fiber_core.contract.env import job_token
+    is the container's shared copy, and which job read it (its worker's name: the job's token
+    leaves its environment once the worker has read it)."""
+    import fiber_core
 
     view = handle.value  # type: ignore[attr-defined]
-    return handle.version, sorted(set(bytes(view))), handle.shared, job_token()  # type: ignore[attr-defined]
+    return (handle.version, sorted(set(bytes(view))), handle.shared,  # type: ignore[attr-defined]
+            fiber_core.current_process().name)
 
 
 def container_of(q, code: int) -> None:  # noqa: ANN001

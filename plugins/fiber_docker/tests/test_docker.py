@@ -29,7 +29,7 @@ import fiber_core
 import pytest
 from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
 from fiber_core.base.errors import BackendError, TaskLostError
-from fiber_core.contract import Backend, EndReason, Job, JobSpec
+from fiber_core.contract import HOST_LOST_EXITCODE, Backend, EndReason, Job, JobSpec
 from fiber_core.runtime.config import create_backend, plugins
 from fiber_core.testing import BackendConformance, failing_program
 
@@ -39,7 +39,6 @@ from fiber_docker.backend import (
     LABEL_RUN,
     START_FAILED,
     DockerBackend,
-    _device_requests,
 )
 
 pytestmark = pytest.mark.usefixtures("docker_env")
@@ -181,9 +180,6 @@ def test_user_and_extra_env() -> None:
 
 
 def test_gpu_requests(backend: DockerBackend, docker_api: docker.APIClient) -> None:
-    assert _device_requests(None) is None and _device_requests(0) is None
-    assert [(r["Count"], r["Capabilities"]) for r in _device_requests(2)] == [(2, [["gpu"]])]
-    assert [r["Count"] for r in _device_requests(-1)] == [-1]  # every GPU
     # This daemon has no GPU: the request reaches it, and the refusal is immediate and explained.
     for gpu in (1, -1):
         with pytest.raises(BackendError, match="GPU") as e:
@@ -334,7 +330,7 @@ def test_end_host_lost(tmp_path: Path, docker_host: str, docker_api: docker.APIC
         job = b.start_job(sleeper())
         wait_output(b, job, "up")
         relay.cut()
-        assert b.wait_for_job(job, WAIT) == 255
+        assert b.wait_for_job(job, WAIT) == HOST_LOST_EXITCODE
         assert job.state.reason is EndReason.HOST_LOST
         assert "did not answer" in job.state.detail
     finally:
@@ -684,7 +680,9 @@ def test_sigterm_to_the_parent_leaves_no_container(tmp_path: Path, docker_api: d
         assert ready, "the program did not start its jobs"
         run_id = proc.stdout.readline().strip()
         assert run_id, proc.stderr.read()
-        assert len(containers(docker_api, f"{LABEL_RUN}={run_id}")) == 2
+        # The job and the process's; a spare job may have started after the process too.
+        names = [c["Names"][0] for c in containers(docker_api, f"{LABEL_RUN}={run_id}")]
+        assert len([n for n in names if not n.endswith("-spare")]) == 2, names
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=WAIT)
     finally:
@@ -807,8 +805,10 @@ def test_pool_task_over_the_memory_limit_fails_naming_memory_after_one_run() -> 
         res = pool.apply_async(docker_tasks.allocate, (256, runs))
         with pytest.raises(TaskLostError, match=r"apply_async\(allocate, .*out of memory, limit 64 MiB"):
             res.get(timeout=WAIT)
-        assert runs.get(timeout=WAIT) == "ran"
-        assert runs.empty()  # one run: an out-of-memory kill is not retried by default
+        # Once in a batch not watched (uncharged), then once watched: an out-of-memory kill
+        # is not retried by default (the Pool's charges, as tests/test_pool.py states them).
+        assert [runs.get(timeout=WAIT) for _ in range(2)] == ["ran", "ran"]
+        assert runs.empty()
         assert pool.apply_async(docker_tasks.square, (4,)).get(timeout=WAIT) == 16
 
 

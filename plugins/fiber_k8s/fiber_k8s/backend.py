@@ -1,11 +1,11 @@
 """The ``kubernetes`` backend: every Fiber job is one pod.
 
 How a job starts on Kubernetes, whole: :meth:`KubernetesBackend.create_job` builds the pod
-(:func:`build_pod`: ``restartPolicy: Never``, the worker command under a small ``sh`` that
+(:func:`~fiber_k8s.spec.build_pod`: ``restartPolicy: Never``, the worker command under a small ``sh`` that
 passes SIGTERM on, resources, GPU and node selector, labels ``fiber.run``/``fiber.parent``,
 an ownerReference to the parent's own pod) and creates it. One watch per backend (label
 selector ``fiber.run=<run>,fiber.parent=<this process>``) follows every pod of the run and
-finishes each job's ``state`` when its pod ends (:func:`pod_end` says with which code and
+finishes each job's ``state`` when its pod ends (:func:`~fiber_k8s.status.pod_end` says with which code and
 why), so polls never call the API. Terminating deletes the pod (with a grace period; kill:
 grace 0); at exit every pod this process created is deleted.
 
@@ -23,15 +23,10 @@ Either way the job's exit code is 1, it ended :attr:`~EndReason.NEVER_STARTED`, 
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import copy
-import functools
 import json
 import logging
 import os
-import re
-import secrets
 import signal
 import socket
 import threading
@@ -42,30 +37,38 @@ from typing import Any
 
 from fiber_core.contract import (
     ENV_AUTHKEY,
+    EXTRA_ENV,
     Backend,
     BackendError,
-    ConfigError,
     EndReason,
     Job,
     JobSpec,
     Option,
     Watcher,
-    exitcode_from_status,
-    parse_pairs,
+    remove_all,
 )
 
 from fiber_k8s.cluster import Cluster, http_status, in_pod
+from fiber_k8s.spec import (
+    CONTAINER,
+    DEFAULT_GPU_LABEL,
+    build_pod,
+    build_secret,
+    label_value,
+    load_pod_template,
+    pod_name,
+    secret_name,
+)
+from fiber_k8s.status import (
+    NO_EXIT_STATUS,
+    container_status,
+    pod_end,
+    pod_start_failure,
+    pod_unschedulable,
+)
 
 log = logging.getLogger("fiber")
 
-CONTAINER = "job"
-"""Name of the one container of a job's pod."""
-SECRET_KEY = "authkey"
-"""The key of the run's key in the backend's Secret."""
-DEFAULT_GPU_LABEL = "nvidia.com/gpu.product"
-"""Node label matched against ``gpu_type`` (set by NVIDIA GPU feature discovery / GPU operator)."""
-NO_EXIT_STATUS = 1
-"""Exit code of a job whose container left no exit status (it never ran, or its node was lost)."""
 WATCH_SECONDS = 240
 """Lifetime of one watch request; the watch is resumed from its last resourceVersion."""
 
@@ -81,7 +84,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("tolerations", list, [], "tolerations, as key[=value][:Effect] (key:Effect tolerates any value)"),
     Option("node_selector", list, [], "node labels every pod requires, as key=value: pool=ml,zone=a"),
     Option("volumes", list, [], "mounts as SOURCE:PATH[:ro]; SOURCE is a PersistentVolumeClaim name, or a host path if it starts with /"),
-    Option("extra_env", list, [], "KEY=VALUE pairs set in every pod"),
+    EXTRA_ENV,
     Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs (amd.com/gpu)"),
     Option("gpu_label", str, DEFAULT_GPU_LABEL, "node label that gpu_type must equal (GKE: cloud.google.com/gke-accelerator)"),
     Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever)"),
@@ -92,399 +95,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("pod_template", str, None, "a Pod (YAML or JSON file, or inline JSON) whose labels, annotations and spec are merged into every pod"),
     Option("registry", str, None, "registry that `fiber run --build` pushes the image to (e.g. ghcr.io/me)"),
 )
-
-_FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                  "CreateContainerConfigError", "CreateContainerError"}
-"""Reasons a container waits that need a fix, not time: its job fails at once."""
-_NOT_STARTED = {"StartError", "ContainerCannotRun"}
-"""Reasons of a terminated container that never ran its command."""
-
-# PID 1 of a container ignores signals it has no handler for, so SIGTERM would not end a
-# Python job until the grace period runs out. This shell runs the command as its child and
-# passes SIGTERM/SIGINT on (also one that came before the child started); it exits with the
-# child's status (143 when SIGTERM killed it). `n` counts signals: when one interrupted
-# `wait`, it waits again for the child's own status.
-SIGNAL_SHELL = ("n=0 p=\n"
-                "trap 'n=$((n+1)); [ -z \"$p\" ] || kill -TERM $p 2>/dev/null' TERM\n"
-                "trap 'n=$((n+1)); [ -z \"$p\" ] || kill -INT $p 2>/dev/null' INT\n"
-                '"$@" & p=$!\n'
-                "[ $n = 0 ] || kill -TERM $p 2>/dev/null\n"
-                "while m=$n; wait $p; s=$?; [ $m != $n ] && [ $s -gt 128 ]; do :; done\n"
-                "exit $s")
-
-_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
-_DNS_BAD = re.compile(r"[^a-z0-9-]+")
-_TOLERATION = re.compile(r"^(?P<key>[^=:]+)(?:=(?P<value>[^:]*))?(?::(?P<effect>NoSchedule|PreferNoSchedule|NoExecute))?$")
-
-
-# -- names, labels and the pod manifest -------------------------------------------------------
-
-
-def label_value(text: str) -> str:
-    """``text`` as a valid label value: ``[A-Za-z0-9_.-]``, alphanumeric at both ends, at most 63."""
-    value = _LABEL_VALUE_BAD.sub("_", text)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
-
-
-def pod_name(process_name: str, run_id: str) -> str:
-    """A unique DNS-1123 label from the process name and run id: ``process-1-2-<run>-<random>``."""
-    run = _DNS_BAD.sub("-", run_id.lower()).strip("-")[:20] or "run"
-    base = _DNS_BAD.sub("-", process_name.lower()).strip("-") or "fiber"
-    base = base[: 63 - len(run) - 8].strip("-")
-    return f"{base}-{run}-{secrets.token_hex(3)}"
-
-
-def quantity_cpu(cpu: float) -> str:
-    return str(int(cpu)) if float(cpu).is_integer() else f"{round(cpu * 1000)}m"
-
-
-def parse_tolerations(items: list[str]) -> list[dict[str, str]]:
-    """``key=value:Effect`` (Equal), ``key:Effect`` or ``key`` (Exists) as pod tolerations."""
-    out = []
-    for item in items:
-        m = _TOLERATION.match(item.strip())
-        if not m:
-            raise ConfigError(f"bad toleration {item!r}: expected key[=value][:NoSchedule|PreferNoSchedule|NoExecute]")
-        t = {"key": m["key"].strip(), "operator": "Equal" if m["value"] is not None else "Exists"}
-        if m["value"] is not None:
-            t["value"] = m["value"]
-        if m["effect"]:
-            t["effect"] = m["effect"]
-        out.append(t)
-    return out
-
-
-def parse_volumes(mounts: Mapping[str, str] | list[str]) -> tuple[list[dict], list[dict]]:
-    """Pod volumes and container mounts from ``SOURCE:PATH[:ro]`` strings or ``{source: path}``.
-
-    A SOURCE starting with ``/`` is a host path; anything else names a PersistentVolumeClaim.
-    """
-    entries: list[tuple[str, str, bool]] = []
-    if isinstance(mounts, Mapping):
-        entries = [(src, dst, False) for src, dst in mounts.items()]
-    else:
-        for item in mounts:
-            parts = item.split(":")
-            ro = len(parts) == 3 and parts[2] == "ro"
-            if len(parts) not in (2, 3) or not parts[0] or not parts[1].startswith("/") or (len(parts) == 3 and not ro):
-                raise ConfigError(f"bad volume {item!r}: expected SOURCE:/path[:ro] (SOURCE a claim name or /host/path)")
-            entries.append((parts[0], parts[1], ro))
-    volumes: list[dict[str, Any]] = []
-    mounts_out: list[dict[str, Any]] = []
-    for i, (src, dst, ro) in enumerate(entries):
-        name = f"vol-{i}"
-        if src.startswith("/"):
-            volumes.append({"name": name, "hostPath": {"path": src}})
-        else:
-            volumes.append({"name": name, "persistentVolumeClaim": {"claimName": src, "readOnly": ro}})
-        mount: dict[str, Any] = {"name": name, "mountPath": dst}
-        if ro:
-            mount["readOnly"] = True
-        mounts_out.append(mount)
-    return volumes, mounts_out
-
-
-def secret_name(run_id: str) -> str:
-    """A unique name for the Secret of one backend of run ``run_id``: ``fiber-key-<run>-<random>``."""
-    run = _DNS_BAD.sub("-", run_id.lower()).strip("-")[:40] or "run"
-    return f"fiber-key-{run}-{secrets.token_hex(4)}"
-
-
-def build_secret(value: str, *, name: str, namespace: str, labels: Mapping[str, str],
-                 owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The Secret that gives the pods the run's key (``value``, hex) under :data:`SECRET_KEY`."""
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
-    if owner:
-        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
-                                        "uid": owner["metadata"]["uid"]}]
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata,
-            "data": {SECRET_KEY: base64.b64encode(value.encode()).decode()}}
-
-
-# -- a user's pod template --------------------------------------------------------------------
-
-_TEMPLATE_METADATA = ("labels", "annotations")
-
-
-@functools.lru_cache(maxsize=8)
-def load_pod_template(value: str) -> dict[str, Any]:
-    """The ``pod_template`` setting as ``{"metadata": ..., "spec": ...}``.
-
-    ``value`` is inline JSON (it starts with ``{``) or the path of a YAML or JSON file
-    holding a ``Pod``, a ``PodTemplate`` or a bare ``{metadata, spec}``. Errors name the
-    setting and what to change.
-    """
-    where = "inline" if value.lstrip().startswith("{") else value
-    if where == "inline":
-        try:
-            doc = json.loads(value)
-        except ValueError as e:
-            raise ConfigError(f"pod_template (inline) is not valid JSON: {e}") from None
-    else:
-        import yaml  # the kubernetes client depends on PyYAML
-
-        try:
-            with open(os.path.expanduser(value), encoding="utf-8") as f:
-                doc = yaml.safe_load(f)
-        except OSError as e:
-            raise ConfigError(f"pod_template: cannot read {value!r}: {e.strerror or e}. Give the path of "
-                              "a YAML or JSON file holding a Pod, or the Pod as inline JSON") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"pod_template {value!r} is not valid YAML: {e}") from None
-    if not isinstance(doc, dict):
-        raise ConfigError(f"pod_template ({where}) must be a Pod (a mapping with metadata and spec), "
-                          f"not {type(doc).__name__}")
-    kind = doc.get("kind", "Pod")
-    if kind == "PodTemplate":
-        doc = doc.get("template") or {}
-    elif kind != "Pod":
-        raise ConfigError(f"pod_template ({where}) is a {kind}: give a Pod or a PodTemplate")
-    metadata, spec = doc.get("metadata") or {}, doc.get("spec") or {}
-    if not isinstance(metadata, dict) or not isinstance(spec, dict):
-        raise ConfigError(f"pod_template ({where}): metadata and spec must be mappings")
-    other = sorted(set(metadata) - set(_TEMPLATE_METADATA))
-    if other:
-        raise ConfigError(f"pod_template ({where}): metadata.{other[0]} is Fiber's to set; a template "
-                          "gives only labels and annotations")
-    if spec.get("restartPolicy", "Never") != "Never":
-        raise ConfigError(f"pod_template ({where}): restartPolicy {spec['restartPolicy']!r}: a job's pod "
-                          "runs once (Never); remove it")
-    for c in spec.get("containers") or []:
-        if not isinstance(c, dict):
-            raise ConfigError(f"pod_template ({where}): spec.containers must be a list of mappings")
-    return {"metadata": {k: metadata[k] for k in _TEMPLATE_METADATA if k in metadata}, "spec": spec}
-
-
-def _merge(ours: Any, theirs: Any) -> Any:
-    """Fiber's value with the template's added: mappings merged (Fiber's keys win), lists
-    concatenated (the template's first), else Fiber's value."""
-    if isinstance(ours, dict) and isinstance(theirs, dict):
-        out = copy.deepcopy(theirs)
-        for k, v in ours.items():
-            out[k] = _merge(v, theirs[k]) if k in theirs else v
-        return out
-    if isinstance(ours, list) and isinstance(theirs, list):
-        return [*copy.deepcopy(theirs), *ours]
-    return ours
-
-
-def merge_pod_template(pod: dict[str, Any], template: Mapping[str, Any]) -> dict[str, Any]:
-    """``pod`` with ``template`` (from :func:`load_pod_template`) merged in.
-
-    What Fiber sets wins where both give a field (its own labels, the command, the
-    image, a setting such as ``service_account``); the template adds everything
-    else: labels and annotations, tolerations, affinity, a priority class, a node
-    selector's other keys, volumes, init containers, sidecars. The template's
-    container named ``job`` (or its only container) is merged into the job's
-    container; env entries Fiber sets replace the template's of the same name.
-    """
-    meta = template["metadata"]
-    for key in _TEMPLATE_METADATA:
-        if meta.get(key):
-            pod["metadata"][key] = {**meta[key], **pod["metadata"].get(key, {})}
-    tspec = copy.deepcopy(template["spec"])
-    tcontainers = tspec.pop("containers", None) or []
-    spec = pod["spec"]
-    mine = spec["containers"][0]
-    same = [c for c in tcontainers if c.get("name") == CONTAINER]
-    if not same and len(tcontainers) == 1 and not tcontainers[0].get("name"):
-        same = tcontainers
-    for c in same:
-        ours_env = {e["name"] for e in mine.get("env", [])}
-        theirs_env = [e for e in c.pop("env", None) or [] if e.get("name") not in ours_env]
-        c.pop("name", None)
-        merged = _merge(mine, c)
-        if theirs_env:
-            merged["env"] = [*theirs_env, *mine.get("env", [])]
-        mine = merged
-    spec["containers"] = [mine, *[c for c in tcontainers if not any(c is s for s in same)]]
-    pod["spec"] = _merge(spec, tspec)
-    return pod
-
-
-def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespace: str, image: str,
-              labels: Mapping[str, str], owner: Mapping[str, Any] | None = None,
-              secret: str | None = None) -> dict[str, Any]:
-    """The pod manifest of one job. ``settings`` are the backend's, overridden by
-    ``spec.backend_options`` (any option key, e.g. ``service_account``). With ``secret``,
-    the run's key (``FIBER_AUTHKEY`` of ``spec.env``) comes from that Secret, not the spec."""
-    opts = {**settings, **spec.backend_options}
-    limits: dict[str, str] = {}
-    requests: dict[str, str] = {}
-    if spec.cpu:
-        requests["cpu"] = limits["cpu"] = quantity_cpu(spec.cpu)
-    if spec.memory:
-        requests["memory"] = limits["memory"] = f"{int(spec.memory)}Mi"
-    gpu = spec.gpu or (1 if spec.gpu_type else 0)
-    node_selector = parse_pairs(opts.get("node_selector") or [], "node_selector")
-    tolerations = parse_tolerations(list(opts.get("tolerations") or []))
-    if gpu < 0:
-        raise BackendError("gpu=-1 (every GPU of a node) cannot be asked of Kubernetes: give a number of GPUs")
-    if gpu:
-        gpu_resource = opts.get("gpu_resource") or "nvidia.com/gpu"
-        limits[gpu_resource] = str(gpu)  # the API server sets the request from the limit
-        # GPU nodes are commonly tainted with the resource name; tolerating it is harmless elsewhere.
-        tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
-        if spec.gpu_type:
-            node_selector[opts.get("gpu_label") or DEFAULT_GPU_LABEL] = spec.gpu_type
-    # $(VAR) in command and args is expanded by Kubernetes: $$ keeps a literal $.
-    argv = [a.replace("$", "$$") for a in spec.command]
-    if opts.get("signal_shell", True):
-        argv = ["/bin/sh", "-c", SIGNAL_SHELL, "fiber-job", *argv]
-    env: dict[str, Any] = {
-        "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
-        "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-        "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
-    }
-    env.update(parse_pairs(opts.get("extra_env") or [], "extra_env"))
-    env.update(spec.env)
-    if secret and ENV_AUTHKEY in env:
-        env[ENV_AUTHKEY] = {"secretKeyRef": {"name": secret, "key": SECRET_KEY}}
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": image,
-        "command": argv,
-        "env": [{"name": k, "valueFrom": v} if isinstance(v, dict) else {"name": k, "value": str(v)}
-                for k, v in env.items()],
-    }
-    if limits:
-        container["resources"] = {"limits": limits, **({"requests": requests} if requests else {})}
-    if spec.cwd:
-        container["workingDir"] = spec.cwd
-    if opts.get("image_pull_policy"):
-        container["imagePullPolicy"] = opts["image_pull_policy"]
-    volumes, mounts = parse_volumes(list(opts.get("volumes") or []))
-    more_volumes, more_mounts = parse_volumes(spec.volumes)
-    for v, m in zip(more_volumes, more_mounts):
-        m["name"] = v["name"] = f"vol-{len(volumes)}"
-        volumes.append(v)
-        mounts.append(m)
-    if mounts:
-        container["volumeMounts"] = mounts
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": int(opts.get("grace_period") or 0),
-        "enableServiceLinks": False,
-        "containers": [container],
-    }
-    if opts.get("service_account"):
-        pod_spec["serviceAccountName"] = opts["service_account"]
-    if opts.get("image_pull_secrets"):
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in opts["image_pull_secrets"]]
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    if volumes:
-        pod_spec["volumes"] = volumes
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "labels": dict(labels),
-        "annotations": {"fiber.name": spec.name},
-    }
-    if owner:
-        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
-                                        "uid": owner["metadata"]["uid"]}]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
-    if opts.get("pod_template"):
-        pod = merge_pod_template(pod, load_pod_template(opts["pod_template"]))
-    return pod
-
-
-# -- what a pod's status means for its job -----------------------------------------------------
-
-
-def _container_status(pod: Mapping[str, Any]) -> dict[str, Any]:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == CONTAINER:
-            return cs
-    return {}
-
-
-def _said(reason: str | None, message: str | None) -> str:
-    """``reason: message`` as the cluster gave them (either may be missing)."""
-    return f"{reason or ''}: {message or ''}".strip(": ")
-
-
-def pod_start_failure(pod: Mapping[str, Any]) -> str | None:
-    """Why the pod's container cannot start without a fix (image pull, config), else ``None``."""
-    waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
-    return _said(waiting["reason"], waiting.get("message")) if waiting.get("reason") in _FATAL_WAITING else None
-
-
-def pod_unschedulable(pod: Mapping[str, Any] | None) -> str | None:
-    """The scheduler's message while the pod has no node (``""`` if it gave none), else ``None``."""
-    if pod and (pod.get("spec") or {}).get("nodeName"):
-        return None
-    for cond in ((pod or {}).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return cond.get("message") or cond.get("reason") or ""
-    return ""
-
-
-def pod_end(pod: Mapping[str, Any], deleted: bool = False,
-            stop_signal: int | None = None) -> tuple[int, EndReason, str] | None:
-    """How the job of ``pod`` (its last state seen) ended: exit code, why, what the cluster said.
-
-    ``None`` while it runs or waits for a node. ``deleted``: the pod is gone from the API;
-    ``stop_signal``: Fiber deleted it to stop the job (SIGTERM, or SIGKILL for a kill). A
-    container ended by signal N (status 128+N) gives ``-N``, as multiprocessing does; a job
-    whose container left no exit status has code 1. Why, in this order: the container's
-    ``OOMKilled``; Fiber's own stop; a ``DisruptionTarget`` condition (preemption, the eviction
-    API, the taint manager, the kubelet; ``DeletionByPodGC``: its node is gone) or
-    ``reason: Evicted``; a lost node (``NodeLost``, phase ``Unknown``); a pod that never ran
-    its command; a pod deleted by someone else; else the program's own exit.
-    """
-    status, name = pod.get("status") or {}, (pod.get("metadata") or {}).get("name", "")
-    state = _container_status(pod).get("state") or {}
-    term, phase, why = state.get("terminated") or {}, status.get("phase"), status.get("reason") or ""
-    start_failure = pod_start_failure(pod)
-    if term:
-        code = exitcode_from_status(int(term.get("exitCode", 1))) or 0
-    elif phase == "Unknown" or why == "NodeLost":  # its node stopped answering: the rest is stale
-        code = NO_EXIT_STATUS
-    elif "running" in state and not deleted:  # (an evicted pod's container is still being killed)
-        return None
-    elif phase == "Succeeded":
-        code = 0
-    elif phase == "Failed" or start_failure:
-        code = NO_EXIT_STATUS
-    elif deleted:  # gone without a final state: force-deleted, or deleted before it ran
-        code = -(stop_signal or signal.SIGTERM)
-    else:
-        return None
-    if stop_signal == signal.SIGKILL and code < 0:
-        code = -signal.SIGKILL  # kill deletes the pod at once; a kubelet may still send SIGTERM first
-
-    if term.get("reason") == "OOMKilled":
-        limit = next((((c.get("resources") or {}).get("limits") or {}).get("memory")
-                      for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == CONTAINER), None)
-        return -signal.SIGKILL, EndReason.OOM, (
-            f"the container was killed for exceeding its memory limit of {limit} (OOMKilled)" if limit
-            else "the container was killed by its node's out-of-memory killer (OOMKilled)")
-    if stop_signal is not None and code < 0:
-        return code, EndReason.STOPPED, ""
-    disruption = next((c for c in status.get("conditions") or []
-                       if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None)
-    if disruption is not None or why == "Evicted":
-        cause = disruption or {"reason": why, "message": status.get("message")}
-        said = _said(cause.get("reason"), cause.get("message"))
-        if cause.get("reason") == "DeletionByPodGC":  # its node no longer exists
-            return code, EndReason.HOST_LOST, f"pod {name} was lost with its node ({said})"
-        return code, EndReason.PREEMPTED, f"pod {name} was {'evicted' if why == 'Evicted' else 'disrupted'} ({said})"
-    if phase == "Unknown" or why == "NodeLost":
-        return code, EndReason.HOST_LOST, f"the node of pod {name} was lost ({_said(why, status.get('message'))})"
-    if start_failure or term.get("reason") in _NOT_STARTED or (phase == "Failed" and not term):
-        said = start_failure or _said(term.get("reason") or why, term.get("message") or status.get("message"))
-        return code, EndReason.NEVER_STARTED, f"pod {name} could not start: {said}"
-    if deleted or (pod.get("metadata") or {}).get("deletionTimestamp"):
-        if term or "running" in state:
-            return code, EndReason.HOST_LOST, f"pod {name} was deleted by someone other than Fiber"
-        return code, EndReason.NEVER_STARTED, f"pod {name} was deleted by someone other than Fiber before it ran"
-    if term.get("reason") not in (None, "", "Completed", "Error"):
-        return code, EndReason.EXITED, _said(f"container {term['reason']}", term.get("message"))
-    return code, EndReason.EXITED, ""
 
 
 @dataclass
@@ -516,7 +126,6 @@ class KubernetesBackend(Backend):
         self._cluster: Cluster | None = None
         self._own_pod: dict[str, Any] | None = None
         self._parent_id = ""
-        self._pods: dict[str, Job] = {}  # pod name -> its job, until the job ends: where events go
         self._watch: _PodWatch | None = None  # made by the first create_job
         self._secret_name = secret_name(run_id)
         self._secret_value: str | None = None  # the key in the Secret, once it is created
@@ -557,16 +166,11 @@ class KubernetesBackend(Backend):
         return labels
 
     def _image(self, spec: JobSpec) -> str:
-        image = spec.image or self.settings.get("image")
-        if not image and self._own_pod is not None:
+        own = None
+        if self._own_pod is not None:
             containers = self._own_pod["spec"]["containers"]
-            image = (next((c for c in containers if c["name"] == CONTAINER), containers[0]))["image"]
-        if not image:
-            raise BackendError(
-                "no image for the pods: set FIBER_KUBERNETES_IMAGE (or [kubernetes] image, or the "
-                "global image setting) to an image the cluster can pull that has Python and "
-                "fiber-core installed. Inside a pod Fiber uses the pod's own image.")
-        return image
+            own = (next((c for c in containers if c["name"] == CONTAINER), containers[0]))["image"]
+        return self.job_image(spec, own, ", that the cluster can pull. Inside a pod Fiber uses the pod's own image.")
 
     def _owner(self) -> dict[str, Any] | None:
         owner = self._own_pod
@@ -641,15 +245,12 @@ class KubernetesBackend(Backend):
         for _ in range(3):
             body = self.manifest(spec)
             name = body["metadata"]["name"]
-            job = Job(id=name, spec=spec, handle=_Pod(time.monotonic()))
-            with self._lock:
-                self._pods[name] = job  # before the pod exists: its first events may come at once
-            try:
+            job = self.track_job(Job(id=name, spec=spec, handle=_Pod(time.monotonic())))  # its first events
+            try:  # may come before create_pod returns
                 cluster.create_pod(body)
                 return job
             except BackendError as e:
-                with self._lock:
-                    del self._pods[name]
+                self.untrack_job(job)
                 if http_status(e) == 409:
                     continue  # the random part of the name collided
                 raise
@@ -684,18 +285,16 @@ class KubernetesBackend(Backend):
         end = pod_end(pod, p.deleted, p.stop_signal)
         if end is not None:
             # A pod that cannot start is deleted, so that the kubelet stops retrying it.
-            self._end(job, *end, delete=not p.deleted and pod_start_failure(pod) is not None)
-        elif "running" in (_container_status(pod).get("state") or {}):
+            self._finish(job, *end, delete=not p.deleted and pod_start_failure(pod) is not None)
+        elif "running" in (container_status(pod).get("state") or {}):
             p.started.set()
 
-    def _end(self, job: Job, code: int, reason: EndReason, detail: str, delete: bool = False) -> None:
+    def _finish(self, job: Job, code: int, reason: EndReason, detail: str, delete: bool = False) -> None:
+        """Record the job's end (it leaves the live-job table); ``delete`` its pod too."""
         if job.state.finish(code, reason, detail) and delete:
             threading.Thread(target=self._delete_quietly, args=(job.id,), daemon=True,
                              name=f"fiber-k8s-delete-{job.id}").start()
         job.handle.started.set()
-        with self._lock:
-            if self._pods.get(job.id) is job:
-                del self._pods[job.id]
 
     def poll_job(self, job: Job) -> int | None:
         """The job's exit code as the watch saw it: no API call. Fails the job of a pod that
@@ -705,7 +304,7 @@ class KubernetesBackend(Backend):
             timeout = float(self.settings.get("schedule_timeout") or 0)
             waiting = pod_unschedulable(p.pod)
             if timeout > 0 and waiting is not None and time.monotonic() - p.created > timeout:
-                self._end(job, NO_EXIT_STATUS, EndReason.NEVER_STARTED, (
+                self._finish(job, NO_EXIT_STATUS, EndReason.NEVER_STARTED, (
                     f"pod {job.id} was not scheduled within schedule_timeout={timeout:g}s: "
                     f"{waiting or 'no node took it'}. Check its cpu/memory/gpu/gpu_type requests, "
                     "node_selector and tolerations against the cluster's nodes, or raise "
@@ -772,8 +371,7 @@ class KubernetesBackend(Backend):
     # -- watch events --------------------------------------------------------------------------
 
     def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
-        with self._lock:
-            job = self._pods.get(pod["metadata"]["name"])
+        job = self.job_by_id(pod["metadata"]["name"])
         if job is None:
             return
         p = job.handle
@@ -785,8 +383,7 @@ class KubernetesBackend(Backend):
 
     def _on_relist(self, names: set[str], started: float) -> None:
         """After a relist begun at ``started``: pods created before it and missing were deleted."""
-        with self._lock:
-            gone = [job for name, job in self._pods.items() if name not in names and job.handle.created < started]
+        gone = [job for job in self.jobs if job.id not in names and job.handle.created < started]
         for job in gone:
             job.handle.deleted = True
             self._settle(job)
@@ -795,9 +392,8 @@ class KubernetesBackend(Backend):
 
     def cleanup(self) -> None:
         """Delete every pod this process created in the run, finished ones included."""
-        self.take_jobs()  # their pods go below, all at once by label
+        jobs = self.take_jobs()  # their pods go below, all at once by label
         with self._lock:
-            jobs, self._pods = list(self._pods.values()), {}
             watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
@@ -808,7 +404,7 @@ class KubernetesBackend(Backend):
                             "`fiber clean --backend kubernetes --run %s`)", self.run_id, e, self.run_id)
         self._delete_secret()
         for job in jobs:  # the watch is closed: the ends of their pods will not be seen
-            self._end(job, -(job.handle.stop_signal or signal.SIGKILL), EndReason.STOPPED, "")
+            self._finish(job, -(job.handle.stop_signal or signal.SIGKILL), EndReason.STOPPED, "")
         super().cleanup()
 
     @classmethod
@@ -858,12 +454,16 @@ def _delete_pods(cluster: Cluster, selector: str) -> list[str]:
     except BackendError as e:
         if http_status(e) != 403:
             raise
-        for name in names:
+        def delete(name: str) -> None:
             try:
                 cluster.delete_pod(name, 0)
             except BackendError as e2:
                 if http_status(e2) != 404:
                     raise
+
+        errors = remove_all(names, delete)
+        if errors:
+            raise errors[0] from None
     return names
 
 

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from fiber_core.base.errors import BackendError
+from fiber_core.contract import BackendError
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where Kubernetes mounts a pod's service account: ``token``, ``ca.crt``, ``namespace``."""

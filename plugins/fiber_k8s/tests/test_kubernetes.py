@@ -31,7 +31,7 @@ import fiber_core
 import pod_functions
 import pytest
 import yaml
-from fiber_core.contract import BackendError, ConfigError, EndReason, JobSpec
+from fiber_core.contract import BackendError, EndReason, JobSpec
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance, failing_program
@@ -41,11 +41,7 @@ from kubernetes import client, watch
 from fiber_k8s import rbac
 from fiber_k8s.backend import (
     KubernetesBackend,
-    build_pod,
     label_value,
-    load_pod_template,
-    pod_end,
-    pod_name,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -183,44 +179,6 @@ def test_gpu_resources_selector_and_labels_in_the_created_pod(
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, "allocatable": {"nvidia.com/gpu": 2}}]}, "PUT")
     assert backend.wait_for_job(job, WAIT) == 0, backend.get_job_logs(job)
     assert job.host == "a100"
-
-
-def test_gpu_label_setting_and_other_options() -> None:
-    spec = JobSpec(command=["python3", "-c", "print('$(HOME)')"], name="p", gpu_type="nvidia-tesla-t4",
-                   env={"A": "1"}, volumes={"/data": "/mnt/data"})
-    body = build_pod(spec, {"gpu_label": "cloud.google.com/gke-accelerator", "tolerations": ["dedicated=ml:NoSchedule"],
-                            "service_account": "runner", "image_pull_secrets": ["regcred"],
-                            "volumes": ["results:/results", "/tmp:/host-tmp:ro"], "extra_env": ["B=2"],
-                            "node_selector": ["pool=ml"], "grace_period": 10, "signal_shell": False},
-                     name="p-1", namespace="ns", image="img:1", labels={"fiber.run": "r"})
-    pod = body["spec"]
-    c = pod["containers"][0]
-    assert pod["nodeSelector"] == {"pool": "ml", "cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
-    assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}  # gpu_type alone asks for one GPU
-    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
-    assert pod["serviceAccountName"] == "runner" and pod["imagePullSecrets"] == [{"name": "regcred"}]
-    assert pod["volumes"] == [
-        {"name": "vol-0", "persistentVolumeClaim": {"claimName": "results", "readOnly": False}},
-        {"name": "vol-1", "hostPath": {"path": "/tmp"}}, {"name": "vol-2", "hostPath": {"path": "/data"}}]
-    assert c["volumeMounts"] == [{"name": "vol-0", "mountPath": "/results"},
-                                 {"name": "vol-1", "mountPath": "/host-tmp", "readOnly": True},
-                                 {"name": "vol-2", "mountPath": "/mnt/data"}]
-    assert c["command"] == ["python3", "-c", "print('$$(HOME)')"]  # no $(VAR) expansion by Kubernetes
-    env = {e["name"]: e for e in c["env"]}
-    assert env["A"]["value"] == "1" and env["B"]["value"] == "2"
-    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-    with pytest.raises(BackendError, match="gpu=-1"):
-        build_pod(JobSpec(command=["x"], gpu=-1), {}, name="p", namespace="n", image="i", labels={})
-
-
-def test_names_and_label_values_are_valid() -> None:
-    names = {pod_name("Process-1:2 weird/name" * 5, "conf0123abcd") for _ in range(50)}
-    assert len(names) == 50
-    for name in names:
-        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
-    assert pod_name("___", "RUN") .startswith("fiber-run-")
-    assert label_value("-Process-1:2 x/y-") == "Process-1_2_x_y"
-    assert len(label_value("x" * 100)) == 63
 
 
 # -- failures that must not hang ------------------------------------------------------------------
@@ -726,35 +684,6 @@ def test_deleted_by_someone_else_is_host_lost(v1: client.CoreV1Api, ns: str, bac
     assert job.state.reason is EndReason.HOST_LOST and "someone other than Fiber" in job.state.detail
 
 
-def pod_status(**status: Any) -> dict[str, Any]:
-    """A pod object as the API server returns it, with ``status``."""
-    return {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "job"}]}, "status": status}
-
-
-RUNNING = [{"name": "job", "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}}}]
-
-
-@pytest.mark.parametrize("pod, deleted, end", [
-    # Pod objects that this emulator does not produce, as a cluster does.
-    (pod_status(phase="Unknown", reason="NodeLost", message="Node n which was running pod p is unresponsive",
-                containerStatuses=RUNNING), False, (1, EndReason.HOST_LOST, "NodeLost")),
-    (pod_status(phase="Running", containerStatuses=RUNNING, conditions=[{
-        "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
-        "message": "PodGC: node no longer exists"}]), True, (-15, EndReason.HOST_LOST, "DeletionByPodGC")),
-    (pod_status(phase="Running", containerStatuses=RUNNING, conditions=[{
-        "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
-        "message": "default-scheduler: preempting to accommodate a higher priority pod"}]), True,
-     (-15, EndReason.PREEMPTED, "PreemptionByScheduler")),
-    (pod_status(phase="Running", containerStatuses=RUNNING), False, None),
-])
-def test_pod_end_as_a_cluster_reports_it(pod: dict[str, Any], deleted: bool, end: tuple | None) -> None:
-    got = pod_end(pod, deleted)
-    if end is None:
-        assert got is None
-    else:
-        assert got is not None and got[:2] == end[:2] and end[2] in got[2]
-
-
 # -- exit with a kubeconfig that embeds its CA -----------------------------------------------------
 
 
@@ -863,86 +792,6 @@ def test_fiber_clean_removes_the_secret_a_crashed_parent_left(v1: client.CoreV1A
 
 
 # -- a user's pod template ------------------------------------------------------------------------
-
-POD_TEMPLATE = """\
-apiVersion: v1
-kind: Pod
-metadata:
-  labels:
-    kueue.x-k8s.io/queue-name: team-a
-    fiber.run: not-this-one
-  annotations:
-    example.com/owner: es-team
-spec:
-  priorityClassName: research-low
-  tolerations:
-  - {key: spot, operator: Exists, effect: NoSchedule}
-  affinity:
-    nodeAffinity:
-      requiredDuringSchedulingIgnoredDuringExecution:
-        nodeSelectorTerms:
-        - matchExpressions:
-          - {key: pool, operator: In, values: [cpu-spot]}
-  nodeSelector: {zone: a}
-  containers:
-  - name: job
-    image: not-this-image
-    env:
-    - {name: FROM_TEMPLATE, value: "1"}
-    - {name: FIBER_BACKEND, value: not-this-one}
-    resources:
-      requests: {ephemeral-storage: 1Gi}
-  - name: sidecar
-    image: fiber-test:latest
-    command: [sleep, "600"]
-"""
-
-
-def test_pod_template_is_merged_into_every_pod(tmp_path: Path) -> None:
-    path = tmp_path / "pod.yaml"
-    path.write_text(POD_TEMPLATE)
-    spec = JobSpec(command=["python3", "-c", "pass"], name="w", env={"FIBER_BACKEND": "kubernetes"}, cpu=1,
-                   backend_options={"node_selector": ["zone=b"], "tolerations": ["gpu:NoSchedule"]})
-    pod = build_pod(spec, {"pod_template": str(path)}, name="w-1", namespace="ns", image="img",
-                    labels={"fiber.run": "r1"})
-    meta, pspec = pod["metadata"], pod["spec"]
-    assert meta["labels"] == {"kueue.x-k8s.io/queue-name": "team-a", "fiber.run": "r1"}  # Fiber's label wins
-    assert meta["annotations"] == {"example.com/owner": "es-team", "fiber.name": "w"}
-    assert pspec["priorityClassName"] == "research-low"
-    assert pspec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert pspec["nodeSelector"] == {"zone": "b"}  # a setting wins over the template's same key
-    assert pspec["tolerations"] == [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"},
-                                    {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert pspec["restartPolicy"] == "Never"
-    job, sidecar = pspec["containers"]
-    assert job["name"] == "job" and job["image"] == "img" and job["command"][-3:] == ["python3", "-c", "pass"]
-    env = {e["name"]: e.get("value") for e in job["env"]}
-    assert env["FROM_TEMPLATE"] == "1" and env["FIBER_BACKEND"] == "kubernetes"
-    assert [e["name"] for e in job["env"]].count("FIBER_BACKEND") == 1
-    assert job["resources"] == {"limits": {"cpu": "1"}, "requests": {"ephemeral-storage": "1Gi", "cpu": "1"}}
-    assert sidecar["name"] == "sidecar"
-    # Inline JSON, and a PodTemplate, read the same.
-    inline = json.dumps({"kind": "PodTemplate", "template": {"metadata": {"labels": {"a": "b"}}}})
-    assert build_pod(spec, {"pod_template": inline}, name="w-2", namespace="ns", image="img",
-                     labels={})["metadata"]["labels"] == {"a": "b"}
-
-
-@pytest.mark.parametrize("text, says", [
-    ("kind: Deployment\n", "is a Deployment: give a Pod or a PodTemplate"),
-    ("metadata: {name: mine}\n", "metadata.name is Fiber's to set"),
-    ("spec: {restartPolicy: Always}\n", "restartPolicy 'Always'"),
-    ("- a list\n", "must be a Pod"),
-    ("spec: [unclosed\n", "is not valid YAML"),
-])
-def test_bad_pod_template_fails_at_once_saying_what_to_change(tmp_path: Path, text: str, says: str) -> None:
-    path = tmp_path / f"t{abs(hash(text))}.yaml"
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=re.escape(says)):
-        KubernetesBackend({"pod_template": str(path)}, "t1")
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_pod_template(str(tmp_path / "missing.yaml"))
-    with pytest.raises(ConfigError, match="not valid JSON"):
-        load_pod_template("{not json")
 
 
 def test_pod_template_reaches_the_pods_of_a_run(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],

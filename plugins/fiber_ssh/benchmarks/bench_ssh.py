@@ -142,12 +142,12 @@ def bare_command(backend: Any, python: str, results: dict) -> None:
     for host in backend._hosts:
         t = next(x for x in host.transports if x.is_active())
         t0 = time.perf_counter()
-        backend._run(host, t, "true")
+        backend._conn.run(host, t, "true")
         results[("job", "exec `true` on an open connection (ms)")]["ssh"].append(
             (time.perf_counter() - t0) * 1e3)
         for label, program in ((EXEC_PYTHON, FIRST_LINE), (EXEC_IMPORT, "import fiber_core; " + FIRST_LINE)):
             t0 = time.time()
-            code, out, err = backend._run(host, t, shlex.join([python, "-c", program]))
+            code, out, err = backend._conn.run(host, t, shlex.join([python, "-c", program]))
             if code != 0:
                 raise RuntimeError(f"exec of python on {host.name} failed ({code}): {err}")
             started = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("t "))

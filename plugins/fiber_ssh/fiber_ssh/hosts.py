@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.contract import BackendError, ConfigError
 
 _HOST = re.compile(
     r"""^(?:(?P<user>[^@\s\[\]]+)@)?

@@ -36,12 +36,12 @@ import fiber_core
 import fiber_core.runtime.run
 import pytest
 from fiber_core.base.errors import BackendError, ConfigError
-from fiber_core.contract import EndReason
+from fiber_core.contract import HOST_LOST_EXITCODE, EndReason
 from fiber_core.contract.backend import Backend, JobSpec
 from fiber_core.runtime.config import config, create_backend, plugins
 from fiber_core.testing import BackendConformance, failing_program
 
-from fiber_ssh.backend import LOST, SshBackend
+from fiber_ssh.backend import SshBackend
 
 REPO = Path(__file__).resolve().parents[3]
 SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
@@ -808,7 +808,7 @@ def test_lost_host_ends_its_jobs_is_skipped_then_revived(hosts: dict[str, str], 
     else:
         heal.append(("start-sshd", "fiber-h3"))
         kill_all_sshd("fiber-h3")
-    assert b.wait_for_job(on_h3, T) == LOST
+    assert b.wait_for_job(on_h3, T) == HOST_LOST_EXITCODE
     assert "lost root@" in b.get_job_logs(on_h3)
     assert b.end_reason(on_h3) is EndReason.HOST_LOST
     assert on_h3.state.detail.startswith(f"lost {on_h3.handle.host.name}: ")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fiber_ssh.backend import _SUPERVISOR
+from fiber_ssh.spec import SUPERVISOR as _SUPERVISOR
 
 T = 30.0
 

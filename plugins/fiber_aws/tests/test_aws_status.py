@@ -1,4 +1,4 @@
-"""Why a Batch job ended: :func:`fiber_aws.backend.end_reason` on DescribeJobs entries as AWS Batch gives them.
+"""Why a Batch job ended: :func:`fiber_aws.status.end_reason` on DescribeJobs entries as AWS Batch gives them.
 
 The moto tests (``test_aws_batch.py``) cover the ends moto can produce or report:
 Fiber's TerminateJob (STOPPED), someone else's (EXITED), an image whose command
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from fiber_core.contract import EndReason
 
-from fiber_aws.backend import CLEAN_REASON, end_reason
+from fiber_aws.status import CLEAN_REASON, end_reason
 
 JOB_ID = "2b7a4cbb-0d7e-4f0a-9a46-0c1c3e6f9a11"
 STREAM = f"fiber-0a1b2c3d4e5f6789/default/{JOB_ID}"
@@ -149,3 +149,13 @@ def test_the_programs_own_exit_is_exited(d: dict[str, Any], said: str) -> None:
 def test_container_that_never_exited_without_a_reason_never_started() -> None:
     # What moto reports for an image without the command: FAILED, started, no exit code.
     assert end_reason(job("FAILED")) == (EndReason.NEVER_STARTED, "")
+
+
+def test_the_exit_code_is_the_containers_else_what_the_end_says() -> None:
+    from fiber_aws.status import final_code
+
+    assert final_code({"status": "FAILED", "container": {"exitCode": 137}}, None) == -9
+    assert final_code({"status": "FAILED", "container": {"exitCode": 3}}, None) == 3
+    assert final_code({"status": "SUCCEEDED"}, None) == 0
+    assert final_code({"status": "FAILED"}, "fiber: terminated") == -15  # before its container ran
+    assert final_code({"status": "FAILED"}, None) == 1

@@ -1,0 +1,54 @@
+"""Why a job on an SSH host ended: a pure translation of what its supervisor reported and what
+became of its channel and connection into the exit code and :class:`~fiber_core.contract.EndReason`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fiber_core.contract import HOST_LOST_EXITCODE, EndReason, exitcode_from_status
+
+
+@dataclass
+class Seen:
+    """What the backend saw of one job's end, as :func:`job_end` reads it."""
+
+    host: str
+    """The host's name, for messages."""
+    reported: int | None = None
+    """The exit code the supervisor reported."""
+    error: str = ""
+    """Why the supervisor could not start the job."""
+    oom: bool = False
+    """The supervisor saw the kernel's OOM killer end the job."""
+    started: bool = False
+    """The supervisor said the job runs (its process group)."""
+    stop_requested: bool = False
+    closing: bool = False
+    """cleanup() closed the channel."""
+    connected: bool = True
+    """The connection to the host is still up."""
+    broke: str = "closed"
+    """What broke the connection, when it is down."""
+    exit_status: int | None = None
+    """The supervisor's own exit status on the channel (``None`` or negative: none came)."""
+
+
+def job_end(seen: Seen) -> tuple[int, EndReason | None, str]:
+    """(exit code, why, what to say) of a job; ``None`` for why: its own exit, or STOPPED when
+    Fiber asked. A lost host is :data:`~fiber_core.contract.HOST_LOST_EXITCODE`."""
+    host = seen.host
+    if seen.reported is not None:
+        if seen.error:
+            return seen.reported, EndReason.NEVER_STARTED, f"{host}: {seen.error}"
+        if seen.oom and not seen.stop_requested:
+            return seen.reported, EndReason.OOM, f"the kernel's out-of-memory killer ended the job on {host}"
+        return seen.reported, None, ""
+    if seen.closing:
+        return HOST_LOST_EXITCODE, EndReason.STOPPED, f"the connection to {host} was closed by cleanup()"
+    if not seen.connected:
+        return HOST_LOST_EXITCODE, EndReason.HOST_LOST, f"lost {host}: the connection broke ({seen.broke})"
+    if seen.exit_status is not None and seen.exit_status >= 0:
+        code = exitcode_from_status(seen.exit_status) or 0
+        reason = None if seen.started else EndReason.NEVER_STARTED  # it never said that the job runs
+        return code, reason, f"the job supervisor on {host} exited with status {code}"
+    return HOST_LOST_EXITCODE, EndReason.HOST_LOST, f"the channel to {host} closed without an exit status"
