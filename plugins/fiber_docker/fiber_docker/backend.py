@@ -13,8 +13,10 @@ A watcher follows the daemon's event stream for this backend's containers and fi
 each job's state when its ``die`` event comes; a second one re-lists the containers every
 few seconds as a safety net for events missed while the stream reconnects. Why a job
 ended comes from what the daemon reports: an ``oom`` event (``State.OOMKilled``) before a
-SIGKILL is :attr:`~EndReason.OOM`; a ``kill`` event this backend did not cause (``docker
-stop`` or ``docker kill`` by someone else) is :attr:`~EndReason.PREEMPTED`; a start the
+SIGKILL is :attr:`~EndReason.OOM`, a SIGKILL with ``OOMKilled`` false and no ``kill`` event
+(a ``kill -9`` inside the container) is :attr:`~EndReason.KILLED`; a ``kill`` event this
+backend did not cause (``docker stop`` or ``docker kill`` by someone else) is
+:attr:`~EndReason.PREEMPTED`; a start the
 daemon refuses is :attr:`~EndReason.NEVER_STARTED`; a container gone without a ``die``
 event, or a daemon that stopped answering, is :attr:`~EndReason.HOST_LOST`.
 
@@ -420,12 +422,15 @@ class DockerBackend(Backend):
 
     # -- how jobs end ------------------------------------------------------------------
 
-    def _finish(self, job: Job, code: int, oom_killed: bool = False) -> None:
-        """Record an exit the daemon reported, and why, from what it said of the container."""
+    def _finish(self, job: Job, code: int, oom_killed: bool | None = None) -> None:
+        """Record an exit the daemon reported, and why, from what it said of the container
+        (``oom_killed``: its ``State.OOMKilled``, None if not read yet)."""
         c: _Container = job.handle
-        if code == -signal.SIGKILL and not (c.oom or oom_killed or c.signalled or c.outside_signal):
-            oom_killed = bool((self._state(c) or {}).get("OOMKilled"))  # the oom event may trail
-        reason, detail = container_end(code, oom=c.oom or oom_killed, outside_signal=c.outside_signal,
+        oom = c.oom or oom_killed
+        if code == -signal.SIGKILL and not (oom or c.signalled or c.outside_signal):
+            state = self._state(c)  # the oom event may trail; None: removed already, it cannot say
+            oom = None if state is None else bool(state.get("OOMKilled"))
+        reason, detail = container_end(code, oom=oom, outside_signal=c.outside_signal,
                                        stop_requested=job.state.stop_requested, memory=job.spec.memory)
         job.state.finish(code, reason, detail)
 

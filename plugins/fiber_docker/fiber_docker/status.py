@@ -20,14 +20,17 @@ def exitcode(status: Any) -> int:
     return exitcode_from_status(int(status)) or 0
 
 
-def container_end(code: int, *, oom: bool, outside_signal: str | None, stop_requested: bool,
+def container_end(code: int, *, oom: bool | None, outside_signal: str | None, stop_requested: bool,
                   memory: int | None) -> tuple[EndReason | None, str]:
     """Why a container that exited with ``code`` ended, and what to say of it.
 
-    ``oom``: the daemon reported an ``oom`` event or ``State.OOMKilled``; it says the exit was
-    the OOM kill only with SIGKILL's code. ``outside_signal``: the signal of a ``kill`` event
-    this backend did not cause (``docker stop`` or ``docker kill`` by someone else).
-    ``None`` for the reason: its own exit, or STOPPED when Fiber asked for it.
+    ``oom``: the daemon reported an ``oom`` event or ``State.OOMKilled`` (True), its
+    ``State.OOMKilled`` is false (False), or it could not say: the container was removed
+    before it was inspected (None). It says the exit was the OOM kill only with SIGKILL's
+    code; a SIGKILL with ``OOMKilled`` false that neither Fiber nor a ``docker kill`` sent (a
+    ``kill -9`` inside the container, an agent on the host) is KILLED. ``outside_signal``: the
+    signal of a ``kill`` event this backend did not cause (``docker stop`` or ``docker kill`` by
+    someone else). ``None`` for the reason: its own exit, or STOPPED when Fiber asked for it.
     """
     if code == -signal.SIGKILL and oom:
         return EndReason.OOM, (f"OOMKilled: out of memory, over the container's limit of {memory} MiB"
@@ -35,6 +38,8 @@ def container_end(code: int, *, oom: bool, outside_signal: str | None, stop_requ
     if outside_signal is not None and code < 0 and not stop_requested:
         return EndReason.PREEMPTED, (f"stopped from outside Fiber: the daemon sent signal {outside_signal} "
                                      "(docker stop or docker kill)")
+    if code == -signal.SIGKILL and oom is False and not stop_requested:
+        return EndReason.KILLED, "killed by SIGKILL inside the container; the daemon says OOMKilled: false"
     return None, ""
 
 

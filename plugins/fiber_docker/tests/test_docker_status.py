@@ -20,8 +20,12 @@ def test_a_shell_style_status_is_multiprocessings_exit_code() -> None:
     (-15, False, "SIGTERM", False, EndReason.PREEMPTED),  # someone's docker stop
     (-15, False, "SIGTERM", True, None),  # Fiber asked for it: STOPPED, from the state
     (0, False, None, False, None),
+    (-9, False, None, False, EndReason.KILLED),  # kill -9 inside: OOMKilled false, no kill event
+    (-9, None, None, False, None),  # removed before it was inspected: it may have been the OOM kill
+    (-9, False, "SIGKILL", False, EndReason.PREEMPTED),  # someone's docker kill
+    (-9, False, None, True, None),  # Fiber's kill: STOPPED, from the state
 ])
-def test_why_a_container_ended(code: int, oom: bool, outside: str | None, stop_requested: bool,
+def test_why_a_container_ended(code: int, oom: bool | None, outside: str | None, stop_requested: bool,
                                reason: EndReason | None) -> None:
     got, detail = container_end(code, oom=oom, outside_signal=outside, stop_requested=stop_requested, memory=64)
     assert got is reason
