@@ -84,7 +84,9 @@ def pod_end(pod: Mapping[str, Any], deleted: bool = False,
     ``OOMKilled``; Fiber's own stop; a ``DisruptionTarget`` condition (preemption, the eviction
     API, the taint manager, the kubelet; ``DeletionByPodGC``: its node is gone) or
     ``reason: Evicted``; a lost node (``NodeLost``, phase ``Unknown``); a pod that never ran
-    its command; a pod deleted by someone else; else the program's own exit.
+    its command; a pod deleted by someone else; a container ended by SIGKILL (status 137)
+    with reason ``Error``, not ``OOMKilled`` (KILLED: a ``kill -9`` inside it, an agent on its
+    node); else the program's own exit.
     """
     status, name = pod.get("status") or {}, (pod.get("metadata") or {}).get("name", "")
     state = container_status(pod).get("state") or {}
@@ -119,6 +121,8 @@ def pod_end(pod: Mapping[str, Any], deleted: bool = False,
         if term or "running" in state:
             return code, EndReason.HOST_LOST, f"pod {name} was deleted by someone other than Fiber"
         return code, EndReason.NEVER_STARTED, f"pod {name} was deleted by someone other than Fiber before it ran"
+    if term.get("reason") == "Error" and code == -signal.SIGKILL:  # the runtime says: not OOMKilled
+        return code, EndReason.KILLED, f"the container of pod {name} was killed by SIGKILL, not for memory (Error)"
     if term.get("reason") not in (None, "", "Completed", "Error"):
         return code, EndReason.EXITED, _said(f"container {term['reason']}", term.get("message"))
     return code, EndReason.EXITED, ""

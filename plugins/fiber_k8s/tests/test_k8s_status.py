@@ -36,6 +36,12 @@ RUNNING = [{"name": "job", "state": {"running": {"startedAt": "2024-01-01T00:00:
         "exitCode": 0, "reason": "Completed"}}}]), False, (0, EndReason.EXITED, "")),
     (pod_status(phase="Failed", containerStatuses=[{"name": "job", "state": {"terminated": {
         "exitCode": 137, "reason": "OOMKilled"}}}]), False, (-9, EndReason.OOM, "OOMKilled")),
+    (pod_status(phase="Failed", containerStatuses=[{"name": "job", "state": {"terminated": {
+        "exitCode": 137, "reason": "Error"}}}]), False, (-9, EndReason.KILLED, "not for memory")),
+    (pod_status(phase="Failed", containerStatuses=[{"name": "job", "state": {"terminated": {
+        "exitCode": 1, "reason": "Error"}}}]), False, (1, EndReason.EXITED, "")),
+    (pod_status(phase="Failed", containerStatuses=[{"name": "job", "state": {"terminated": {
+        "exitCode": 137, "reason": "ContainerStatusUnknown"}}}]), False, (-9, EndReason.EXITED, "")),
     (pod_status(phase="Pending", containerStatuses=[{"name": "job", "state": {"waiting": {
         "reason": "ErrImagePull", "message": "no such image"}}}]), False,
      (1, EndReason.NEVER_STARTED, "ErrImagePull: no such image")),

@@ -138,6 +138,8 @@ def docker_time(t: str | None) -> str | None:
 def terminated_state(info: dict[str, Any], cid: str) -> dict[str, Any]:
     s = info["State"]
     code = s.get("ExitCode", 0)
+    # As the kubelet reports it: a container SIGKILLed other than by the OOM killer (a kill -9
+    # inside it) is exitCode 137 with reason Error; only the runtime's OOMKilled makes it OOMKilled.
     reason = "OOMKilled" if s.get("OOMKilled") else ("Completed" if code == 0 else "Error")
     term = {"exitCode": code, "reason": reason, "startedAt": docker_time(s.get("StartedAt")),
             "finishedAt": docker_time(s.get("FinishedAt")) or now(), "containerID": f"docker://{cid}"}
