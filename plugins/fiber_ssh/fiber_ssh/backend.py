@@ -394,7 +394,7 @@ class SshBackend(Backend):
             run.ended = True
             if self._slots and run.index < len(self._slots) and self._hosts[run.index] is run.host:
                 release(self._slots, run.placement)
-        seen = Seen(host=run.host.name, reported=run.reported, error=run.error, oom=run.oom,
+        seen = Seen(host=run.host.name, reported=run.reported, error=run.error, oom=run.oom, killed=run.killed,
                     started=run.pgid is not None, stop_requested=job.state.stop_requested, closing=closing,
                     connected=run.transport.is_active(), broke=str(run.transport.get_exception() or "closed"),
                     exit_status=run.chan.exit_status if run.chan.status_event.is_set() else None)

@@ -40,6 +40,7 @@ class Run:
     reported_at: float = 0.0
     error: str = ""  # why the supervisor could not start the job
     oom: bool = False  # the supervisor saw the kernel's OOM killer end it
+    killed: bool = False  # it saw a SIGKILL it did not send while the OOM-kill count stood still
     ended: bool = False  # its end is recorded (the slots given back), under the backend's lock
     out: bytes = b""
 
@@ -57,6 +58,8 @@ class Run:
                     self.error = value
                 elif kind == "oom":
                     self.oom = True
+                elif kind == "killed":
+                    self.killed = True
                 elif kind == "exit":
                     self.reported = int(value)
                     self.reported_at = time.monotonic()

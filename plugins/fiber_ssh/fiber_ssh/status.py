@@ -20,6 +20,9 @@ class Seen:
     """Why the supervisor could not start the job."""
     oom: bool = False
     """The supervisor saw the kernel's OOM killer end the job."""
+    killed: bool = False
+    """The supervisor saw a SIGKILL it did not send end the job while the kernel's count of
+    OOM kills in its memory cgroup stood still: not an OOM kill."""
     started: bool = False
     """The supervisor said the job runs (its process group)."""
     stop_requested: bool = False
@@ -42,6 +45,9 @@ def job_end(seen: Seen) -> tuple[int, EndReason | None, str]:
             return seen.reported, EndReason.NEVER_STARTED, f"{host}: {seen.error}"
         if seen.oom and not seen.stop_requested:
             return seen.reported, EndReason.OOM, f"the kernel's out-of-memory killer ended the job on {host}"
+        if seen.killed and not seen.stop_requested:
+            return seen.reported, EndReason.KILLED, (f"the job on {host} was killed by SIGKILL, not by the "
+                                                     "out-of-memory killer (its cgroup counted none)")
         return seen.reported, None, ""
     if seen.closing:
         return HOST_LOST_EXITCODE, EndReason.STOPPED, f"the connection to {host} was closed by cleanup()"

@@ -18,9 +18,11 @@ stdout, lines starting with ``@fiber``
     ``@fiber pid N`` once the job runs (N is also its process group and session),
     ``@fiber exit N`` when it ended, N as :mod:`multiprocessing` has it (``-15``
     after SIGTERM). Before the exit, ``@fiber error TEXT`` when the job could not
-    start (TEXT says why), or ``@fiber oom`` when it died of a SIGKILL this
+    start (TEXT says why); ``@fiber oom`` when it died of a SIGKILL this
     supervisor did not send while the kernel counted an out-of-memory kill in its
-    memory cgroup. Anything else there (a chatty shell startup file) is ignored.
+    memory cgroup, ``@fiber killed`` when the count stood still (not an OOM kill),
+    nothing of the kind where no cgroup file tells. Anything else there (a chatty
+    shell startup file) is ignored.
 stderr
     The job's stdout and stderr, merged: the backend keeps them as the job's log.
 
@@ -223,8 +225,8 @@ def main() -> int:
     _killpg(pid, _SIGKILL)  # what the job left running in its group
     if code == -_SIGKILL and not killed and ooms is not None:
         after = _oom_kills()
-        if after is not None and after > ooms:
-            _say("oom")
+        if after is not None:
+            _say("oom" if after > ooms else "killed")
     _say(f"exit {code}")
     return code
 

@@ -14,6 +14,9 @@ from fiber_ssh.status import Seen, job_end
     (Seen("h1", reported=127, error="no such file"), 127, EndReason.NEVER_STARTED, "h1: no such file"),
     (Seen("h1", reported=-9, oom=True, started=True), -9, EndReason.OOM, "out-of-memory killer"),
     (Seen("h1", reported=-9, oom=True, started=True, stop_requested=True), -9, None, ""),  # Fiber's kill
+    (Seen("h1", reported=-9, killed=True, started=True), -9, EndReason.KILLED, "not by the out-of-memory"),
+    (Seen("h1", reported=-9, killed=True, started=True, stop_requested=True), -9, None, ""),  # Fiber's kill
+    (Seen("h1", reported=-9, started=True), -9, None, ""),  # no cgroup count: it may have been the OOM kill
     (Seen("h1", closing=True, connected=False), HOST_LOST_EXITCODE, EndReason.STOPPED, "closed by cleanup()"),
     (Seen("h1", connected=False, broke="reset"), HOST_LOST_EXITCODE, EndReason.HOST_LOST, "broke (reset)"),
     (Seen("h1", exit_status=137, started=True), -9, None, "exited with status -9"),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from fiber_core.base.oom import oom_kills
 
 from fiber_ssh.spec import SUPERVISOR as _SUPERVISOR
 
@@ -97,3 +98,19 @@ def test_a_job_that_cannot_start_says_why(argv: list[str], cwd: str | None, word
     assert said[0].startswith("error " + words) and said[-1] == "exit 127", said
     assert words in err
 
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_sigkills_itself_is_said_killed_where_the_cgroup_counts_no_oom_kill() -> None:
+    before = oom_kills()  # this machine's count, read as the supervisor reads its own
+    sup = Supervisor(["sh", "-c", "kill -9 $$"])
+    assert sup.next_word().startswith("pid ")
+    last = sup.next_word()
+    after = oom_kills()
+    if before is None or after is None:  # no memory cgroup file: it cannot tell, and says nothing
+        assert last == f"exit {-signal.SIGKILL}"
+    else:
+        assert last == ("oom" if after > before else "killed")
+        assert sup.next_word() == f"exit {-signal.SIGKILL}"
+    code, _, _ = sup.finish()
+    assert code == 128 + signal.SIGKILL
