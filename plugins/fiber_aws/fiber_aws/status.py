@@ -4,6 +4,7 @@ into the job's exit code and :class:`~fiber_core.contract.EndReason`. No AWS cal
 from __future__ import annotations
 
 import re
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,8 +71,10 @@ def end_reason(described: Mapping[str, Any], *, stop_reason: str | None = None,
     ``ResourceInitializationError`` ("Task failed to start") and a job that never got a
     start time or an exit code (cancelled while RUNNABLE) are NEVER_STARTED; a lost host
     ("Host EC2 (instance i-...) terminated.") is PREEMPTED when its compute environment is
-    ``spot`` or Batch speaks of a spot interruption, else HOST_LOST; every other end is
-    EXITED.
+    ``spot`` or Batch speaks of a spot interruption, else HOST_LOST; a container that
+    exited with status 137 (SIGKILL) without ``OutOfMemoryError`` is KILLED (Batch names
+    the OOM kills it sees: a plain 137 is a ``kill -9`` inside the container, an agent on
+    its host, a TerminateJob's kill); every other end is EXITED.
     """
     container, attempt = _container(described)
     status_reason = described.get("statusReason") or ""
@@ -92,6 +95,8 @@ def end_reason(described: Mapping[str, Any], *, stop_reason: str | None = None,
         return (EndReason.PREEMPTED if spot else EndReason.HOST_LOST), said
     if described.get("startedAt") is None or exit_status(described) is None:
         return EndReason.NEVER_STARTED, said
+    if exit_status(described) == 128 + signal.SIGKILL:  # and Batch says no OutOfMemoryError
+        return EndReason.KILLED, said or "the container was killed by SIGKILL, not for memory"
     return EndReason.EXITED, said
 
 

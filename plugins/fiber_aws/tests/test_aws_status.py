@@ -1,7 +1,7 @@
 """Why a Batch job ended: :func:`fiber_aws.status.end_reason` on DescribeJobs entries as AWS Batch gives them.
 
 The moto tests (``test_aws_batch.py``) cover the ends moto can produce or report:
-Fiber's TerminateJob (STOPPED), someone else's (EXITED), an image whose command
+Fiber's TerminateJob (STOPPED), someone else's (KILLED: moto kills at once), an image whose command
 cannot start (NEVER_STARTED), no capacity within ``runnable_timeout`` (NEVER_STARTED),
 a lost host's and a Spot interruption's statusReason (HOST_LOST, PREEMPTED).
 The cases here are those moto cannot express, so the mapping is tested on the
@@ -139,11 +139,18 @@ def test_fibers_own_stops_are_stopped() -> None:
 @pytest.mark.parametrize(("d", "said"), [
     (job("SUCCEEDED", "Essential container in task exited", exit_code=0), "Essential container in task exited"),
     (job("FAILED", "Essential container in task exited", exit_code=3), "Essential container in task exited"),
-    (job("FAILED", "Essential container in task exited", exit_code=137), "Essential container in task exited"),
     (job("FAILED", exit_code=1), ""),
 ])
 def test_the_programs_own_exit_is_exited(d: dict[str, Any], said: str) -> None:
     assert end_reason(d) == (EndReason.EXITED, said)
+
+
+def test_a_sigkill_batch_does_not_call_out_of_memory_is_killed() -> None:
+    said = "Essential container in task exited"
+    assert end_reason(job("FAILED", said, exit_code=137)) == (EndReason.KILLED, said)
+    assert end_reason(job("FAILED", exit_code=137))[0] is EndReason.KILLED
+    # With Batch's OutOfMemoryError the same status is the OOM kill.
+    assert end_reason(job("FAILED", said, exit_code=137, container_reason=OOM))[0] is EndReason.OOM
 
 
 def test_container_that_never_exited_without_a_reason_never_started() -> None:
