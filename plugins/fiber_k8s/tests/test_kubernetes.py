@@ -35,7 +35,7 @@ from fiber_core.contract import BackendError, EndReason, JobSpec
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 from fiber_core.runtime.run import runtime
 from fiber_core.testing import BackendConformance, failing_program
-from k8s_helpers import WAIT, Emu, start_emulator, unschedulable
+from k8s_helpers import SERVICES, WAIT, Emu, start_emulator, unschedulable
 from kubernetes import client, watch
 
 from fiber_k8s import rbac
@@ -217,6 +217,28 @@ def test_out_of_memory_is_sigkill_with_the_reason(backend: KubernetesBackend) ->
     logs = backend.get_job_logs(job)
     assert "OOMKilled" in logs and "survived" not in logs
     assert job.state.reason is EndReason.OOM and "memory limit of 64Mi" in job.state.detail
+
+
+def test_a_container_sigkilled_on_its_node_is_killed_not_out_of_memory(backend: KubernetesBackend,
+                                                                      v1: client.CoreV1Api, ns: str) -> None:
+    """SIGKILL from the node (here ``docker kill``, as an operator or a node agent would): the
+    kubelet reports exitCode 137 with reason ``Error``, not ``OOMKilled``, and the job ends KILLED."""
+    import docker
+
+    job = backend.start_job(job_spec("import time; print('up', flush=True); time.sleep(600)"))
+
+    def running(pods: list[client.V1Pod]) -> bool:
+        statuses = [cs for p in pods if p.metadata.name == job.id for cs in p.status.container_statuses or []]
+        return any(cs.state.running and cs.container_id for cs in statuses)
+
+    pod = next(p for p in wait_pods(v1, ns, f"fiber.run={backend.run_id}", running, "its container running")
+               if p.metadata.name == job.id)
+    cid = pod.status.container_statuses[0].container_id.removeprefix("docker://")
+    docker_host = os.environ.get("FIBER_K8S_DOCKER_HOST") or f"unix://{SERVICES / 'docker' / 'docker.sock'}"
+    docker.APIClient(base_url=docker_host, timeout=60).kill(cid, signal="SIGKILL")
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGKILL
+    assert job.state.reason is EndReason.KILLED, job.state
+    assert "not for memory" in job.state.detail
 
 
 def test_unschedulable_pod_fails_after_schedule_timeout(v1: client.CoreV1Api, ns: str,
