@@ -74,6 +74,13 @@ def allocate(mib: int, runs) -> int:  # noqa: ANN001
     return len(block)
 
 
+def sigkill_own_worker() -> None:
+    """SIGKILL its own worker: a kill, not the OOM killer's."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def ms_task(x: int) -> int:
     """1-5 ms of work, for maps under preemption."""
     time.sleep(0.001 + (x % 5) * 0.001)

@@ -30,6 +30,7 @@ import pytest
 from docker_service import IMAGE, NOFIBER_IMAGE, NOPYTHON_IMAGE
 from fiber_core.base.errors import BackendError, TaskLostError
 from fiber_core.contract import HOST_LOST_EXITCODE, Backend, EndReason, Job, JobSpec
+from fiber_core.parallel.pool.ledger import MAX_TASK_KILLS
 from fiber_core.runtime.config import create_backend, plugins
 from fiber_core.testing import BackendConformance, failing_program
 
@@ -228,6 +229,15 @@ def test_end_exited(backend: DockerBackend) -> None:
     )]
     assert [backend.wait_for_job(job, WAIT) for job in jobs] == [3, -signal.SIGTERM]
     assert [job.state.reason for job in jobs] == [EndReason.EXITED, EndReason.EXITED]
+
+
+def test_a_job_sigkilled_inside_its_container_ends_killed_not_oom(backend: DockerBackend) -> None:
+    # No kill event (the daemon sent nothing) and State.OOMKilled false: not the OOM killer.
+    job = backend.start_job(JobSpec(command=["python3", "-c", "import os; os.kill(os.getpid(), 9)"],
+                                    name="self-kill"))
+    assert backend.wait_for_job(job, WAIT) == -signal.SIGKILL
+    assert job.state.reason is EndReason.KILLED, job.state.detail
+    assert "OOMKilled: false" in job.state.detail
 
 
 def test_end_oom(backend: DockerBackend) -> None:
@@ -809,6 +819,18 @@ def test_pool_task_over_the_memory_limit_fails_naming_memory_after_one_run() -> 
         # is not retried by default (the Pool's charges, as tests/test_pool.py states them).
         assert [runs.get(timeout=WAIT) for _ in range(2)] == ["ran", "ran"]
         assert runs.empty()
+        assert pool.apply_async(docker_tasks.square, (4,)).get(timeout=WAIT) == 16
+
+
+def test_pool_task_that_sigkills_its_worker_is_charged_as_a_kill_not_as_perhaps_out_of_memory() -> None:
+    with fiber_core.Pool(1, backend="docker") as pool:
+        res = pool.apply_async(docker_tasks.sigkill_own_worker)
+        # Each death is KILLED (OOMKilled false), so it draws on MAX_TASK_KILLS, not on
+        # task_losses (3) as a SIGKILL that may be an out-of-memory kill would.
+        with pytest.raises(TaskLostError, match=rf"apply_async\(sigkill_own_worker, \(\)\).*killed by SIGKILL "
+                                                rf"{MAX_TASK_KILLS} times while running it, never by the "
+                                                "out-of-memory killer"):
+            res.get(timeout=WAIT)
         assert pool.apply_async(docker_tasks.square, (4,)).get(timeout=WAIT) == 16
 
 
