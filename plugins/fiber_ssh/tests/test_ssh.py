@@ -37,7 +37,7 @@ import fiber_core.runtime.run
 import pytest
 from fiber_core.base.errors import BackendError, ConfigError
 from fiber_core.contract import HOST_LOST_EXITCODE, EndReason
-from fiber_core.contract.backend import Backend, JobSpec
+from fiber_core.contract.backend import Backend, Job, JobSpec
 from fiber_core.runtime.config import config, create_backend, plugins
 from fiber_core.testing import BackendConformance, failing_program
 
@@ -337,6 +337,16 @@ def test_exit_codes_of_signals_from_inside(make_backend: Any) -> None:
     assert "cannot start '/nonexistent/program'" in b.get_job_logs(job)
 
 
+def job_pid(b: Any, job: Job) -> int:
+    """The pid a job prints first (``pid N``), polled from its log."""
+    deadline = time.monotonic() + T
+    while not re.search(r"^pid \d+\n", b.get_job_logs(job), re.M):
+        assert b.poll_job(job) is None, b.get_job_logs(job)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return int(b.get_job_logs(job).split()[1])
+
+
 def test_why_jobs_end(make_backend: Any) -> None:
     b = make_backend()
     job = b.start_job(py("pass"))
@@ -344,12 +354,7 @@ def test_why_jobs_end(make_backend: Any) -> None:
     assert b.end_reason(job) is EndReason.EXITED
     # Killed on the host by someone else: the program's (or the system's) doing.
     job = b.start_job(py("import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"))
-    deadline = time.monotonic() + T
-    while not re.search(r"^pid \d+\n", b.get_job_logs(job), re.M):
-        assert b.poll_job(job) is None, b.get_job_logs(job)
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.kill(int(b.get_job_logs(job).split()[1]), signal.SIGKILL)  # the hosts share our pids
+    os.kill(job_pid(b, job), signal.SIGKILL)  # the hosts share our pids
     assert b.wait_for_job(job, T) == -signal.SIGKILL
     assert b.end_reason(job) is EndReason.EXITED
     # Stopped by Fiber.
@@ -402,6 +407,12 @@ def test_out_of_memory_kill_on_the_host(make_backend: Any, hosts: dict[str, str]
         fine = b.start_job(py("pass"))
         assert b.wait_for_job(fine, T) == 0
         assert b.end_reason(fine) is EndReason.EXITED
+        # A SIGKILL from someone on the host while the cgroup's count stands still: not for memory.
+        killed = b.start_job(py("import os, time; print('pid', os.getpid(), flush=True); time.sleep(600)"))
+        os.kill(job_pid(b, killed), signal.SIGKILL)  # the hosts share our pids
+        assert b.wait_for_job(killed, T) == -signal.SIGKILL
+        assert b.end_reason(killed) is EndReason.KILLED, killed.state.detail
+        assert "not by the out-of-memory killer" in killed.state.detail
         b.cleanup()  # before the cgroup goes
 
 
