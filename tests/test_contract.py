@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 import fiber_core.contract as contract
 from fiber_core.base.errors import BackendError
 from fiber_core.contract import Backend, EndReason, Job, JobSpec, JobState, LogRing, Watcher
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_first_finish_wins_and_wakes_waiters() -> None:
@@ -291,3 +295,34 @@ def test_remove_all_calls_every_removal_and_returns_the_errors() -> None:
     errors = contract.remove_all(range(40), remove, limit=8)
     assert sorted(removed) == [n for n in range(40) if n != 3]
     assert [str(e) for e in errors] == ["busy"]
+
+
+def _fiber_imports(path: Path) -> set[str]:
+    """Every ``fiber_core`` module ``path`` imports, those for type checkers and in functions included."""
+    def is_module(name: str) -> bool:
+        where = REPO.joinpath(*name.split("."))
+        return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}")
+                         else node.module for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "fiber_core"}
+
+
+def test_the_contracts_modules_import_only_the_base_and_each_other_without_a_cycle() -> None:
+    # lint-imports leaves out imports for type checkers; a cycle through one is a cycle still.
+    package = REPO / "fiber_core" / "contract"
+    graph = {f"fiber_core.contract.{p.stem}": _fiber_imports(p) for p in package.glob("*.py") if p.stem != "__init__"}
+    for module, imported in graph.items():
+        assert all(name.startswith(("fiber_core.base.", "fiber_core.contract.")) for name in imported), (
+            module, imported)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+    assert [m for m in graph if reaches(m, m, set())] == []
+

@@ -1,4 +1,4 @@
-"""Layer 2, contract: what a backend is, the hooks a plugin implements, the registry.
+"""Layer 2, contract: what a backend is and the hooks a plugin implements.
 
 Everything a backend plugin needs from Fiber is importable from here::
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads on first use
     from fiber_core.base.errors import BackendError, ConfigError
+    from fiber_core.base.install import install_elsewhere
     from fiber_core.base.net import keepalive
     from fiber_core.base.options import Option, parse_pairs
     from fiber_core.contract.backend import (
@@ -48,11 +49,11 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         LogRing,
         Watcher,
     )
-    from fiber_core.contract.registry import install_elsewhere
 
 _EXPORTS = {
     "BackendError": "fiber_core.base.errors",
     "ConfigError": "fiber_core.base.errors",
+    "install_elsewhere": "fiber_core.base.install",
     "keepalive": "fiber_core.base.net",
     "Option": "fiber_core.base.options",
     "parse_pairs": "fiber_core.base.options",
@@ -84,7 +85,6 @@ _EXPORTS = {
     "JobState": "fiber_core.contract.jobs",
     "LogRing": "fiber_core.contract.jobs",
     "Watcher": "fiber_core.contract.jobs",
-    "install_elsewhere": "fiber_core.contract.registry",
 }
 
 __all__ = [
