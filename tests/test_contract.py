@@ -13,6 +13,11 @@ import fiber_core.contract as contract
 from fiber_core.base.errors import BackendError
 from fiber_core.contract import Backend, EndReason, Job, JobSpec, JobState, LogRing, Watcher
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -326,3 +331,14 @@ def test_the_contracts_modules_import_only_the_base_and_each_other_without_a_cyc
 
     assert [m for m in graph if reaches(m, m, set())] == []
 
+def test_each_plugins_import_contract_forbids_all_of_the_core_but_the_contract_and_testing() -> None:
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    forbidden = {tuple(c["source_modules"]): set(c["forbidden_modules"]) for c in contracts
+                 if c["type"] == "forbidden"}
+    core = REPO / "fiber_core"
+    parts = {f"fiber_core.{p.stem}" for p in core.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    plugins = sorted(p.name for p in (REPO / "plugins").glob("*/fiber_*") if (p / "__init__.py").is_file())
+    assert plugins == ["fiber_aws", "fiber_docker", "fiber_k8s", "fiber_ssh"]
+    for plugin in plugins:
+        assert forbidden.get((plugin,)) == parts - {"fiber_core.contract", "fiber_core.testing"}, plugin

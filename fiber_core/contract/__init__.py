@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads on first use
-    from fiber_core.base.errors import BackendError, ConfigError
+    from fiber_core.base.errors import BackendError, ConfigError, FiberError
     from fiber_core.base.install import install_elsewhere
     from fiber_core.base.net import keepalive
     from fiber_core.base.options import Option, parse_pairs
@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
 _EXPORTS = {
     "BackendError": "fiber_core.base.errors",
     "ConfigError": "fiber_core.base.errors",
+    "FiberError": "fiber_core.base.errors",
     "install_elsewhere": "fiber_core.base.install",
     "keepalive": "fiber_core.base.net",
     "Option": "fiber_core.base.options",
@@ -91,7 +92,7 @@ __all__ = [
     "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_RUN_ID",
     "ENV_TOKEN", "EXTRA_ENV", "HOST_LOST_EXITCODE", "TIMEOUT_ALIAS",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
-    "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
+    "BackendError", "ConfigError", "EndReason", "FiberError", "Job", "JobSpec", "JobState", "LogRing", "Option",
     "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
     "parse_pairs", "remove_all", "split_secrets",
 ]
