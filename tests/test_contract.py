@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 import fiber_core.contract as contract
 from fiber_core.base.errors import BackendError
 from fiber_core.contract import Backend, EndReason, Job, JobSpec, JobState, LogRing, Watcher
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_first_finish_wins_and_wakes_waiters() -> None:
@@ -291,3 +300,45 @@ def test_remove_all_calls_every_removal_and_returns_the_errors() -> None:
     errors = contract.remove_all(range(40), remove, limit=8)
     assert sorted(removed) == [n for n in range(40) if n != 3]
     assert [str(e) for e in errors] == ["busy"]
+
+
+def _fiber_imports(path: Path) -> set[str]:
+    """Every ``fiber_core`` module ``path`` imports, those for type checkers and in functions included."""
+    def is_module(name: str) -> bool:
+        where = REPO.joinpath(*name.split("."))
+        return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}")
+                         else node.module for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "fiber_core"}
+
+
+def test_the_contracts_modules_import_only_the_base_and_each_other_without_a_cycle() -> None:
+    # lint-imports leaves out imports for type checkers; a cycle through one is a cycle still.
+    package = REPO / "fiber_core" / "contract"
+    graph = {f"fiber_core.contract.{p.stem}": _fiber_imports(p) for p in package.glob("*.py") if p.stem != "__init__"}
+    for module, imported in graph.items():
+        assert all(name.startswith(("fiber_core.base.", "fiber_core.contract.")) for name in imported), (
+            module, imported)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in graph.get(start, ()))
+
+    assert [m for m in graph if reaches(m, m, set())] == []
+
+def test_each_plugins_import_contract_forbids_all_of_the_core_but_the_contract_and_testing() -> None:
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    forbidden = {tuple(c["source_modules"]): set(c["forbidden_modules"]) for c in contracts
+                 if c["type"] == "forbidden"}
+    core = REPO / "fiber_core"
+    parts = {f"fiber_core.{p.stem}" for p in core.iterdir()
+             if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    plugins = sorted(p.name for p in (REPO / "plugins").glob("*/fiber_*") if (p / "__init__.py").is_file())
+    assert plugins == ["fiber_aws", "fiber_docker", "fiber_k8s", "fiber_ssh"]
+    for plugin in plugins:
+        assert forbidden.get((plugin,)) == parts - {"fiber_core.contract", "fiber_core.testing"}, plugin

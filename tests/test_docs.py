@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from fiber_core.contract.registry import KNOWN_BACKENDS
+from fiber_core.base.install import KNOWN_BACKENDS
 from fiber_core.runtime.config import config, env_variable, plugins
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,18 +12,13 @@ import pytest
 import fiber_core
 from fiber_core.backends import local
 from fiber_core.backends.local import LocalBackend
+from fiber_core.base import install
 from fiber_core.base.errors import PluginError, UnknownBackendError
-from fiber_core.contract import registry
+from fiber_core.base.install import KNOWN_PACKAGES, install_command, install_elsewhere
 from fiber_core.contract.backend import Backend
-from fiber_core.contract.registry import (
-    ENV_DISABLE_AUTOLOAD,
-    KNOWN_PACKAGES,
-    BackendRegistrar,
-    Registry,
-    install_command,
-    install_elsewhere,
-)
+from fiber_core.runtime import registry
 from fiber_core.runtime.config import plugins, selected_backend_name
+from fiber_core.runtime.registry import ENV_DISABLE_AUTOLOAD, BackendRegistrar, Registry
 
 T = 30.0
 
@@ -82,8 +77,8 @@ def _fake_checkout(root: Path, *plugins: str) -> Path:
 
 def test_install_command_from_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _fake_checkout(tmp_path / "checkout", "fiber_k8s")
-    monkeypatch.setattr(registry, "CHECKOUT", root)
-    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    monkeypatch.setattr(install, "CHECKOUT", root)
+    monkeypatch.setattr(install, "_core_source", lambda: None)
     monkeypatch.chdir(root)
     assert install_command("fiber-k8s") == "pip install ./plugins/fiber_k8s"
     monkeypatch.chdir(_elsewhere(tmp_path))
@@ -96,8 +91,8 @@ def test_install_command_from_a_checkout(tmp_path: Path, monkeypatch: pytest.Mon
 def test_install_command_from_a_checkout_installed_without_e(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     root = _fake_checkout(tmp_path / "my checkout", "fiber_aws")
-    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
-    monkeypatch.setattr(registry, "_core_source", lambda: root)  # pip install ./checkout
+    monkeypatch.setattr(install, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(install, "_core_source", lambda: root)  # pip install ./checkout
     assert install_command("fiber-aws") == "pip install './my checkout/plugins/fiber_aws'"  # cwd: tmp_path
     monkeypatch.chdir(_elsewhere(tmp_path))
     assert install_command("fiber-aws") == f"pip install '{root}/plugins/fiber_aws'"
@@ -109,8 +104,8 @@ def test_install_command_from_a_wheelhouse(tmp_path: Path, monkeypatch: pytest.M
     for name in ("fiber_core-0.1.0-py3-none-any.whl", "fiber_docker-0.1.0-py3-none-any.whl",
                  "fiber_ssh-0.1.0.tar.gz"):
         (wheels / name).write_bytes(b"")
-    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
-    monkeypatch.setattr(registry, "_core_source", lambda: wheels / "fiber_core-0.1.0-py3-none-any.whl")
+    monkeypatch.setattr(install, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(install, "_core_source", lambda: wheels / "fiber_core-0.1.0-py3-none-any.whl")
     assert install_command("fiber-docker") == "pip install --find-links ./wheels fiber-docker"  # cwd: tmp_path
     monkeypatch.chdir(_elsewhere(tmp_path))
     assert install_command("fiber-docker") == f"pip install --find-links {wheels} fiber-docker"
@@ -119,8 +114,8 @@ def test_install_command_from_a_wheelhouse(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_install_command_from_an_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "CHECKOUT", tmp_path)
-    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    monkeypatch.setattr(install, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(install, "_core_source", lambda: None)
     assert install_command("fiber-k8s") == "pip install fiber-k8s"
 
 
@@ -131,8 +126,8 @@ def test_install_elsewhere_from_a_checkout_builds_the_wheels(tmp_path: Path,
     root = tmp_path / "checkout"
     (root / "scripts").mkdir(parents=True)
     (root / "scripts" / "build-dists.sh").write_text("")
-    monkeypatch.setattr(registry, "CHECKOUT", root)
-    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    monkeypatch.setattr(install, "CHECKOUT", root)
+    monkeypatch.setattr(install, "_core_source", lambda: None)
     monkeypatch.chdir(root)
     assert install_elsewhere(image=True) == (
         "build the wheels: bash ./scripts/build-dists.sh <build context>/fiber-dist, then in the Dockerfile: "
@@ -142,8 +137,8 @@ def test_install_elsewhere_from_a_checkout_builds_the_wheels(tmp_path: Path,
         f"build the wheels: bash {root}/scripts/build-dists.sh fiber-dist here, copy fiber-dist to the host, "
         "and there run: /opt/py/bin/python3 -m pip install --find-links fiber-dist fiber-core fiber-k8s")
     # installed from the checkout without -e: the checkout is where pip took it from
-    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
-    monkeypatch.setattr(registry, "_core_source", lambda: root)
+    monkeypatch.setattr(install, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(install, "_core_source", lambda: root)
     assert f"bash {root}/scripts/build-dists.sh fiber-dist here" in install_elsewhere()
 
 
@@ -151,12 +146,12 @@ def test_install_elsewhere_from_a_wheelhouse_or_an_index(tmp_path: Path, monkeyp
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "fiber_core-0.1.0-py3-none-any.whl").write_bytes(b"")
-    monkeypatch.setattr(registry, "CHECKOUT", tmp_path / "site-packages")
-    monkeypatch.setattr(registry, "_core_source", lambda: wheels / "fiber_core-0.1.0-py3-none-any.whl")
+    monkeypatch.setattr(install, "CHECKOUT", tmp_path / "site-packages")
+    monkeypatch.setattr(install, "_core_source", lambda: wheels / "fiber_core-0.1.0-py3-none-any.whl")
     monkeypatch.chdir(_elsewhere(tmp_path))
     assert install_elsewhere() == (f"copy the wheels of {wheels} to fiber-dist here, copy fiber-dist to the "
                                    "host, and there run: python3 -m pip install --find-links fiber-dist fiber-core")
-    monkeypatch.setattr(registry, "_core_source", lambda: None)
+    monkeypatch.setattr(install, "_core_source", lambda: None)
     version = fiber_core.__version__
     assert install_elsewhere() == f"python3 -m pip install fiber-core=={version}"
     assert install_elsewhere(("fiber-core", "fiber-k8s"), image=True) == (
@@ -367,7 +362,7 @@ def test_disable_plugin_autoload(run_script, tmp_path: Path, value: str, loaded:
         from fiber_core.backends import local
         from fiber_core.backends.local import LocalBackend
         from fiber_core.contract import hookimpl
-        from fiber_core.contract.registry import Registry
+        from fiber_core.runtime.registry import Registry
 
 
         class ByHand(LocalBackend):

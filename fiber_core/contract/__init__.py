@@ -1,4 +1,4 @@
-"""Layer 2, contract: what a backend is, the hooks a plugin implements, the registry.
+"""Layer 2, contract: what a backend is and the hooks a plugin implements.
 
 Everything a backend plugin needs from Fiber is importable from here::
 
@@ -11,7 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads on first use
-    from fiber_core.base.errors import BackendError, ConfigError
+    from fiber_core.base.errors import BackendError, ConfigError, FiberError
+    from fiber_core.base.install import install_elsewhere
     from fiber_core.base.net import keepalive
     from fiber_core.base.options import Option, parse_pairs
     from fiber_core.contract.backend import (
@@ -48,11 +49,12 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         LogRing,
         Watcher,
     )
-    from fiber_core.contract.registry import install_elsewhere
 
 _EXPORTS = {
     "BackendError": "fiber_core.base.errors",
     "ConfigError": "fiber_core.base.errors",
+    "FiberError": "fiber_core.base.errors",
+    "install_elsewhere": "fiber_core.base.install",
     "keepalive": "fiber_core.base.net",
     "Option": "fiber_core.base.options",
     "parse_pairs": "fiber_core.base.options",
@@ -84,14 +86,13 @@ _EXPORTS = {
     "JobState": "fiber_core.contract.jobs",
     "LogRing": "fiber_core.contract.jobs",
     "Watcher": "fiber_core.contract.jobs",
-    "install_elsewhere": "fiber_core.contract.registry",
 }
 
 __all__ = [
     "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_RUN_ID",
     "ENV_TOKEN", "EXTRA_ENV", "HOST_LOST_EXITCODE", "TIMEOUT_ALIAS",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
-    "BackendError", "ConfigError", "EndReason", "Job", "JobSpec", "JobState", "LogRing", "Option",
+    "BackendError", "ConfigError", "EndReason", "FiberError", "Job", "JobSpec", "JobState", "LogRing", "Option",
     "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
     "parse_pairs", "remove_all", "split_secrets",
 ]

@@ -33,8 +33,9 @@ import pluggy
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
-    from fiber_core.contract.registry import BackendRegistrar
+    from fiber_core.contract.backend import Backend
 
 
 hookspec = pluggy.HookspecMarker("fiber")
@@ -50,7 +51,7 @@ hookimpl = pluggy.HookimplMarker("fiber")
 
 
 @hookspec
-def fiber_register_backends(register: BackendRegistrar) -> None:
+def fiber_register_backends(register: Callable[[type[Backend]], None]) -> None:
     """Register the backends this plugin provides.
 
     Called once per process, the first time Fiber needs to know the installed
@@ -64,7 +65,7 @@ def fiber_register_backends(register: BackendRegistrar) -> None:
 
     Example, the whole plugin module of a third-party backend::
 
-        from fiber_core import hookimpl
+        from fiber_core.contract import hookimpl
         from .backend import NomadBackend
 
         @hookimpl

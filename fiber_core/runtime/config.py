@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import configparser
 
     from fiber_core.contract.backend import Backend
-    from fiber_core.contract.registry import Registry
+    from fiber_core.runtime.registry import Registry
 
 CONFIG_FILE = ".fiberconfig"
 
@@ -260,7 +260,7 @@ def plugins() -> Registry:
         # Loaded on first use, on purpose: the contract, pluggy and the local backend cost a
         # job ~40 ms of its start, and a job that starts no process of its own needs none of them.
         from fiber_core.backends import local
-        from fiber_core.contract.registry import Registry  # see the comment above
+        from fiber_core.runtime.registry import Registry  # see the comment above
 
         registry = Registry()
         registry.add_builtin(local, local.LocalBackend)

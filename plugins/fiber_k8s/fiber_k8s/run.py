@@ -19,8 +19,17 @@ import sys
 import uuid
 from typing import Any
 
-from fiber_core.base.errors import FiberError
-from fiber_core.contract import ENV_RUN_ID, BackendError, JobSpec, install_elsewhere, parse_pairs
+from fiber_core.contract import (
+    ENV_RUN_ID,
+    BackendError,
+    FiberError,
+    JobSpec,
+    install_elsewhere,
+    parse_pairs,
+)
+
+# The one import of a plugin beyond the contract, named in its import contract (pyproject.toml):
+# a command of the CLI, it forwards the settings made here, which only the runtime resolves.
 from fiber_core.runtime.config import GLOBAL_OPTIONS, config, selected_backend_name
 
 from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend, load_pod_template
