@@ -412,13 +412,15 @@ class _Session:
 
     def run(self) -> None:
         """Answer requests until the client goes away; then give back what it held."""
-        handlers = _HANDLERS
-        reader = self.reader
+        handler_of, recv = _HANDLERS.get, self.reader.recv_bytes
         try:
             while True:
-                msg, self.pending = (reader.recv_bytes() if self.pending is None
-                                     else self.pending), None
-                handler = handlers.get(msg[0]) if msg else None  # a big frame is a bytearray
+                msg = self.pending
+                if msg is None:
+                    msg = recv()
+                else:
+                    self.pending = None
+                handler = handler_of(msg[0]) if msg else None  # a big frame is a bytearray
                 if handler is None:
                     raise unexpected(msg, "the connection of a queue's owner")
                 handler(self, msg)
