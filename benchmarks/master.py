@@ -43,7 +43,7 @@ def noop(x: Any) -> Any:
 # -- the simulator -------------------------------------------------------------------------
 
 
-def simulate(control: Any, task_ms: float) -> None:
+def simulate(control: Any, task_ms: float) -> None:  # noqa: C901 - its closures share one event loop's state; the benchmark's, not the library's
     """Hold simulated workers: start the ones ``control`` names, answer their batches."""
     # Orders are read by a thread of their own: a start waits for the parent's first
     # frames, which it sends only once the whole group is created, and the orders of the

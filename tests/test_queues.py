@@ -509,6 +509,27 @@ def test_an_item_sent_to_a_getter_that_ends_before_it_arrived_goes_back() -> Non
     assert q.get(timeout=T) == "precious"
 
 
+@pytest.mark.parametrize("frame", ["a process's frame", "an acknowledgement", "an empty frame"])
+def test_a_frame_a_queue_connection_does_not_take_ends_that_connection_only(frame: str) -> None:
+    from fiber_core.connection import Connection
+    from fiber_core.runtime.hub import dial
+    from fiber_core.runtime.run import runtime
+    from fiber_core.wire import messages
+
+    sent = {"a process's frame": messages.PROCESS_WAITING,  # not a QUEUE_ kind
+            "an acknowledgement": messages.encode_queue_ack(1),  # but nothing was borrowed
+            "an empty frame": b""}[frame]
+    q = fiber_core.Queue()
+    q.put("kept")
+    conn = Connection(dial(q._hub, runtime().authkey, f"queue:{q._id}"))
+    conn.send_frame(sent)
+    assert conn.poll(T), "the owner neither answered nor closed the connection"
+    with pytest.raises(EOFError):
+        conn.recv_bytes()
+    conn.close()
+    assert in_child(lambda: q.get(timeout=T)) == "kept"
+
+
 def _pause_until_recalled_then_go_on(q: fiber_core.Queue, n: int, report: fiber_core.Queue) -> None:
     got, recalls = [], 0
     while len(got) < n:

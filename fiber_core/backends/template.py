@@ -130,22 +130,71 @@ def _send(sock: socket.socket, message: dict) -> None:
     sock.sendall(json.dumps(message).encode() + b"\n")
 
 
-def serve(sock: socket.socket, preload: Sequence[str]) -> None:
-    """The template's loop: fork a child per request, report each child's end."""
+def _preload(names: Sequence[str]) -> None:
     import importlib
 
-    for name in preload:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception as e:  # a job imports it again, and fails there with the real error
             sys.stderr.write(f"fiber template: cannot preload {name}: {e}\n")
-    parent_pidfd = None
+
+
+def _open_parent_pidfd() -> int | None:
+    """A pidfd of the parent of the run, which the children watch; None where there is none."""
     parent = os.environ.get(ENV_PARENT_PID, "")
     if parent.isdigit() and os.getppid() == int(parent):  # (else the parent has ended already)
         try:
-            parent_pidfd = os.pidfd_open(int(parent))
+            return os.pidfd_open(int(parent))
         except (AttributeError, OSError):
             pass  # no pidfd here: jobs watch their parent's connection only
+    return None
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    """Report every child that ended, whichever wakeup came."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _fork_job(sock: socket.socket, request: dict, logfd: int, children: set[int],
+              wake: tuple[int, int], parent_pidfd: int | None) -> None:
+    """Fork the child for one request and answer with its pid once it leads its own group."""
+    ready_r, ready_w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError as e:
+        for fd in (logfd, ready_r, ready_w):
+            os.close(fd)
+        _send(sock, {"error": f"cannot fork: {e}"})
+        return
+    if pid == 0:
+        os.close(ready_r)
+        _child(sock, wake[0], wake[1], request, logfd, parent_pidfd, ready_w)
+    os.close(logfd)
+    os.close(ready_w)
+    children.add(pid)
+    while True:  # answer once the child leads its own group (as Popen returns after exec)
+        try:
+            os.read(ready_r, 1)
+            break
+        except InterruptedError:
+            continue
+    os.close(ready_r)
+    _send(sock, {"pid": pid})
+
+
+def serve(sock: socket.socket, preload: Sequence[str]) -> None:
+    """The template's loop: fork a child per request, report each child's end."""
+    _preload(preload)
+    parent_pidfd = _open_parent_pidfd()
     import gc
 
     gc.freeze()  # the children's collections then leave the preloaded objects' pages shared
@@ -161,42 +210,12 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
         ready = select.select([sock.fileno(), wake_r], [], [])[0]
         if wake_r in ready:
             os.read(wake_r, 4096)
-        while children:  # reap whatever ended, whichever wakeup came
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        _reap(sock, children)
         if sock.fileno() in ready:
             got = _recv_request(sock, buf)
             if got is None:
                 return  # the backend is gone: the jobs end with their parent by themselves
-            request, logfd = got
-            ready_r, ready_w = os.pipe()
-            try:
-                pid = os.fork()
-            except OSError as e:
-                for fd in (logfd, ready_r, ready_w):
-                    os.close(fd)
-                _send(sock, {"error": f"cannot fork: {e}"})
-                continue
-            if pid == 0:
-                os.close(ready_r)
-                _child(sock, wake_r, wake_w, request, logfd, parent_pidfd, ready_w)
-            os.close(logfd)
-            os.close(ready_w)
-            children.add(pid)
-            while True:  # answer once the child leads its own group (as Popen returns after exec)
-                try:
-                    os.read(ready_r, 1)
-                    break
-                except InterruptedError:
-                    continue
-            os.close(ready_r)
-            _send(sock, {"pid": pid})
+            _fork_job(sock, got[0], got[1], children, (wake_r, wake_w), parent_pidfd)
 
 
 # -- the backend's side ---------------------------------------------------------------------------

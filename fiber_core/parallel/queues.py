@@ -389,118 +389,171 @@ def _get_for(store: _Store, sock: socket.socket, block: bool, timeout: float | N
         return item
 
 
+class _Session:
+    """One client connection of a queue as its owner serves it: a handler per QUEUE_ kind.
+
+    An item sent for a plain get goes back in front if the connection ends before
+    its QUEUE_GOT.
+    """
+
+    __slots__ = ("store", "sock", "conn", "reader", "send_lock", "loan", "token", "pending",
+                 "sent")
+
+    def __init__(self, store: _Store, sock: socket.socket) -> None:
+        self.store = store
+        self.sock = sock
+        self.conn = Connection(sock)
+        self.reader = FrameReader(sock)  # a client's puts are not answered: read them in batches
+        self.send_lock = threading.Lock()  # the recaller sends on a borrowing connection too
+        self.loan: _Loan | None = None
+        self.token = 0
+        self.pending: Any = None  # a request read ahead
+        self.sent: _Item | None = None  # an item sent by a plain get, until the client has it
+
+    def run(self) -> None:
+        """Answer requests until the client goes away; then give back what it held."""
+        handler_of, recv = _HANDLERS.get, self.reader.recv_bytes
+        try:
+            while True:
+                msg = self.pending
+                if msg is None:
+                    msg = recv()
+                else:
+                    self.pending = None
+                handler = handler_of(msg[0]) if msg else None  # a big frame is a bytearray
+                if handler is None:
+                    raise unexpected(msg, "the connection of a queue's owner")
+                handler(self, msg)
+        except (EOFError, OSError):
+            pass
+        finally:
+            self._end()
+
+    def _run_of(self, kind: bytes, first: Any, decode: Any) -> list[Any]:
+        """``first`` decoded, and the following frames of ``kind`` already buffered."""
+        reader = self.reader
+        run = [decode(first)]
+        while reader.buffered():
+            msg = reader.recv_bytes()
+            if kind_of(msg) != kind:
+                self.pending = msg
+                break
+            run.append(decode(msg))
+        return run
+
+    def _borrowing(self, msg: Any) -> _Loan:
+        if self.loan is None:
+            raise unexpected(msg, "a queue connection that borrows nothing")
+        return self.loan
+
+    def on_got(self, msg: Any) -> None:
+        self.sent = None
+
+    def on_put(self, msg: Any) -> None:
+        store = self.store
+        if store.maxsize <= 0:
+            # Unbounded: a put neither blocks nor gets a reply, so store at once all
+            # the puts that came in together.
+            store.put_many(self._run_of(QUEUE_PUT, msg, decode_queue_put_item))
+            return
+        block, timeout, data = decode_queue_put(msg)
+        try:
+            store.put(data, block, timeout)
+            reply = QUEUE_OK
+        except Full:
+            reply = QUEUE_FULL
+        self.conn.send_frame(reply)
+
+    def on_ack(self, msg: Any) -> None:
+        """Acknowledgements come in runs: take a run at once."""
+        loan = self._borrowing(msg)
+        n = sum(self._run_of(QUEUE_ACK, msg, decode_queue_ack))
+        with self.store.lock:
+            self.store.ack(loan, n)
+
+    def on_get(self, msg: Any) -> None:
+        store, conn, loan = self.store, self.conn, self.loan
+        block, timeout, window = decode_queue_get(msg)
+        try:
+            item = _get_for(store, self.sock, block, timeout, loan is not None)
+        except Empty:
+            with self.send_lock:
+                conn.send_frame(QUEUE_EMPTY)
+            return
+        if loan is None:  # a plain get: the client says QUEUE_GOT once it has the item
+            self.sent = item
+            conn.send_frame(QUEUE_ITEM, item)
+            return
+        with store.lock:
+            batch = store.lend(loan, item, window or 1)
+        with self.send_lock:
+            if len(batch) == 1:
+                conn.send_frame(QUEUE_ITEM, item)
+            else:
+                conn.send_frame(encode_queue_batch(batch))
+
+    def on_return(self, msg: Any) -> None:
+        loan = self._borrowing(msg)
+        n = decode_queue_return(msg)
+        with self.store.lock:
+            self.store.give_back(loan, n)
+
+    def on_loan(self, msg: Any) -> None:
+        self.token = decode_queue_loan(msg)
+        self.loan = _Loan(self.conn, self.send_lock)
+        with self.store.lock:
+            self.store.loans[self.token] = self.loan
+            self.store.start_recaller()
+
+    def on_size(self, msg: Any) -> None:
+        store = self.store
+        with store.lock:
+            sizes = encode_queue_sizes(len(store.items), len(store.items) + store.lent)
+        with self.send_lock:
+            self.conn.send_frame(sizes)
+
+    def on_task_done(self, msg: Any) -> None:
+        try:
+            self.store.task_done()
+            self.conn.send_frame(QUEUE_OK)
+        except ValueError:
+            self.conn.send_frame(QUEUE_TOO_MANY_DONE)
+
+    def on_join(self, msg: Any) -> None:
+        self.store.join()
+        self.conn.send_frame(QUEUE_OK)
+
+    def _end(self) -> None:
+        store = self.store
+        if self.sent is not None:
+            store.unget(self.sent)  # the client ended before it had the item: first in line again
+        if self.loan is not None:
+            with store.lock:
+                store.loans.pop(self.token, None)
+                store.give_back(self.loan)
+                store.recall_wanted.notify()  # without loans, the recaller ends
+        self.conn.close()
+
+
+_HANDLERS = {  # keyed by the kind's code (an int): any frame type can look it up
+    QUEUE_GOT[0]: _Session.on_got,
+    QUEUE_PUT[0]: _Session.on_put,
+    QUEUE_ACK[0]: _Session.on_ack,
+    QUEUE_GET[0]: _Session.on_get,
+    QUEUE_RETURN[0]: _Session.on_return,
+    QUEUE_LOAN[0]: _Session.on_loan,
+    QUEUE_SIZE[0]: _Session.on_size,
+    QUEUE_TASK_DONE[0]: _Session.on_task_done,
+    QUEUE_JOIN[0]: _Session.on_join,
+}
+
+
 def _serve(store: _Store, sock: socket.socket) -> None:
     """Serve one client connection of a queue, in the hub thread that accepted it.
 
-    It speaks the QUEUE_ kinds of :mod:`fiber_core.wire.messages`. An item sent for
-    a plain get goes back in front if the connection ends before its QUEUE_GOT.
+    It speaks the QUEUE_ kinds of :mod:`fiber_core.wire.messages` (see :class:`_Session`).
     """
-    conn = Connection(sock)
-    reader = FrameReader(sock)  # a client's puts are not answered: read them in batches
-    send_lock = threading.Lock()  # the recaller sends on a borrowing connection too
-    loan: _Loan | None = None
-    token = 0
-    pending = None  # a request read ahead
-    sent: _Item | None = None  # an item sent by a plain get, until the client says it has it
-    try:
-        while True:
-            msg, pending = reader.recv_bytes() if pending is None else pending, None
-            op = kind_of(msg)
-            if op == QUEUE_GOT:
-                sent = None
-                continue
-            if op == QUEUE_PUT and store.maxsize <= 0:
-                # Unbounded: a put neither blocks nor gets a reply, so store at once
-                # all the puts that came in together.
-                items = [decode_queue_put_item(msg)]
-                while reader.buffered():
-                    msg = reader.recv_bytes()
-                    if kind_of(msg) != QUEUE_PUT:
-                        pending = msg
-                        break
-                    items.append(decode_queue_put_item(msg))
-                store.put_many(items)
-                continue
-            if op == QUEUE_ACK:  # acknowledgements come in runs: take a run at once
-                if loan is None:
-                    raise unexpected(msg, "a queue connection that borrows nothing")
-                n = decode_queue_ack(msg)
-                while reader.buffered():
-                    msg = reader.recv_bytes()
-                    if kind_of(msg) != QUEUE_ACK:
-                        pending = msg
-                        break
-                    n += decode_queue_ack(msg)
-                with store.lock:
-                    store.ack(loan, n)
-                continue
-            elif op == QUEUE_PUT:
-                block, timeout, data = decode_queue_put(msg)
-                try:
-                    store.put(data, block, timeout)
-                    reply = QUEUE_OK
-                except Full:
-                    reply = QUEUE_FULL
-                if store.maxsize > 0:
-                    conn.send_frame(reply)
-            elif op == QUEUE_GET:
-                block, timeout, window = decode_queue_get(msg)
-                try:
-                    item = _get_for(store, sock, block, timeout, loan is not None)
-                except Empty:
-                    with send_lock:
-                        conn.send_frame(QUEUE_EMPTY)
-                    continue
-                if loan is None:  # a plain get: the client says QUEUE_GOT once it has the item
-                    sent = item
-                    conn.send_frame(QUEUE_ITEM, item)
-                    continue
-                with store.lock:
-                    batch = store.lend(loan, item, window or 1)
-                with send_lock:
-                    if len(batch) == 1:
-                        conn.send_frame(QUEUE_ITEM, item)
-                    else:
-                        conn.send_frame(encode_queue_batch(batch))
-            elif op == QUEUE_RETURN:
-                if loan is None:
-                    raise unexpected(msg, "a queue connection that borrows nothing")
-                n = decode_queue_return(msg)
-                with store.lock:
-                    store.give_back(loan, n)
-            elif op == QUEUE_LOAN:
-                token = decode_queue_loan(msg)
-                loan = _Loan(conn, send_lock)
-                with store.lock:
-                    store.loans[token] = loan
-                    store.start_recaller()
-            elif op == QUEUE_SIZE:
-                with store.lock:
-                    sizes = encode_queue_sizes(len(store.items), len(store.items) + store.lent)
-                with send_lock:
-                    conn.send_frame(sizes)
-            elif op == QUEUE_TASK_DONE:
-                try:
-                    store.task_done()
-                    conn.send_frame(QUEUE_OK)
-                except ValueError:
-                    conn.send_frame(QUEUE_TOO_MANY_DONE)
-            elif op == QUEUE_JOIN:
-                store.join()
-                conn.send_frame(QUEUE_OK)
-            else:
-                raise unexpected(msg, "the connection of a queue's owner")
-    except (EOFError, OSError):
-        pass
-    finally:
-        if sent is not None:
-            store.unget(sent)  # the client ended before it had the item: first in line again
-        if loan is not None:
-            with store.lock:
-                store.loans.pop(token, None)
-                store.give_back(loan)
-                store.recall_wanted.notify()  # without loans, the recaller ends
-        conn.close()
+    _Session(store, sock).run()
 
 
 class _Borrower:

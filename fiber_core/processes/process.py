@@ -782,6 +782,56 @@ def _main_reference() -> tuple[str, str] | None:
     return ("path", os.path.abspath(path)) if path else None
 
 
+if TYPE_CHECKING:
+    _Started = tuple[_JobRun, Job, tuple[bytes | None, bytes]]  # a run, its job, what to send it
+
+
+def _take_spares(backend: Backend, runs: list[_JobRun], done: list[_Started]) -> list[_JobRun]:
+    """Start what ready spares of ``backend`` can take (added to ``done``); the rest."""
+    rest = []
+    trying = spares.any_ready(backend)
+    for run in runs:
+        taken = run.start_on_spare() if trying else None
+        if taken is None:  # none of its kind: the others (a Pool's are all of one kind)
+            # go to the backend too, each pickled once
+            trying = False
+            rest.append(run)
+        else:
+            done.append((run, *taken))
+    return rest
+
+
+def _start_group(backend: Backend, runs: list[_JobRun]) -> list[_Started]:
+    """One group start of ``runs`` on ``backend``; if it raises, the runs are abandoned."""
+    prepared: list[tuple[_JobRun, JobSpec, tuple[bytes, bytes]]] = []
+    secret = os.urandom(16).hex() if len(runs) > 1 else None
+    try:
+        for i, run in enumerate(runs):
+            spec, payload = run.prepare(None if secret is None else (secret, i))
+            prepared.append((run, spec, payload))
+        jobs = backend.start_jobs([spec for _, spec, _ in prepared])
+    except BaseException as e:
+        error: BaseException = e
+        for run, _, _ in prepared:
+            error = run.abandon(e)
+        if error is e:
+            raise
+        raise error from e
+    return [(run, job, payload) for (run, _, payload), job in zip(prepared, jobs)]
+
+
+def _stop_unused(done: list[_Started]) -> None:
+    """Spares taken and an earlier backend's jobs, when a later start failed: never used."""
+    for run, job, _ in done:
+        run.forget()
+        try:
+            job.state.stop_requested = True
+            assert run.backend is not None
+            run.backend.kill_job(job)
+        except Exception:
+            pass
+
+
 def start_processes(processes: Sequence[Process]) -> None:
     """Start several processes with one group start per backend (``Backend.start_jobs``).
 
@@ -798,47 +848,16 @@ def start_processes(processes: Sequence[Process]) -> None:
     groups: dict[str | None, list[_JobRun]] = {}
     for p in processes:
         groups.setdefault(p._backend_name, []).append(_JobRun(p))
-    done: list[tuple[_JobRun, Job, tuple[bytes | None, bytes]]] = []
+    done: list[_Started] = []
     try:
         for runs in groups.values():
             # Ready spares of the backend (a Process started before) become workers of the group.
             backend = runtime().get_backend(runs[0].process._backend_name)
-            rest = []
-            trying = spares.any_ready(backend)
-            for run in runs:
-                taken = run.start_on_spare() if trying else None
-                if taken is None:  # none of its kind: the others (a Pool's are all of one kind)
-                    # go to the backend too, each pickled once
-                    trying = False
-                    rest.append(run)
-                else:
-                    done.append((run, *taken))
-            if not rest:
-                continue
-            prepared: list[tuple[_JobRun, JobSpec, tuple[bytes, bytes]]] = []
-            secret = os.urandom(16).hex() if len(rest) > 1 else None
-            try:
-                for i, run in enumerate(rest):
-                    spec, payload = run.prepare(None if secret is None else (secret, i))
-                    prepared.append((run, spec, payload))
-                jobs = backend.start_jobs([spec for _, spec, _ in prepared])
-            except BaseException as e:
-                error: BaseException = e
-                for run, _, _ in prepared:
-                    error = run.abandon(e)
-                if error is e:
-                    raise
-                raise error from e
-            done += [(run, job, payload) for (run, _, payload), job in zip(prepared, jobs)]
+            rest = _take_spares(backend, runs, done)
+            if rest:
+                done += _start_group(backend, rest)
     except BaseException:
-        for run, job, _ in done:  # spares taken, an earlier backend's jobs: stopped, never used
-            run.forget()
-            try:
-                job.state.stop_requested = True
-                assert run.backend is not None
-                run.backend.kill_job(job)
-            except Exception:
-                pass
+        _stop_unused(done)
         raise
     for run, job, to_send in done:
         run.launched(job, to_send)

@@ -323,6 +323,92 @@ def _exit() -> None:
     runtime().shutdown()
 
 
+def _apply_prelude(data: dict[str, Any]) -> None:
+    """Make this interpreter the parent's: its paths, argv, logging, config, main module."""
+    for entry in data["sys_path"]:
+        if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
+            sys.path.append(entry)
+    if "argv" in data:
+        sys.argv = list(data["argv"])  # before the main module runs, as spawn does
+    if data.get("log"):
+        _set_logging(*data["log"])
+    sys.meta_path.insert(0, _SharedMemoryHook())
+    _import_main(data.get("main"))
+    config.restore(data["config"])
+
+
+def _load(conn: Connection) -> tuple[dict[str, Any], Any] | int:
+    """The prelude and the process object to run, or the exit code of a job that runs none."""
+    try:
+        data = decode_process_prelude(conn.recv_bytes())
+        _apply_prelude(data)
+        if data.get("spare"):  # started ahead (spares.py): say it is ready, then wait
+            conn.send_frame(PROCESS_WAITING)
+        try:
+            frame = conn.recv_bytes()
+        except EOFError:  # a spare job let go: it ran nothing
+            return 0
+        return data, decode_process_object(frame)
+    except Exception:
+        # Output is not forwarded yet: send the reason itself, or only the job's log has it.
+        import traceback
+
+        text = "fiber worker: cannot load the process to run:\n" + traceback.format_exc()
+        sys.stderr.write(text)
+        try:
+            conn.send_frame(PROCESS_STDERR, text.encode("utf-8", "replace"))
+            conn.send_frame(encode_process_exit(1))
+        except OSError:
+            pass
+        return 1
+
+
+def _forward_output(conn: Connection, lock: threading.Lock) -> list[tuple[int, int, Any]]:
+    """Send fds 1 and 2 to the parent too; (fd, its saved copy, the pump thread) for each."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    forwards = [(fd, *_forward(fd, kind, conn, lock))
+                for fd, kind in ((1, PROCESS_STDOUT), (2, PROCESS_STDERR))]
+    streams: tuple[Any, ...] = (sys.stdout, sys.stderr)  # reconfigure() if TextIOWrapper
+    for stream in streams:
+        try:
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
+    return forwards
+
+
+def _wind_up() -> None:
+    """After the target: its children, its threads and exit finalizers, what it holds of others."""
+    try:
+        process_mod._exit_children()
+    except Exception:
+        pass
+    _join_threads()
+    _exit()
+    queues = sys.modules.get("fiber_core.parallel.queues")  # only if this job used a queue
+    if queues is not None:
+        queues.settle()  # os._exit skips atexit: acknowledge the items this process took
+    pipes = sys.modules.get("fiber_core.processes.pipe")  # only if this job holds a Pipe end
+    if pipes is not None:
+        pipes.settle()  # give back what was sent to this job's copies and not read
+
+
+def _report_exit(code: int, conn: Connection, lock: threading.Lock,
+                 forwards: list[tuple[int, int, Any]]) -> None:
+    """Drain the forwarded output, then tell the parent the exit code."""
+    process_mod.flush_std_streams()
+    for fd, saved, _thread in forwards:
+        os.dup2(saved, fd)  # closes the pipe's last writer: the pump sees EOF
+    for _, _, thread in forwards:
+        thread.join(2.0)
+    try:
+        with lock:
+            conn.send_frame(encode_process_exit(code))
+    except OSError:
+        pass
+
+
 def main() -> int:
     # Process.interrupt() raises KeyboardInterrupt here wherever the job was started from: a
     # job started by a program whose SIGINT is ignored (under nohup, or as background work of
@@ -349,37 +435,10 @@ def main() -> int:
         sys.stderr.write(f"fiber worker: cannot reach the parent process: {e}\n")
         return 3
     conn = Connection(sock)
-    try:
-        data = decode_process_prelude(conn.recv_bytes())
-        for entry in data["sys_path"]:
-            if entry not in sys.path and (entry == "" or os.path.isdir(entry)):
-                sys.path.append(entry)
-        if "argv" in data:
-            sys.argv = list(data["argv"])  # before the main module runs, as spawn does
-        if data.get("log"):
-            _set_logging(*data["log"])
-        sys.meta_path.insert(0, _SharedMemoryHook())
-        _import_main(data.get("main"))
-        config.restore(data["config"])
-        if data.get("spare"):  # started ahead (spares.py): say it is ready, then wait
-            conn.send_frame(PROCESS_WAITING)
-        try:
-            frame = conn.recv_bytes()
-        except EOFError:  # a spare job let go: it ran nothing
-            return 0
-        proc = decode_process_object(frame)
-    except Exception:
-        # Output is not forwarded yet: send the reason itself, or only the job's log has it.
-        import traceback
-
-        text = "fiber worker: cannot load the process to run:\n" + traceback.format_exc()
-        sys.stderr.write(text)
-        try:
-            conn.send_frame(PROCESS_STDERR, text.encode("utf-8", "replace"))
-            conn.send_frame(encode_process_exit(1))
-        except OSError:
-            pass
-        return 1
+    loaded = _load(conn)
+    if isinstance(loaded, int):
+        return loaded
+    data, proc = loaded
     parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)
     process_mod._current = proc
     multiprocessing.current_process().name = proc.name  # what logging's %(processName)s shows
@@ -387,45 +446,12 @@ def main() -> int:
     finishing = threading.Event()
     threading.Thread(target=_die_with_parent, args=(conn, finishing, parent), daemon=True,
                      name="fiber-parent-watch").start()
-
     lock = threading.Lock()
-    forwards = []
-    if data["forward_output"]:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        forwards = [(fd, *_forward(fd, kind, conn, lock))
-                    for fd, kind in ((1, PROCESS_STDOUT), (2, PROCESS_STDERR))]
-        streams: tuple[Any, ...] = (sys.stdout, sys.stderr)  # reconfigure() if TextIOWrapper
-        for stream in streams:
-            try:
-                stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-            except (AttributeError, ValueError):
-                pass
-
+    forwards = _forward_output(conn, lock) if data["forward_output"] else []
     code = proc._bootstrap()
-    try:
-        process_mod._exit_children()
-    except Exception:
-        pass
-    _join_threads()
-    _exit()
-    queues = sys.modules.get("fiber_core.parallel.queues")  # only if this job used a queue
-    if queues is not None:
-        queues.settle()  # os._exit skips atexit: acknowledge the items this process took
-    pipes = sys.modules.get("fiber_core.processes.pipe")  # only if this job holds a Pipe end
-    if pipes is not None:
-        pipes.settle()  # give back what was sent to this job's copies and not read
+    _wind_up()
     finishing.set()
-    process_mod.flush_std_streams()
-    for fd, saved, _thread in forwards:
-        os.dup2(saved, fd)  # closes the pipe's last writer: the pump sees EOF
-    for _, _, thread in forwards:
-        thread.join(2.0)
-    try:
-        with lock:
-            conn.send_frame(encode_process_exit(code))
-    except OSError:
-        pass
+    _report_exit(code, conn, lock, forwards)
     return code
 
 

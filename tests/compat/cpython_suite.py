@@ -279,8 +279,9 @@ def list_tests(impl: str, env: dict[str, str], work: Path) -> tuple[dict[str, li
     return data["classes"], data["adjustments"]
 
 
-def run_class(name: str, tests: Sequence[str], env: dict[str, str], work: Path,
-              hang_after: float) -> ClassRun:
+def run_class(  # noqa: C901 - one verdict per test across crashes and hangs of the class's processes; test harness
+    name: str, tests: Sequence[str], env: dict[str, str], work: Path, hang_after: float,
+) -> ClassRun:
     """Run one class in as many processes as it takes to give each test a verdict."""
     run = ClassRun(name)
     work.mkdir(parents=True, exist_ok=True)

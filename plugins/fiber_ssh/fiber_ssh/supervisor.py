@@ -146,19 +146,23 @@ def _spawn(argv: list[str], env: dict[str, str], cwd: str | None) -> int:
     return pid
 
 
-def main() -> int:
+def _read_job() -> tuple[dict, bytes] | None:
+    """The job from stdin's first line, and what came after it; None if stdin ended first."""
     buf = b""
     while b"\n" not in buf:
         chunk = os.read(0, 65536)
         if not chunk:
-            return 2  # the parent went away before it sent the job
+            return None
         buf += chunk
     line, buf = buf.split(b"\n", 1)
-    job = marshal.loads(binascii.a2b_base64(line))
+    return marshal.loads(binascii.a2b_base64(line)), buf
+
+
+def _start(job: dict) -> int:
+    """Start the job and say its pid; an OSError when it could not start, already reported."""
     env = dict(os.environ)
     env.update(job.get("env") or {})
     argv = job["argv"]
-    ooms = _oom_kills()
     try:
         pid = _spawn(argv, env, job.get("cwd") or None)
     except OSError as e:
@@ -167,16 +171,15 @@ def main() -> int:
         os.write(2, f"fiber-ssh: {why}\n".encode())
         _say("error " + why.replace("\n", " "))
         _say("exit 127")
-        return 127
+        raise
     _say(f"pid {pid}")
-    import select  # the job is starting meanwhile
-    import signal
-    import time
+    return pid
 
-    signal.signal(signal.SIGTERM, lambda *_: _killpg(pid, _SIGTERM))
-    status: list[int] = []  # the job's wait status, once reaped
+
+def _end_watch(pid: int, status: list[int]) -> int:
+    """A descriptor readable once the job has ended; where a thread reaps it, into ``status``."""
     try:
-        ended = os.pidfd_open(pid)  # readable once the job has ended (Linux 5.3+)
+        return os.pidfd_open(pid)  # readable once the job has ended (Linux 5.3+)
     except (AttributeError, OSError):  # elsewhere a thread reaps it and says so on a pipe
         import threading
 
@@ -187,38 +190,66 @@ def main() -> int:
             os.write(done_w, b"x")
 
         threading.Thread(target=reap, daemon=True).start()
-    timeout = job.get("orphan_timeout") or None
+        return ended
+
+
+def _obey(pid: int, commands: list[bytes]) -> bool:
+    """Carry out the parent's commands; whether one was SIGKILL."""
+    killed = False
+    for command in commands:
+        if command == b"T":
+            _killpg(pid, _SIGTERM)
+        elif command == b"K":
+            _killpg(pid, _SIGKILL)
+            killed = True
+    return killed
+
+
+def _supervise(pid: int, ended: int, buf: bytes, timeout: float | None) -> bool:
+    """Follow the parent's commands until the job ends; whether this supervisor killed it."""
+    import select
+    import time
+
     last = time.monotonic()
     watching = [0, ended]
-    killed = False  # this supervisor sent SIGKILL
+    killed = False
     while True:
         wait = None
         if timeout is not None and 0 in watching:
             wait = max(0.0, last + timeout - time.monotonic())
         ready = select.select(watching, [], [], wait)[0]
         if ended in ready:
-            break
+            return killed
         if 0 not in ready:
             os.write(2, f"fiber-ssh: no word from the parent for {timeout:g} s: "
                         "killing the job\n".encode())
-            _killpg(pid, _SIGKILL)
-            killed = True
-            watching = [ended]
-            continue
-        chunk = os.read(0, 65536)
-        if not chunk:  # the channel closed: the parent is gone
+        chunk = os.read(0, 65536) if 0 in ready else b""
+        if not chunk:  # silence past the timeout, or the channel closed: the parent is gone
             _killpg(pid, _SIGKILL)
             killed = True
             watching = [ended]
             continue
         last = time.monotonic()
         *commands, buf = (buf + chunk).split(b"\n")
-        for command in commands:
-            if command == b"T":
-                _killpg(pid, _SIGTERM)
-            elif command == b"K":
-                _killpg(pid, _SIGKILL)
-                killed = True
+        killed = _obey(pid, commands) or killed
+
+
+def main() -> int:
+    got = _read_job()
+    if got is None:
+        return 2  # the parent went away before it sent the job
+    job, buf = got
+    ooms = _oom_kills()
+    try:
+        pid = _start(job)
+    except OSError:
+        return 127
+    import signal  # the job is starting meanwhile
+
+    signal.signal(signal.SIGTERM, lambda *_: _killpg(pid, _SIGTERM))
+    status: list[int] = []  # the job's wait status, once reaped
+    ended = _end_watch(pid, status)
+    killed = _supervise(pid, ended, buf, job.get("orphan_timeout") or None)
     if not status:  # the pidfd said it ended: reap it
         status.append(os.waitpid(pid, 0)[1])
     code = os.waitstatus_to_exitcode(status[0])
