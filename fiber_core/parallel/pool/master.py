@@ -150,7 +150,7 @@ class Master(Events):
                 job._expire(seconds)
         return None
 
-    def _snapshot(self) -> dict[str, Any]:
+    def status_snapshot(self) -> dict[str, Any]:
         """The pool's state for the live view (:mod:`fiber_core.runtime.status`).
 
         Taken by the master thread between two rounds, under the pool lock, so that its
