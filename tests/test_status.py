@@ -98,29 +98,29 @@ def test_losses_are_counted_by_the_reason_the_backend_gives() -> None:
     n = 400
     with Pool(3) as pool:
         result = pool.map_async(ms_task, range(n), chunksize=1)
-        wait_until(lambda: [w["state"] for w in pool._snapshot()["workers"]] == ["busy"] * 3,
+        wait_until(lambda: [w["state"] for w in pool.status_snapshot()["workers"]] == ["busy"] * 3,
                    "the three workers are busy")
         first, second = pool._pool[:2]
         os.kill(first.pid, signal.SIGKILL)  # from outside: "killed" where the cgroup counts OOM kills
         second.kill()  # by Fiber: stopped
         assert result.get(T) == list(range(n))
-        wait_until(lambda: sum(pool._snapshot()["losses"].values()) >= 2, "both losses are counted")
-        snap = pool._snapshot()
+        wait_until(lambda: sum(pool.status_snapshot()["losses"].values()) >= 2, "both losses are counted")
+        snap = pool.status_snapshot()
         outside = "exited" if oom_kills() is None else "killed"  # (else it may be an OOM kill)
         assert snap["losses"] == {outside: 1, "stopped": 1}
         assert snap["last_loss"].startswith((first.name, second.name))
         assert (snap["tasks"]["done"], snap["tasks"]["queued"], snap["tasks"]["running"]) == (n, 0, 0)
         # Both were replaced: three workers, none of them the killed ones.
-        wait_until(lambda: len([w for w in pool._snapshot()["workers"] if w["state"] == "idle"]) == 3,
+        wait_until(lambda: len([w for w in pool.status_snapshot()["workers"] if w["state"] == "idle"]) == 3,
                    "the replacements are idle")
-        names = {w["name"] for w in pool._snapshot()["workers"]}
+        names = {w["name"] for w in pool.status_snapshot()["workers"]}
         assert first.name not in names and second.name not in names
 
 
 def test_workers_replaced_after_maxtasksperchild_are_no_losses() -> None:
     with Pool(1, maxtasksperchild=2) as pool:
         assert pool.map(ms_task, range(6), chunksize=1) == list(range(6))
-        snap = pool._snapshot()
+        snap = pool.status_snapshot()
         assert snap["losses"] == {} and snap["tasks"]["done"] == 6
         assert snap["workers"][0]["name"] != "PoolWorker-1"  # it was replaced
 
@@ -129,8 +129,8 @@ def test_a_failed_task_is_done_and_failed() -> None:
     with Pool(1) as pool:
         with pytest.raises(ZeroDivisionError):
             pool.starmap(divmod, [(1, 1), (1, 0), (2, 1)], chunksize=1)
-        wait_until(lambda: pool._snapshot()["tasks"]["done"] == 3, "all three are back")
-        t = pool._snapshot()["tasks"]
+        wait_until(lambda: pool.status_snapshot()["tasks"]["done"] == 3, "all three are back")
+        t = pool.status_snapshot()["tasks"]
         assert (t["done"], t["failed"], t["queued"], t["running"]) == (3, 1, 0, 0)
 
 

@@ -437,7 +437,7 @@ def test_objects_are_removed_when_their_creator_drops_them() -> None:
     sems = [lock, cond._lock, cond._sleeping_count, cond._woken_count, cond._wait_semaphore,
             barrier._cond._lock]
     names = {"sem." + s._semlock.name[1:] for s in sems}
-    names |= {barrier._segment.name[1:], arr.get_obj()._fiber_segment.name[1:]}
+    names |= {barrier._segment.name[1:], arr.get_obj().fiber_segment.name[1:]}
     assert names <= set(os.listdir("/dev/shm"))
     del lock, cond, barrier, arr, sems
     gc.collect()

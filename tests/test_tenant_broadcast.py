@@ -406,7 +406,7 @@ def test_a_semaphore_another_user_made_under_its_name_is_refused_with_a_clear_er
 def test_a_shared_segment_another_user_made_under_its_name_is_refused_with_a_clear_error() -> None:
     value = fiber_core.RawValue("i", 42)
     sent = pickle.dumps(value)
-    name = value._fiber_segment.name
+    name = value.fiber_segment.name
     del value
     gc.collect()
     assert not os.path.exists(_shm_file(name, "m"))

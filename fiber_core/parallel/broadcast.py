@@ -234,6 +234,11 @@ class _Store:
         self._dir = -1
         self._users = -1
 
+    @property
+    def joined(self) -> bool:
+        """Whether this process uses the directory (:meth:`join` succeeded)."""
+        return self._users >= 0
+
     def join(self) -> bool:
         """Become a user of the directory (created if need be); False if it cannot be used."""
         if self._users >= 0:
@@ -417,7 +422,7 @@ class Broadcast:
     """
 
     def __init__(self, value: Any) -> None:
-        self._fiber_ref: Ref | None = None
+        self.fiber_ref: Ref | None = None
         _route(runtime().hub)
         self._setup(ref_for_pickle(self), publisher=True)
         weakref.finalize(self, _forget_published, self._bid)
@@ -425,7 +430,7 @@ class Broadcast:
 
     def _setup(self, ref: Ref, publisher: bool) -> None:
         """The state of a publisher or, rebuilt from a pickle, of a reader."""
-        self._fiber_ref = ref
+        self.fiber_ref = ref
         self._bid = f"{ref.token}-{ref.oid}"
         self._lock = threading.Lock()
         self._publisher = publisher
@@ -440,7 +445,7 @@ class Broadcast:
 
     @property
     def _ref(self) -> Ref:
-        ref = self._fiber_ref
+        ref = self.fiber_ref
         assert ref is not None
         return ref
 
@@ -504,12 +509,40 @@ class Broadcast:
                 raise FiberError("this broadcast was closed by the process that published it")
             return self._copy
 
-    def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
+    def send_newest(self, conn: Connection, sock: Any) -> None:
+        """Send a reader the newest version: its header over ``conn``, its bytes over
+        ``sock`` (the same connection's socket), or why there is none."""
+        try:
+            copy = self._newest()
+        except FiberError as e:
+            conn.send_bytes(b"N" + str(e).encode())
+            return
+        conn.send_bytes(b"Y" + _ANSWER.pack(copy.version, copy.size))
+        view = memoryview(copy.mm)
+        try:
+            for offset in range(0, copy.size, _CHUNK):
+                sock.sendall(view[offset:offset + _CHUNK])
+        finally:
+            view.release()
+        with self._lock:
+            self.fetches += 1
+
+    @classmethod
+    def rebuild(cls, ref: Ref) -> Broadcast:
+        """This process's reader of the broadcast ``ref`` names."""
+        obj = known(ref)
+        if obj is not None:
+            return obj  # type: ignore[no-any-return]
+        self = cls.__new__(cls)
+        self._setup(ref, publisher=False)
+        return remember(ref, self)  # type: ignore[no-any-return]
+
+    def serve_call(self, served: Served, op: str, args: tuple) -> Any:
         if op == "version":
             return self._newest().version
         raise FiberError(f"a broadcast serves no operation {op!r}")
 
-    def _serve_lost(self, served: Served) -> Lost | None:
+    def serve_lost(self, served: Served) -> Lost | None:
         return None
 
     # -- everyone's side --
@@ -577,7 +610,8 @@ class Broadcast:
 
     def _fetch(self, target: Any) -> int:
         """Receive the newest version into ``target(version, size)``'s mapping."""
-        conn = Connection(dial(self._ref.addresses, runtime().authkey, TARGET))
+        sock = dial(self._ref.addresses, runtime().authkey, TARGET)
+        conn = Connection(sock)
         try:
             conn.send_bytes(_FETCH.pack(self._ref.oid))
             answer = conn.recv_bytes()
@@ -585,7 +619,7 @@ class Broadcast:
                 raise FiberError(bytes(answer[1:]).decode("utf-8", "replace"))
             version, size = _ANSWER.unpack(answer[1:])
             mm = target(version, size)
-            sock, view, got = conn._socket(), memoryview(mm), 0
+            view, got = memoryview(mm), 0
             try:
                 while got < size:
                     n = sock.recv_into(view[got:got + _CHUNK])
@@ -638,17 +672,12 @@ class _NoRoom(Exception):
 
 
 def _rebuild(ref: Ref) -> Broadcast:
-    obj = known(ref)
-    if obj is not None:
-        return obj  # type: ignore[no-any-return]
-    reader = Broadcast.__new__(Broadcast)
-    reader._setup(ref, publisher=False)
-    return remember(ref, reader)  # type: ignore[no-any-return]
+    return Broadcast.rebuild(ref)
 
 
 def _forget_published(bid: str) -> None:
     """The publisher dropped or closed a broadcast: remove its segments on this host."""
-    if _store is not None and _store._users >= 0:
+    if _store is not None and _store.joined:
         _store.drop(bid)
 
 
@@ -679,23 +708,12 @@ def _serve_fetch(target: str, sock: Any) -> None:
         while True:
             (oid,) = _FETCH.unpack(conn.recv_bytes())
             obj = known(Ref(TOKEN, HOST, "", oid))
-            try:
-                if not isinstance(obj, Broadcast):
-                    raise FiberError("this broadcast no longer exists in the process that published "
-                                     "it: keep the handle referenced there while others read it")
-                copy = obj._newest()
-            except FiberError as e:
-                conn.send_bytes(b"N" + str(e).encode())
+            if not isinstance(obj, Broadcast):
+                conn.send_bytes(b"N" + b"this broadcast no longer exists in the process that "
+                                b"published it: keep the handle referenced there while others "
+                                b"read it")
                 continue
-            conn.send_bytes(b"Y" + _ANSWER.pack(copy.version, copy.size))
-            view = memoryview(copy.mm)
-            try:
-                for offset in range(0, copy.size, _CHUNK):
-                    sock.sendall(view[offset:offset + _CHUNK])
-            finally:
-                view.release()
-            with obj._lock:
-                obj.fetches += 1
+            obj.send_newest(conn, sock)
     except (EOFError, OSError) as e:
         if not isinstance(e, EOFError) and e.errno not in (errno.EPIPE, errno.ECONNRESET, None):
             log.debug("fiber: sending a broadcast version failed: %s", e)

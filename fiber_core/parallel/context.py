@@ -52,7 +52,8 @@ class FiberContext:
     def get_start_method(self, allow_none: bool = False) -> str:
         # The first thing concurrent.futures.ProcessPoolExecutor asks of its mp_context
         # (3.10.13 and every 3.11-3.14): refuse there, before it builds pipes and locks.
-        if sys._getframe(1).f_globals.get("__name__") == "concurrent.futures.process":
+        caller = sys._getframe(1)  # noqa: SLF001 - inspect.currentframe() without importing inspect
+        if caller.f_globals.get("__name__") == "concurrent.futures.process":
             raise ValueError(
                 "concurrent.futures.ProcessPoolExecutor cannot run its workers on Fiber's context: "
                 "it gives them operating-system pipes and semaphores, which a job (possibly on "
@@ -67,8 +68,13 @@ class FiberContext:
         means "nobody has chosen"); asking without ``allow_none`` fixes the method."""
         if allow_none and not self._fixed:
             return None
-        self._fixed = True
+        self.fix_start_method()
         return self._method
+
+    def fix_start_method(self) -> None:
+        """Mark the method as chosen, as the stdlib's default context is once it is used:
+        the module-level ``get_start_method(allow_none=True)`` then answers it."""
+        self._fixed = True
 
     def set_start_method(self, method: str | None, force: bool = False) -> None:
         """Remember ``method`` (what ``get_start_method()`` returns); any accepted one runs jobs."""
@@ -244,7 +250,7 @@ class FiberContext:
         # get_context("fiber") it passes; for set_start_method("fiber") (which goes through
         # get_context) it refuses, since multiprocessing.Process and Queue would then use a
         # context they cannot work with.
-        frame = sys._getframe(1)
+        frame = sys._getframe(1)  # noqa: SLF001 - as above
         for _ in range(4):
             if frame.f_back is None:
                 break
@@ -279,7 +285,7 @@ def get_context(method: str | None = None) -> FiberContext:
     """Return a context; every accepted start method gives Fiber's job-backed processes."""
     _check_method(method)
     if method is None:
-        _default._fixed = True  # as the stdlib's: the default context is now in use
+        _default.fix_start_method()  # as the stdlib's: the default context is now in use
     return _default if method in (None, "fiber") else FiberContext(method)
 
 
@@ -324,6 +330,6 @@ def register_start_method() -> bool:
     if isinstance(table, _StartMethods):
         table.pop("fiber", None)
     else:
-        multiprocessing.context._concrete_contexts = _StartMethods(  # type: ignore[attr-defined]
+        multiprocessing.context._concrete_contexts = _StartMethods(  # type: ignore[attr-defined]  # noqa: SLF001
             (name, ctx) for name, ctx in table.items() if name != "fiber")
     return True

@@ -167,7 +167,7 @@ def _xml_connection(conn: Connection[Any, Any]) -> Any:
 
     std: Any = _std_connection
     std.xmlrpclib = xmlrpc.client  # the module global that XmlListener.accept sets
-    return std.ConnectionWrapper(conn, std._xml_dumps, std._xml_loads)
+    return std.ConnectionWrapper(conn, std._xml_dumps, std._xml_loads)  # noqa: SLF001 (as it does)
 
 
 class _Server(_std.Server):
@@ -175,7 +175,8 @@ class _Server(_std.Server):
 
     def accepter(self) -> None:
         handshakes = Handshakes()
-        lsock = self.listener._listener._socket  # type: ignore[attr-defined]  # the stdlib's SocketListener
+        # The socket of the stdlib's SocketListener, which it keeps private.
+        lsock = self.listener._listener._socket  # type: ignore[attr-defined]  # noqa: SLF001
         while (accepted := accept_retrying(lsock, handshakes, lambda: False, "the manager server")) is not None:
             sock, peer = accepted
             sock.setblocking(True)
@@ -246,7 +247,9 @@ class BaseManager(_std.BaseManager):
             target=_serve, backend=self._backend,
             args=(type(self), self._registry, bytes(self._authkey), self._serializer, writer,
                   initializer, initargs, runtime().get_backend(self._backend).shares_this_machine))
-        self._process.name = f"{type(self).__name__}-{':'.join(map(str, self._process._identity))}"
+        # Named as the stdlib names its manager's process, from the stdlib's private identity.
+        identity = self._process._identity  # noqa: SLF001
+        self._process.name = f"{type(self).__name__}-{':'.join(map(str, identity))}"
         self._process.start()
         try:
             address = None
@@ -270,7 +273,7 @@ class BaseManager(_std.BaseManager):
         args: tuple[Any, ...] = (self._process, self._address, self._authkey, self._state, self._Client)
         if sys.version_info >= (3, 11):  # the stdlib's finalizer gained shutdown_timeout
             args += (self._shutdown_timeout,)
-        self.shutdown = _std_util.Finalize(self, type(self)._finalize_manager, args=args,
+        self.shutdown = _std_util.Finalize(self, self._finalize_manager, args=args,
                                            exitpriority=0)
 
     # get_server() is the stdlib's: a server for these types that the caller runs in
@@ -383,10 +386,16 @@ class AsyncHandle:
         self._value: Any = None
         self._pipeline = pipeline
 
-    def _set(self, ok: bool, value: Any) -> None:
+    def resolve(self, ok: bool, value: Any) -> None:
+        """Give the call's result (``ok``) or exception: what the reader of its reply does."""
         self._ok, self._value = ok, value
         self._pipeline = None
         self._event.set()
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the reply is here, without reading any (unlike :meth:`ready`)."""
+        return self._event.is_set()
 
     def ready(self) -> bool:
         pipeline = self._pipeline
@@ -417,20 +426,26 @@ class _Pipeline:
     order, until its own is resolved. That saves a thread hand-off per call.
     """
 
-    def __init__(self, proxy: AsyncProxy) -> None:
-        self.conn = proxy._Client(proxy._token.address, authkey=proxy._authkey)
-        _internals.dispatch(self.conn, None, "accept_connection", (f"async-{proxy._id}",))
+    def __init__(self, conn: Connection[Any, Any], ident: str,
+                 child: Callable[..., Any], lost: Callable[[], None]) -> None:
+        """Over ``conn``, a new connection to the manager, for the proxied object ``ident``;
+        ``child`` makes a proxy of a returned object, ``lost`` is called when the
+        connection fails."""
+        self.conn = conn
+        self.ident = ident
+        self.child = child
+        self.lost = lost
+        _internals.dispatch(self.conn, None, "accept_connection", (f"async-{ident}",))
         self.send_lock = threading.Lock()
         self.recv_lock = threading.Lock()
         self.waiting: collections.deque[AsyncHandle] = collections.deque()
-        self.proxy = proxy
 
     def call(self, methodname: str, args: tuple, kwds: dict) -> AsyncHandle:
         handle = AsyncHandle(self)
         with self.send_lock:
             self.waiting.append(handle)
             try:
-                self.conn.send((self.proxy._id, methodname, args, kwds))
+                self.conn.send((self.ident, methodname, args, kwds))
             except Exception as e:
                 self.waiting.pop()
                 raise FiberError(f"the manager serving this object is gone: {e}") from e
@@ -438,7 +453,7 @@ class _Pipeline:
 
     def wait_for(self, handle: AsyncHandle, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not handle._event.is_set():
+        while not handle.resolved:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
@@ -446,7 +461,7 @@ class _Pipeline:
             if not self.recv_lock.acquire(timeout=0.005 if left is None else min(left, 0.005)):
                 continue
             try:
-                if handle._event.is_set():
+                if handle.resolved:
                     return
                 if left is not None and not self.conn.poll(left):
                     return
@@ -471,17 +486,17 @@ class _Pipeline:
             err = FiberError(f"the manager serving this object is gone: {e!r}")
             with self.send_lock:
                 pending, self.waiting = list(self.waiting), collections.deque()
-                self.proxy._pipeline = None
+                self.lost()
             for h in pending:
-                h._set(False, err)
+                h.resolve(False, err)
             return
         handle = self.waiting.popleft()
         if kind == "#RETURN":
-            handle._set(True, result)
+            handle.resolve(True, result)
         elif kind == "#PROXY":
-            handle._set(True, self.proxy._rebuild_child(*result))
+            handle.resolve(True, self.child(*result))
         else:
-            handle._set(False, _internals.convert_to_error(kind, result))
+            handle.resolve(False, _internals.convert_to_error(kind, result))
 
 
 class AsyncProxy(BaseProxy):
@@ -507,19 +522,25 @@ class AsyncProxy(BaseProxy):
                 pipeline = self._pipeline
                 if pipeline is None:
                     try:
-                        pipeline = self._pipeline = _Pipeline(self)
+                        conn = self._Client(self._token.address, authkey=self._authkey)
+                        pipeline = self._pipeline = _Pipeline(
+                            conn, self._id, self._rebuild_child, self._drop_pipeline)
                     except OSError as e:
                         raise FiberError(
                             f"cannot reach the manager at {self._token.address!s}: it has shut "
                             f"down or its job ended ({e})") from e
         return pipeline.call(methodname, tuple(args), dict(kwds or {}))
 
+    def _drop_pipeline(self) -> None:
+        self._pipeline = None  # its connection failed: the next call opens another
+
     def _callmethod_sync(self, methodname: str, args: tuple = (), kwds: dict | None = None) -> Any:
-        return BaseProxy._callmethod(self, methodname, args, kwds or {})
+        return super()._callmethod(methodname, args, kwds or {})
 
     def _rebuild_child(self, exposed: Any, token: Token) -> Any:
         typeid = cast(str, token.typeid)  # a registered name: typeshed's Token allows bytes or None
-        proxytype = self._manager._registry[typeid][-1] if self._manager else AsyncAutoProxy
+        # The manager's registry, read as the stdlib's BaseProxy._callmethod reads it.
+        proxytype = self._manager._registry[typeid][-1] if self._manager else AsyncAutoProxy  # noqa: SLF001
         token.address = self._token.address
         proxy = proxytype(token, self._serializer, manager=self._manager, authkey=self._authkey,
                           exposed=exposed)
@@ -571,7 +592,7 @@ def AsyncAutoProxy(token: Token, serializer: str, manager: Any = None, authkey: 
         finally:
             conn.close()
     if authkey is None and manager is not None:
-        authkey = manager._authkey
+        authkey = manager._authkey  # noqa: SLF001 - as the stdlib's AutoProxy reads it
     if authkey is None:
         authkey = _std_process.current_process().authkey
     key = (token.typeid, tuple(exposed))

@@ -105,6 +105,8 @@ def _undescribe(desc: tuple) -> Any:
     return desc[1]
 
 
+# The base of c_int & co., which ctypes leaves underscored (the stdlib's sharedctypes uses it).
+_SimpleCData = ctypes._SimpleCData  # noqa: SLF001
 _shared_types: dict[type, type] = {}
 _make_property = vars(_mp)["make_property"]  # the stdlib's field accessors of wrappers
 
@@ -114,9 +116,9 @@ def _shared_type(base: type) -> Any:
     cls = _shared_types.get(base)
     if cls is None:
         ns: dict[str, Any] = {"__module__": __name__, "__qualname__": base.__name__,
-                              "_fiber_ref": None, "__reduce__": _reduce_shared,
-                              "_serve_call": _serve_ctype, "_serve_lost": _nothing_held}
-        if issubclass(base, ctypes._SimpleCData):
+                              "fiber_ref": None, "__reduce__": _reduce_shared,
+                              "serve_call": _serve_ctype, "serve_lost": _nothing_held}
+        if issubclass(base, _SimpleCData):
             ns["__repr__"] = _simple_repr
         cls = type(base)(base.__name__, (base,), ns)
         _shared_types[base] = cls
@@ -132,7 +134,7 @@ def _simple_repr(self: Any) -> str:
 
 
 def _reduce_shared(self: Any) -> tuple:
-    segment: Segment = self._fiber_segment
+    segment: Segment = self.fiber_segment
     return _rebuild_ctype, (_describe(_base_of(type(self))), segment.name, segment.size,
                             ref_for_pickle(self))
 
@@ -151,7 +153,7 @@ def _rebuild_ctype(desc: tuple, name: str, size: int, ref: Ref) -> Any:
             pass
         else:
             obj = _shared_type(type_).from_buffer(segment.buf)
-            obj._fiber_segment = segment
+            obj.fiber_segment = segment
     if obj is None:
         obj = ServedCtypes(ref, desc, name, size)
     return remember(ref, obj)
@@ -160,7 +162,7 @@ def _rebuild_ctype(desc: tuple, name: str, size: int, ref: Ref) -> Any:
 def _new_value(type_: type) -> Any:
     segment = Segment.create(ctypes.sizeof(type_))  # a new segment is zero-filled
     obj = _shared_type(type_).from_buffer(segment.buf)
-    obj._fiber_segment = segment
+    obj.fiber_segment = segment
     return obj
 
 
@@ -209,8 +211,8 @@ def Array(typecode_or_type: Any, size_or_initializer: Any, *, lock: Any = True, 
 def copy(obj: Any) -> Any:
     """A new shared object with the type and contents of ``obj``."""
     if isinstance(obj, ServedCtypes):
-        data: bytes = obj._remote.call("bytes")
-        new = _new_value(obj._type)
+        data = obj.fiber_bytes()
+        new = _new_value(obj.fiber_type)
         ctypes.memmove(ctypes.addressof(new), data, len(data))
         return new
     base = _base_of(type(obj))
@@ -258,7 +260,7 @@ def _nothing_held(self: Any, served: Served) -> None:
 class ServedCtypes:
     """A shared ctypes object whose memory is on another host: its creator serves each access."""
 
-    __slots__ = ("_remote", "_desc", "_name", "_size", "_type", "_fields", "_fiber_ref",
+    __slots__ = ("_remote", "_desc", "_name", "_size", "fiber_type", "_fields", "fiber_ref",
                  "__weakref__")
 
     def __init__(self, ref: Ref, desc: tuple, name: str, size: int) -> None:
@@ -268,49 +270,58 @@ class ServedCtypes:
         init(self, "_desc", desc)
         init(self, "_name", name)
         init(self, "_size", size)
-        init(self, "_type", type_)
+        init(self, "fiber_type", type_)
         init(self, "_fields", frozenset(f[0] for f in getattr(type_, "_fields_", ())))
-        init(self, "_fiber_ref", ref)
+        init(self, "fiber_ref", ref)
 
     def __reduce__(self) -> tuple:
-        return _rebuild_ctype, (self._desc, self._name, self._size, self._fiber_ref)
+        return _rebuild_ctype, (self._desc, self._name, self._size, self.fiber_ref)
 
-    def _get(self, key: Any, lock_oid: int = 0) -> Any:
+    # The ``fiber_`` names keep out of the way of the fields of the user's Structure.
+
+    def fiber_get(self, key: Any, lock_oid: int = 0) -> Any:
+        """An element, field or ``value``, read by the creator (under the lock ``lock_oid``
+        names if not 0, a lock the same creator serves)."""
         return self._remote.call("get", key, lock_oid)
 
-    def _set(self, key: Any, value: Any, lock_oid: int = 0) -> None:
+    def fiber_set(self, key: Any, value: Any, lock_oid: int = 0) -> None:
+        """Write an element, field or ``value`` (as :meth:`fiber_get` reads one)."""
         self._remote.call("set", key, value, lock_oid)
 
+    def fiber_bytes(self) -> bytes:
+        """A copy of the object's memory."""
+        return self._remote.call("bytes")
+
     def __len__(self) -> int:
-        length = getattr(self._type, "_length_", None)
+        length = getattr(self.fiber_type, "_length_", None)
         if length is None:
-            raise TypeError(f"object of type {self._type.__name__!r} has no len()")
+            raise TypeError(f"object of type {self.fiber_type.__name__!r} has no len()")
         return length
 
     def __getitem__(self, key: Any) -> Any:
-        return self._get(key)
+        return self.fiber_get(key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._set(key, value)
+        self.fiber_set(key, value)
 
     def __iter__(self) -> Any:
-        return iter(self._get(slice(None)))
+        return iter(self.fiber_get(slice(None)))
 
     @property
     def value(self) -> Any:
-        return self._get("value")
+        return self.fiber_get("value")
 
     @value.setter
     def value(self, value: Any) -> None:
-        self._set("value", value)
+        self.fiber_set("value", value)
 
     @property
     def raw(self) -> Any:
-        return self._get("raw")
+        return self.fiber_get("raw")
 
     @raw.setter
     def raw(self, value: Any) -> None:
-        self._set("raw", value)
+        self.fiber_set("raw", value)
 
     @property
     def _length_(self) -> int:
@@ -318,7 +329,7 @@ class ServedCtypes:
 
     @property
     def _type_(self) -> Any:
-        return getattr(self._type, "_type_", None)
+        return getattr(self.fiber_type, "_type_", None)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -326,27 +337,27 @@ class ServedCtypes:
         except AttributeError:
             fields = frozenset()
         if name in fields:
-            return self._get(name)
+            return self.fiber_get(name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._fields:
-            self._set(name, value)
+            self.fiber_set(name, value)
         else:
             object.__setattr__(self, name, value)
 
     def __buffer__(self, flags: int) -> memoryview:  # Python 3.12+: memoryview(), np.frombuffer
-        raise _no_buffer(self._type.__name__)
+        raise _no_buffer(self.fiber_type.__name__)
 
     @property
     def __array_interface__(self) -> dict:  # np.asarray, np.array
-        raise _no_buffer(self._type.__name__)
+        raise _no_buffer(self.fiber_type.__name__)
 
     def __repr__(self) -> str:
         try:
             shown = self._remote.call("repr")
         except Exception:
-            shown = f"<{self._type.__name__}>"
+            shown = f"<{self.fiber_type.__name__}>"
         return f"{shown} (served by its creator)"
 
 
@@ -357,7 +368,7 @@ class BufferWrapper:
     ``create_memoryview()``: a block has no element access to serve.
     """
 
-    _fiber_ref: Ref | None = None
+    fiber_ref: Ref | None = None
 
     def __init__(self, size: int) -> None:
         if not 0 <= size < sys.maxsize:
@@ -373,27 +384,32 @@ class BufferWrapper:
     def __reduce__(self) -> tuple:
         return _rebuild_buffer, (self._name, self._size, ref_for_pickle(self))
 
-    def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
+    def serve_call(self, served: Served, op: str, args: tuple) -> Any:
         raise FiberError("a shared memory block has no operation that its creator serves")
 
-    def _serve_lost(self, served: Served) -> Lost | None:
+    def serve_lost(self, served: Served) -> Lost | None:
         return None
+
+    @classmethod
+    def rebuild(cls, name: str, size: int, ref: Ref) -> BufferWrapper:
+        """This process's copy of the block ``ref`` names: mapped if it can be."""
+        obj = known(ref)
+        if obj is not None:
+            return obj
+        self = cls.__new__(cls)
+        self._name, self._size, self._segment = name, size, None
+        if may_attach(ref):
+            try:
+                self._segment = Segment.attach(name, size, ref.uid)
+            except ForeignObjectError:
+                raise
+            except OSError:
+                pass
+        return remember(ref, self)
 
 
 def _rebuild_buffer(name: str, size: int, ref: Ref) -> BufferWrapper:
-    obj = known(ref)
-    if obj is not None:
-        return obj
-    wrapper = BufferWrapper.__new__(BufferWrapper)
-    wrapper._name, wrapper._size, wrapper._segment = name, size, None
-    if may_attach(ref):
-        try:
-            wrapper._segment = Segment.attach(name, size, ref.uid)
-        except ForeignObjectError:
-            raise
-        except OSError:
-            pass
-    return remember(ref, wrapper)
+    return BufferWrapper.rebuild(name, size, ref)
 
 
 # -- synchronized wrappers ------------------------------------------------------------------
@@ -437,30 +453,30 @@ class _Served:
     _lock: Any
 
     def get_obj(self) -> Any:
-        raise _no_buffer(self._obj._type.__name__)
+        raise _no_buffer(self._obj.fiber_type.__name__)
 
     def _via(self) -> int:
-        ref = getattr(self._lock, "_fiber_ref", None)
+        ref = getattr(self._lock, "fiber_ref", None)
         semlock = getattr(self._lock, "_semlock", None)
         if ref is not None and isinstance(getattr(semlock, "_remote", None), Remote) \
-                and ref.token == self._obj._fiber_ref.token:
+                and ref.token == self._obj.fiber_ref.token:
             return ref.oid
         return 0
 
     def _get(self, key: Any) -> Any:
         oid = self._via()
         if oid:
-            return self._obj._get(key, oid)
+            return self._obj.fiber_get(key, oid)
         with self._lock:
-            return self._obj._get(key)
+            return self._obj.fiber_get(key)
 
     def _set(self, key: Any, value: Any) -> None:
         oid = self._via()
         if oid:
-            self._obj._set(key, value, oid)
+            self._obj.fiber_set(key, value, oid)
         else:
             with self._lock:
-                self._obj._set(key, value)
+                self._obj.fiber_set(key, value)
 
     def __len__(self) -> int:
         return len(self._obj)
@@ -498,15 +514,15 @@ def synchronized(obj: Any, lock: Any = None, ctx: Any = None) -> Any:
     assert not isinstance(obj, _mp.SynchronizedBase), "object already synchronized"
     lock = lock or RLock()
     if isinstance(obj, ServedCtypes):
-        type_ = obj._type
-        if issubclass(type_, ctypes._SimpleCData):
+        type_ = obj.fiber_type
+        if issubclass(type_, _SimpleCData):
             return ServedSynchronized(obj, lock)
         if issubclass(type_, ctypes.Array):
             if type_._type_ is ctypes.c_char:
                 return ServedSynchronizedString(obj, lock)
             return ServedSynchronizedArray(obj, lock)
         return _struct_class(type_, served=True)(obj, lock)
-    if isinstance(obj, ctypes._SimpleCData):
+    if isinstance(obj, _SimpleCData):
         return Synchronized(obj, lock)
     if isinstance(obj, ctypes.Array):
         if obj._type_ is ctypes.c_char:

@@ -139,7 +139,7 @@ def ref_for_pickle(obj: Any) -> Ref:
     The addresses are the ones the receiving job reaches the creator at
     (:func:`~fiber_core.runtime.run.outgoing_addresses`).
     """
-    ref: Ref | None = obj._fiber_ref
+    ref: Ref | None = obj.fiber_ref
     if ref is None:
         global _routed
         hub = runtime().hub
@@ -147,11 +147,11 @@ def ref_for_pickle(obj: Any) -> Ref:
             if _routed is not hub:
                 hub.register(TARGET, _serve)
                 _routed = hub
-            ref = obj._fiber_ref
+            ref = obj.fiber_ref
             if ref is None:
                 ref = Ref(TOKEN, HOST, hub.addresses, next(_oids), UID)
                 _objects[(TOKEN, ref.oid)] = obj
-                obj._fiber_ref = ref
+                obj.fiber_ref = ref
     if ref.token == TOKEN:
         return ref._replace(addresses=outgoing_addresses(ref.addresses))
     return ref
@@ -171,7 +171,7 @@ def remember(ref: Ref, obj: Any) -> Any:
         first = _objects.get((ref.token, ref.oid))
         if first is not None:
             return first
-        obj._fiber_ref = ref
+        obj.fiber_ref = ref
         _objects[(ref.token, ref.oid)] = obj
         return obj
 
@@ -371,7 +371,8 @@ def attach_semlock(kind: int, maxvalue: int, name: str, owner: int = UID) -> Any
     path = _semaphore_file(name)
     try:
         before = _semaphore_owner(path, owner) if path else None
-        semlock = _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)
+        # The stdlib's own way to open a named semaphore (its spawn start method's).
+        semlock = _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)  # noqa: SLF001
         if path and _semaphore_owner(path, owner) != before:
             raise ForeignObjectError("it was replaced while it was opened")
     except ForeignObjectError as e:
@@ -557,10 +558,12 @@ def serving() -> Served | None:
 class Served:
     """The creator's end of one session: the objects it used and what it holds of them.
 
-    A served object implements, for the operations its class allows:
-    ``_serve_acquire(served, block, timeout) -> bool``, ``_serve_release(served)``,
-    ``_serve_call(served, op, args) -> result``, and ``_serve_lost(served) -> Lost | None``:
-    what the session still holds, and how to release it, when the session ends.
+    A served object implements, for the operations its class allows, the public serving
+    protocol: ``serve_acquire(served, block, timeout) -> bool``, ``serve_release(served)``,
+    ``serve_call(served, op, args) -> result``, and ``serve_lost(served) -> Lost | None``:
+    what the session still holds, and how to release it, when the session ends. It also
+    has a ``fiber_ref`` attribute (``None`` until :func:`ref_for_pickle` or
+    :func:`remember` sets it): the :class:`Ref` it is shared under.
     """
 
     def __init__(self, sock: socket.socket) -> None:
@@ -620,13 +623,13 @@ class Served:
         code = frame[:1]
         if code == SYNC_ACQUIRE:
             oid, block, timeout = decode_acquire(frame)
-            return SYNC_YES if self.obj(oid)._serve_acquire(self, block, timeout) else SYNC_NO
+            return SYNC_YES if self.obj(oid).serve_acquire(self, block, timeout) else SYNC_NO
         if code == SYNC_RELEASE:
-            self.obj(decode_obj(frame))._serve_release(self)
+            self.obj(decode_obj(frame)).serve_release(self)
             return SYNC_DONE
         if code == SYNC_CALL:
             oid, op, args = decode_call(frame)
-            return SYNC_VALUE + dumps(self.obj(oid)._serve_call(self, op, args))
+            return SYNC_VALUE + dumps(self.obj(oid).serve_call(self, op, args))
         raise FiberError(f"unexpected message {bytes(code)!r} on a shared-object session: every "
                          "process of a run must use the same version of Fiber")
 
@@ -636,7 +639,7 @@ class Served:
         lost: list[Lost] = []
         for obj in self.objects.values():
             try:
-                held = obj._serve_lost(self)
+                held = obj.serve_lost(self)
             except Exception:
                 log.exception("fiber: cannot tell what %s held of %r", self.who, obj)
                 continue

@@ -28,6 +28,10 @@ Lost holders, by path:
   ``with`` block or ``finally`` that runs releases it as usual. Waiters with a
   timeout get ``False``, others wait; a ``Lock`` (not an ``RLock``) may be
   released by any process, as in multiprocessing.
+
+The queries ``_is_mine``, ``_count`` and ``_get_value`` of ``_multiprocessing.SemLock``
+are underscored in the stdlib, which calls them from its own reprs and tests; they are
+read in one place, :func:`_ownership`.
 """
 
 from __future__ import annotations
@@ -114,6 +118,11 @@ class _RemoteSemLock:
         pass
 
 
+def _ownership(sl: Any) -> tuple[bool, int, int]:
+    """Whether this thread holds semaphore ``sl``, its recursion count, and its value."""
+    return sl._is_mine(), sl._count(), sl._get_value()  # noqa: SLF001 (see the module note)
+
+
 def _check_value(value: int) -> None:
     if isinstance(value, int) and value < 0:
         raise OSError(errno.EINVAL, f"a semaphore's value must be >= 0, not {value}")
@@ -122,7 +131,7 @@ def _check_value(value: int) -> None:
 class SemLock(_mp.SemLock):
     """What every lock and semaphore shares: a named semaphore, attached or served."""
 
-    _fiber_ref: Ref | None = None
+    fiber_ref: Ref | None = None
 
     def __init__(self, kind: int, value: int, maxvalue: int, *, ctx: Any = None) -> None:
         self._semlock = create_semlock(self, kind, value, maxvalue)
@@ -139,7 +148,7 @@ class SemLock(_mp.SemLock):
 
     # -- the creator serving a job's thread (see fiber_core.parallel.sharing.Served) ----
 
-    def _serve_acquire(self, served: Served, block: bool, timeout: float | None) -> bool:
+    def serve_acquire(self, served: Served, block: bool, timeout: float | None) -> bool:
         sl = self._semlock
         if not block:
             got = sl.acquire(False)
@@ -152,21 +161,21 @@ class SemLock(_mp.SemLock):
             served.count(self, 1)
         return got
 
-    def _serve_release(self, served: Served) -> None:
+    def serve_release(self, served: Served) -> None:
         self._semlock.release()
         served.count(self, -1)
 
-    def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
+    def serve_call(self, served: Served, op: str, args: tuple) -> Any:
         if op in _QUERIES:
             return getattr(self._semlock, op)()
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> Lost | None:
+    def serve_lost(self, served: Served) -> Lost | None:
         """A Lock or RLock: every level that the session's thread owns."""
         sl = self._semlock
-        if not sl._is_mine():
+        mine, levels, _ = _ownership(sl)
+        if not mine:
             return None
-        levels = sl._count()
 
         def release() -> None:
             for _ in range(levels):
@@ -179,25 +188,36 @@ class SemLock(_mp.SemLock):
         article = "an" if name[0] in "AEIOR" else "a"  # an RLock
         return f"{article} {name}" + (f" ({levels} levels)" if levels > 1 else ""), release
 
+    @classmethod
+    def rebuild(cls, ref: Ref, kind: int, maxvalue: int, name: str) -> SemLock:
+        """This process's copy of the lock ``ref`` names: attached if it can be, else served."""
+        obj = known(ref)
+        if obj is not None:
+            return obj
+        semlock: Any = None
+        if may_attach(ref):
+            try:
+                semlock = attach_semlock(kind, maxvalue, name, ref.uid)
+            except ForeignObjectError:
+                raise
+            except OSError:  # not visible here (another IPC namespace, another user)
+                pass
+        if semlock is None:
+            semlock = _RemoteSemLock(ref, kind, maxvalue, name, cls.__name__)
+        return remember(ref, cls.from_semlock(semlock))
+
+    @classmethod
+    def from_semlock(cls, semlock: Any) -> SemLock:
+        """A lock of this class whose operations are those of ``semlock``: a
+        ``_multiprocessing.SemLock`` or a served one's stand-in."""
+        self = cls.__new__(cls)
+        self._semlock = semlock
+        self._make_methods()
+        return self
+
 
 def _rebuild_semlock(cls: type[SemLock], ref: Ref, kind: int, maxvalue: int, name: str) -> SemLock:
-    obj = known(ref)
-    if obj is not None:
-        return obj
-    self = cls.__new__(cls)
-    semlock: Any = None
-    if may_attach(ref):
-        try:
-            semlock = attach_semlock(kind, maxvalue, name, ref.uid)
-        except ForeignObjectError:
-            raise
-        except OSError:  # not visible here (another IPC namespace, another user)
-            pass
-    if semlock is None:
-        semlock = _RemoteSemLock(ref, kind, maxvalue, name, cls.__name__)
-    self._semlock = semlock
-    self._make_methods()
-    return remember(ref, self)
+    return cls.rebuild(ref, kind, maxvalue, name)
 
 
 class Semaphore(SemLock, _mp.Semaphore):
@@ -207,7 +227,7 @@ class Semaphore(SemLock, _mp.Semaphore):
         _check_value(value)
         SemLock.__init__(self, SEMAPHORE, value, SEM_VALUE_MAX)
 
-    def _serve_lost(self, served: Served) -> Lost | None:
+    def serve_lost(self, served: Served) -> Lost | None:
         return None  # an acquisition may be a consumed signal, not a hold
 
 
@@ -218,7 +238,7 @@ class BoundedSemaphore(Semaphore, _mp.BoundedSemaphore):
         _check_value(value)
         SemLock.__init__(self, SEMAPHORE, value, value)
 
-    def _serve_lost(self, served: Served) -> Lost | None:
+    def serve_lost(self, served: Served) -> Lost | None:
         held = served.held.pop(id(self), 0)
         if not held:
             return None
@@ -241,11 +261,12 @@ class Lock(SemLock, _mp.Lock):
 
     def __repr__(self) -> str:
         try:
-            if self._semlock._is_mine():
+            mine, count, value = _ownership(self._semlock)
+            if mine:
                 name = _me()
-            elif self._semlock._get_value() == 1:
+            elif value == 1:
                 name = "None"
-            elif self._semlock._count() > 0:
+            elif count > 0:
                 name = "SomeOtherThread"
             else:
                 name = "SomeOtherProcess"
@@ -263,11 +284,12 @@ class RLock(SemLock, _mp.RLock):
     def __repr__(self) -> str:
         count: Any
         try:
-            if self._semlock._is_mine():
-                name, count = _me(), self._semlock._count()
-            elif self._semlock._get_value() == 1:
+            mine, levels, value = _ownership(self._semlock)
+            if mine:
+                name, count = _me(), levels
+            elif value == 1:
                 name, count = "None", 0
-            elif self._semlock._count() > 0:
+            elif levels > 0:
                 name, count = "SomeOtherThread", "nonzero"
             else:
                 name, count = "SomeOtherProcess", "nonzero"
@@ -280,10 +302,7 @@ def _served_lock_view(ref: Ref, lock: Any) -> SemLock:
     """A Lock or RLock whose operations go to the object ``ref`` (a served Condition's lock)."""
     kind = getattr(getattr(lock, "_semlock", None), "kind", RECURSIVE_MUTEX)
     cls: type[SemLock] = RLock if kind == RECURSIVE_MUTEX else Lock
-    view = cls.__new__(cls)
-    view._semlock = _RemoteSemLock(ref, kind, 1, None, "Condition")
-    view._make_methods()
-    return view
+    return cls.from_semlock(_RemoteSemLock(ref, kind, 1, None, "Condition"))
 
 
 def _is_served(obj: Any) -> bool:
@@ -294,7 +313,7 @@ def _is_served(obj: Any) -> bool:
 class Condition(_mp.Condition):
     """A condition variable over a Lock or RLock (by default a new RLock)."""
 
-    _fiber_ref: Ref | None = None
+    fiber_ref: Ref | None = None
     _remote: Remote | None = None
     _parts: tuple | None = None  # a served copy's: what it was rebuilt from, to send it on
 
@@ -325,13 +344,13 @@ class Condition(_mp.Condition):
 
     # -- served ------------------------------------------------------------------------
 
-    def _serve_acquire(self, served: Served, block: bool, timeout: float | None) -> bool:
-        return self._lock._serve_acquire(served, block, timeout)
+    def serve_acquire(self, served: Served, block: bool, timeout: float | None) -> bool:
+        return self._lock.serve_acquire(served, block, timeout)
 
-    def _serve_release(self, served: Served) -> None:
-        self._lock._serve_release(served)
+    def serve_release(self, served: Served) -> None:
+        self._lock.serve_release(served)
 
-    def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
+    def serve_call(self, served: Served, op: str, args: tuple) -> Any:
         if op == "wait":
             woken = self.wait(*args)
             if woken and served.peer_gone():
@@ -340,48 +359,53 @@ class Condition(_mp.Condition):
         if op == "notify":
             return self.notify(*args)
         if op == "_waiters":
-            return self._sleeping_count._semlock._get_value() - self._woken_count._semlock._get_value()
+            return self._sleeping_count.get_value() - self._woken_count.get_value()
         if op in _QUERIES:
-            return getattr(self._lock._semlock, op)()
+            return self._lock.serve_call(served, op, args)
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> Lost | None:
-        lost = self._lock._serve_lost(served)
+    def serve_lost(self, served: Served) -> Lost | None:
+        lost = self._lock.serve_lost(served)
         return None if lost is None else ("the lock of a Condition", lost[1])
+
+    @classmethod
+    def rebuild(cls, ref: Ref, parts: tuple) -> Condition:
+        """This process's copy of the Condition ``ref`` names, from its lock and semaphores."""
+        obj = known(ref)
+        if obj is not None:
+            return obj
+        self = cls.__new__(cls)
+        lock, sleeping, woken, wait_semaphore = parts
+        if any(_is_served(s) for s in parts[1:]):
+            remote = self._remote = Remote(ref, "Condition")
+            self._lock = _served_lock_view(ref, lock)
+            self._parts = parts
+
+            # Only a served copy gets these: an attached one runs the stdlib's methods as they are.
+            def wait(timeout: float | None = None) -> bool:
+                return remote.call("wait", timeout)
+
+            def notify(n: int = 1) -> None:
+                remote.call("notify", n)
+
+            def notify_all() -> None:
+                remote.call("notify", sys.maxsize)
+
+            vars(self).update(wait=wait, notify=notify, notify_all=notify_all)
+        else:
+            self._lock, self._sleeping_count, self._woken_count, self._wait_semaphore = parts
+        self._make_methods()
+        return remember(ref, self)
 
 
 def _rebuild_condition(ref: Ref, parts: tuple) -> Condition:
-    obj = known(ref)
-    if obj is not None:
-        return obj
-    cond = Condition.__new__(Condition)
-    lock, sleeping, woken, wait_semaphore = parts
-    if any(_is_served(s) for s in parts[1:]):
-        remote = cond._remote = Remote(ref, "Condition")
-        cond._lock = _served_lock_view(ref, lock)
-        cond._parts = parts
-
-        # Only a served copy gets these: an attached one runs the stdlib's methods as they are.
-        def wait(timeout: float | None = None) -> bool:
-            return remote.call("wait", timeout)
-
-        def notify(n: int = 1) -> None:
-            remote.call("notify", n)
-
-        def notify_all() -> None:
-            remote.call("notify", sys.maxsize)
-
-        vars(cond).update(wait=wait, notify=notify, notify_all=notify_all)
-    else:
-        cond._lock, cond._sleeping_count, cond._woken_count, cond._wait_semaphore = parts
-    cond._make_methods()
-    return remember(ref, cond)
+    return Condition.rebuild(ref, parts)
 
 
 class Event(_mp.Event):
     """An event flag with ``set``, ``clear``, ``is_set`` and ``wait``."""
 
-    _fiber_ref: Ref | None = None
+    fiber_ref: Ref | None = None
     _remote: Remote | None = None
 
     def __init__(self, *, ctx: Any = None) -> None:
@@ -391,30 +415,35 @@ class Event(_mp.Event):
     def __reduce__(self) -> tuple:
         return _rebuild_event, (ref_for_pickle(self), self._cond, self._flag)
 
-    def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
+    def serve_call(self, served: Served, op: str, args: tuple) -> Any:
         if op in ("is_set", "set", "clear", "wait"):
             return getattr(self, op)(*args)
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> Lost | None:
+    def serve_lost(self, served: Served) -> Lost | None:
         return None  # its lock is held only inside one served operation
+
+    @classmethod
+    def rebuild(cls, ref: Ref, cond: Condition, flag: Semaphore) -> Event:
+        """This process's copy of the Event ``ref`` names, from its Condition and flag."""
+        obj = known(ref)
+        if obj is not None:
+            return obj
+        self = cls.__new__(cls)
+        self._cond, self._flag = cond, flag
+        if _is_served(cond) or _is_served(flag):
+            remote = self._remote = Remote(ref, "Event")
+
+            def wait(timeout: float | None = None) -> bool:
+                return remote.call("wait", timeout)
+
+            vars(self).update(wait=wait, is_set=lambda: remote.call("is_set"),
+                              set=lambda: remote.call("set"), clear=lambda: remote.call("clear"))
+        return remember(ref, self)
 
 
 def _rebuild_event(ref: Ref, cond: Condition, flag: Semaphore) -> Event:
-    obj = known(ref)
-    if obj is not None:
-        return obj
-    event = Event.__new__(Event)
-    event._cond, event._flag = cond, flag
-    if _is_served(cond) or _is_served(flag):
-        remote = event._remote = Remote(ref, "Event")
-
-        def wait(timeout: float | None = None) -> bool:
-            return remote.call("wait", timeout)
-
-        vars(event).update(wait=wait, is_set=lambda: remote.call("is_set"),
-                           set=lambda: remote.call("set"), clear=lambda: remote.call("clear"))
-    return remember(ref, event)
+    return Event.rebuild(ref, cond, flag)
 
 
 class Barrier(_mp.Barrier):
@@ -425,7 +454,7 @@ class Barrier(_mp.Barrier):
     process of the last party to arrive, whichever path that process uses.
     """
 
-    _fiber_ref: Ref | None = None
+    fiber_ref: Ref | None = None
     _remote: Remote | None = None
     _break: Callable[[], None]  # threading.Barrier's
 
@@ -477,42 +506,49 @@ class Barrier(_mp.Barrier):
             return self._remote.call("broken")
         return self._state == -2
 
-    def _serve_call(self, served: Served, op: str, args: tuple) -> Any:
+    def serve_call(self, served: Served, op: str, args: tuple) -> Any:
         if op in ("wait", "reset", "abort"):
             return getattr(self, op)(*args)
         if op in ("n_waiting", "broken"):
             return getattr(self, op)
         raise _bad_op(self, op)
 
-    def _serve_lost(self, served: Served) -> Lost | None:
+    def serve_lost(self, served: Served) -> Lost | None:
         return None  # its lock is held only inside one served operation
+
+    @classmethod
+    def rebuild(cls, ref: Ref, parties: int, action: Callable[[], Any] | None,
+                timeout: float | None, cond: Condition, segment_name: str) -> Barrier:
+        """This process's copy of the Barrier ``ref`` names: its state attached if it can
+        be, else served."""
+        obj = known(ref)
+        if obj is not None:
+            return obj
+        self = cls.__new__(cls)
+        segment = None
+        if may_attach(ref) and not _is_served(cond):
+            try:
+                segment = Segment.attach(segment_name, 8, ref.uid)
+            except ForeignObjectError:
+                raise
+            except OSError:
+                pass
+        self._setup(parties, action, timeout, cond, segment)
+        self._segment_name = segment_name
+        if segment is None:
+            remote = self._remote = Remote(ref, "Barrier")
+
+            def wait(timeout: float | None = None) -> int:
+                return remote.call("wait", timeout, action=action)
+
+            vars(self).update(wait=wait, reset=lambda: remote.call("reset"),
+                              abort=lambda: remote.call("abort"))
+        return remember(ref, self)
 
 
 def _rebuild_barrier(ref: Ref, parties: int, action: Callable[[], Any] | None,
                      timeout: float | None, cond: Condition, segment_name: str) -> Barrier:
-    obj = known(ref)
-    if obj is not None:
-        return obj
-    barrier = Barrier.__new__(Barrier)
-    segment = None
-    if may_attach(ref) and not _is_served(cond):
-        try:
-            segment = Segment.attach(segment_name, 8, ref.uid)
-        except ForeignObjectError:
-            raise
-        except OSError:
-            pass
-    barrier._setup(parties, action, timeout, cond, segment)
-    barrier._segment_name = segment_name
-    if segment is None:
-        remote = barrier._remote = Remote(ref, "Barrier")
-
-        def wait(timeout: float | None = None) -> int:
-            return remote.call("wait", timeout, action=action)
-
-        vars(barrier).update(wait=wait, reset=lambda: remote.call("reset"),
-                             abort=lambda: remote.call("abort"))
-    return remember(ref, barrier)
+    return Barrier.rebuild(ref, parties, action, timeout, cond, segment_name)
 
 
 __all__ = ["Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock", "SemLock",

@@ -14,7 +14,7 @@ page too, or :func:`fiber_core.serve_status`. Then the run's first process:
   request carrying :func:`page_token`.
 
 Objects with a state to show (pools) call :func:`report`; a snapshot asks each of them
-for it (their ``_snapshot()``) when a viewer asks, and at no other time.
+for it (their ``status_snapshot()``) when a viewer asks, and at no other time.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ _reporters_lock = threading.Lock()
 
 
 def report(obj: Any) -> None:
-    """Show ``obj`` (it has ``_snapshot() -> dict``) in the live view while it lives."""
+    """Show ``obj`` (it has ``status_snapshot() -> dict``) in the live view while it lives."""
     with _reporters_lock:
         _reporters.add(obj)
 
@@ -109,7 +109,7 @@ def snapshot(run: dict[str, Any], children: Iterable[Any]) -> dict[str, Any]:
     pools = []
     for obj in reporters:
         try:
-            pools.append(obj._snapshot())
+            pools.append(obj.status_snapshot())
         except Exception:  # a view must never break the program it looks at
             log.exception("fiber: the live view could not read %r", obj)
     pools.sort(key=lambda p: -p["age_seconds"])  # the oldest first
@@ -301,13 +301,13 @@ class Viewer:
 
     def __init__(self, run: RunFile, timeout: float = 10.0) -> None:
         self.run = run
-        self._conn = Connection(dial(run.addresses, run.key, TARGET, timeout=timeout))
+        self._sock = dial(run.addresses, run.key, TARGET, timeout=timeout)
+        self._conn = Connection(self._sock)
         self._timeout = timeout
 
     def ask(self) -> dict[str, Any]:
         """The run's state now. Raises ``EOFError``/``OSError`` once the program is gone."""
-        sock = self._conn._socket()
-        sock.settimeout(self._timeout)
+        self._sock.settimeout(self._timeout)
         self._conn.send_frame(STATUS_ASK)
         return decode_status_state(self._conn.recv_bytes())
 

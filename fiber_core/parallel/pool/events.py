@@ -109,7 +109,7 @@ class Events(Dispatcher):
             if self._backup is not None:
                 unit.copies -= 1
                 unit.done = True
-            unit.job._set_unit(unit.index, False, err)
+            unit.job.set_unit(unit.index, False, err)
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
         self._retire_if_done(w)
@@ -144,7 +144,7 @@ class Events(Dispatcher):
                 self._tasks_failed += unit.count
             if backup:
                 unit.done = True
-            unit.job._set_unit(unit.index, ok, value)
+            unit.job.set_unit(unit.index, ok, value)
             done += unit.count
         return done
 
@@ -252,7 +252,7 @@ class Events(Dispatcher):
             unit.charges = {}
         count, fails = charge(unit.charges, item, fault, self._task_losses)
         if fails:
-            unit.job._set_unit(unit.index, False, TaskLostError(lost_message(unit.name(item), count, fault, what)))
+            unit.job.set_unit(unit.index, False, TaskLostError(lost_message(unit.name(item), count, fault, what)))
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
         else:

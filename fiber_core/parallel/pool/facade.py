@@ -159,12 +159,12 @@ class Pool(Master):
             units = []
             start = 0
             for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks))):
-                units.append(Unit(job, i, data, job._job_id, func_bytes, kind, len(chunk),
+                units.append(Unit(job, i, data, job.call_id, func_bytes, kind, len(chunk),
                                    start, retries))
                 start += len(chunk)
         with self._lock:
             self._check_running()
-            self._jobs[job._job_id] = job
+            self._jobs[job.call_id] = job
             self._queue.extend(units)
             # Hand out the first batches from this thread: one wake-up less on the way.
             try:
@@ -250,7 +250,7 @@ class Pool(Master):
         it = cls(self, call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func))
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
-            self._jobs[it._job_id] = it
+            self._jobs[it.call_id] = it
 
         def feed() -> None:
             n = 0
@@ -262,7 +262,7 @@ class Pool(Master):
                         break
                     with sending_to(self._hub):
                         data = dumps(chunk)
-                    unit = Unit(it, n, data, it._job_id, func_bytes, MAP, len(chunk),
+                    unit = Unit(it, n, data, it.call_id, func_bytes, MAP, len(chunk),
                                  n * chunksize, retries)
                     with self._lock:
                         if self._state == "TERMINATE" or it._closed:
@@ -273,7 +273,7 @@ class Pool(Master):
             except BaseException as e:
                 # The input (or pickling an item of it) failed: that error is the result at
                 # this position, after the results of the items before it.
-                it._set_unit(n, False, e)
+                it.set_unit(n, False, e)
                 it._set_length(n + 1)
                 return
             it._set_length(n)

@@ -134,7 +134,7 @@ class Master(Events):
         if deadline is None:
             return
         with self._lock:
-            heapq.heappush(self._deadlines, (time.monotonic() + deadline, job._job_id, deadline, job))
+            heapq.heappush(self._deadlines, (time.monotonic() + deadline, job.call_id, deadline, job))
         self._wake()
 
     def _expire_deadlines(self) -> float | None:
@@ -146,11 +146,11 @@ class Master(Events):
                 return at - now
             heapq.heappop(self._deadlines)
             if job_id in self._jobs:
-                self._cancel(job)
-                job._expire(seconds)
+                self.cancel_call(job)
+                job.expire(seconds)
         return None
 
-    def _snapshot(self) -> dict[str, Any]:
+    def status_snapshot(self) -> dict[str, Any]:
         """The pool's state for the live view (:mod:`fiber_core.runtime.status`).
 
         Taken by the master thread between two rounds, under the pool lock, so that its
@@ -225,6 +225,6 @@ class Master(Events):
             "throughput_seconds": THROUGHPUT_SECONDS,
             "losses": dict(self._losses_by),
             "last_loss": self._last_loss,
-            "calls": [job._progress() for job in list(self._jobs.values())],
+            "calls": [job.progress() for job in list(self._jobs.values())],
             "workers": workers,
         }

@@ -1,8 +1,11 @@
 """The results a Pool's calls return (``AsyncResult``, ``MapResult``, the ``imap`` iterators),
 and how a task's failure in a worker becomes the caller's exception.
 
-The master thread fills a result unit by unit (``_set_unit``), in any order; the
-caller's thread waits on it. A result tells its pool when it is done or cancelled.
+The master thread fills a result unit by unit (``set_unit``), in any order; the
+caller's thread waits on it. A result tells its pool when it is done or cancelled
+(the pool's ``end_call`` and ``cancel_call``). What the pool uses of a result is
+public (``call_id``, ``set_unit``, ``fail``, ``expire``, ``progress``), as
+:class:`concurrent.futures.Future` makes ``set_result`` public for executors.
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class ApplyResult:
         self._error_callback = error_callback
         self._success = False
         self._value: Any = None
-        self._job_id = next(job_counter)
+        self.call_id = next(job_counter)
         self._call = call  # how errors name the call: apply_async(f)
 
     def ready(self) -> bool:
@@ -127,28 +130,30 @@ class ApplyResult:
         """
         if self._event.is_set():
             return False
-        self._pool._cancel(self)
-        with self._pool._lock:
-            if self._event.is_set():
-                return False
-            self._success, self._value = False, CancelledError()
-            self._event.set()
+        return self._pool.cancel_call(self, self._settle_cancelled)
+
+    def _settle_cancelled(self) -> bool:
+        # Under the pool's lock: the master thread may have finished the call meanwhile.
+        if self._event.is_set():
+            return False
+        self._success, self._value = False, CancelledError()
+        self._event.set()
         return True
 
     def cancelled(self) -> bool:
         return self._event.is_set() and isinstance(self._value, CancelledError)
 
-    def _progress(self) -> dict[str, Any]:
+    def progress(self) -> dict[str, Any]:
         """The call as the live view shows it: its name, and units done of how many."""
         return {"call": self._call, "units_done": int(self.ready()), "units": 1}
 
-    def _expire(self, seconds: float) -> None:
+    def expire(self, seconds: float) -> None:
         """The deadline passed (master thread, lock held, the call already cancelled)."""
         self._finish(False, DeadlineError(f"{self._call}: its deadline of {seconds:g} s passed "
                                           "before it finished; it was cancelled", [None], 0, 1))
 
     # Called by the master thread.
-    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+    def set_unit(self, unit: int, ok: bool, values: Any) -> None:
         self._finish(ok, values[0] if ok else values)
 
     def _finish(self, ok: bool, value: Any) -> None:
@@ -162,9 +167,9 @@ class ApplyResult:
             except Exception:
                 log.exception("fiber: pool callback raised")
         self._event.set()
-        self._pool._job_done(self)
+        self._pool.end_call(self)
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         self._finish(False, exc)
 
 
@@ -184,11 +189,11 @@ class MapResult(ApplyResult):
             self._success, self._value = True, []
             self._event.set()
 
-    def _progress(self) -> dict[str, Any]:
+    def progress(self) -> dict[str, Any]:
         total = len(self._chunks)
         return {"call": self._call, "units_done": total - self._left, "units": total}
 
-    def _expire(self, seconds: float) -> None:
+    def expire(self, seconds: float) -> None:
         results: list = []
         done = 0
         for chunk, size in zip(self._chunks, self._sizes):
@@ -202,7 +207,7 @@ class MapResult(ApplyResult):
             f"tasks finished; the others were cancelled (their results are None in .results)",
             results, done, len(results)))
 
-    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+    def set_unit(self, unit: int, ok: bool, values: Any) -> None:
         if self._event.is_set():
             return
         if not ok:
@@ -237,14 +242,14 @@ class IMapIterator:
         self._next_unit = 0
         self._length: int | None = None  # units, known once the input is consumed
         self._yielded_units = 0
-        self._job_id = next(job_counter)
+        self.call_id = next(job_counter)
         self._call = call  # how errors name the call: imap(f)
         self._closed = False
 
     def __iter__(self) -> Iterator:
         return self
 
-    def _progress(self) -> dict[str, Any]:
+    def progress(self) -> dict[str, Any]:
         """The call as the live view shows it: its name, and units done of how many (None: the
         input is not all read yet)."""
         return {"call": self._call, "units_done": self._yielded_units + len(self._ready),
@@ -265,13 +270,13 @@ class IMapIterator:
             self._ready.clear()
             self._length = self._yielded_units = max(self._yielded_units, self._length or 0)
             self._cond.notify_all()
-        self._pool._cancel(self)
+        self._pool.cancel_call(self)
 
     def __enter__(self) -> IMapIterator:
         return self
 
-    def _expire(self, seconds: float) -> None:
-        self._fail(DeadlineError(
+    def expire(self, seconds: float) -> None:
+        self.fail(DeadlineError(
             f"{self._call}: its deadline of {seconds:g} s passed; the results before this "
             f"error are what finished, the other tasks were cancelled"))
         with self._cond:
@@ -307,7 +312,7 @@ class IMapIterator:
         else:
             self._items.append((False, values))
 
-    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+    def set_unit(self, unit: int, ok: bool, values: Any) -> None:
         with self._cond:
             if self._closed:
                 return
@@ -328,21 +333,21 @@ class IMapIterator:
 
     def _maybe_done(self) -> None:
         if self._length is not None and self._yielded_units >= self._length:
-            self._pool._job_done(self)
+            self._pool.end_call(self)
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
         with self._cond:
             self._items.append((False, exc))
             self._length = self._yielded_units + 1 if self._length is None else self._length
             self._yielded_units = self._length
             self._cond.notify_all()
-        self._pool._job_done(self)
+        self._pool.end_call(self)
 
 
 class IMapUnorderedIterator(IMapIterator):
     """The iterator ``imap_unordered`` returns: results as they complete."""
 
-    def _set_unit(self, unit: int, ok: bool, values: Any) -> None:
+    def set_unit(self, unit: int, ok: bool, values: Any) -> None:
         with self._cond:
             if self._closed:
                 return

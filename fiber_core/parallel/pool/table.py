@@ -414,7 +414,7 @@ class WorkerTable:
     def _fail_all_locked(self, exc: BaseException) -> None:
         self._queue.clear()
         for job in list(self._jobs.values()):
-            job._fail(exc)
+            job.fail(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
@@ -428,9 +428,20 @@ class WorkerTable:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
 
-    def _cancel(self, job: Any) -> None:
-        """Drop a call's queued tasks; tell the workers that hold some to skip them."""
-        job_id = job._job_id
+    # -- what a call's result asks of its pool (results.py) --------------------------------
+
+    def cancel_call(self, job: Any, settle: Callable[[], bool] | None = None) -> bool:
+        """Drop a call's queued tasks and tell the workers that hold some to skip them; then
+        run ``settle`` under the pool's lock (the master thread cannot finish the call
+        meanwhile) and return its answer (False without one)."""
+        self._drop_call(job)
+        if settle is None:
+            return False
+        with self._lock:
+            return settle()
+
+    def _drop_call(self, job: Any) -> None:
+        job_id = job.call_id
         with self._lock:
             if self._jobs.pop(job_id, None) is None:
                 return
@@ -447,7 +458,8 @@ class WorkerTable:
                         pass
         self._wake()
 
-    def _job_done(self, job: Any) -> None:
-        job_id = job._job_id
+    def end_call(self, job: Any) -> None:
+        """The call is done (its result is ready, or its iterator gave everything)."""
+        job_id = job.call_id
         self._jobs.pop(job_id, None)
         self._unit_seconds.pop(job_id, None)
