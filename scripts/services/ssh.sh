@@ -34,7 +34,9 @@ host_n() {
     *) echo "unknown host '$1' (fiber-h1..3, h1..3, 1..3 or $NET.11..13)" >&2; return 2 ;; esac
 }
 
-install_deps() { mkdir -p "$D"; apt_install "$D/apt.log" openssh-server openssh-client iproute2 iptables hostname; }
+# python3: the system's interpreter, which the tests that play another local user (nobody) run
+# (the suite's own Python may live under a home that user cannot read: pyenv's under /root).
+install_deps() { mkdir -p "$D"; apt_install "$D/apt.log" openssh-server openssh-client iproute2 iptables hostname python3; }
 
 start_sshd() {
   local n=$1 h=$D/fiber-h$1
