@@ -21,6 +21,8 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -260,58 +262,52 @@ def test_directories_made_first_at_every_name_another_user_can_compute_are_not_u
         _remove_as_root([os.path.join(SHM, n) for n in names])
 
 
-def test_a_segment_planted_by_another_user_is_never_unpickled(
-        victim: Victim, tmp_path: Path, precious: Path) -> None:
+@contextmanager
+def attacked_store(victim: Victim) -> Iterator[tuple[str, int, list[str], int]]:
+    """The other user made every store directory public facts name, then the victim published
+    version 1: the run id, the victim's pid, those names and the publishing thread's id. The
+    directories are removed (as root) however the test ends."""
     info = victim.ask("info")
     run, pid = info["run"], info["pid"]
     names = public_names(run)
     try:
         attacker("make", run, names=names)
-        tid = victim.ask("publish 1")["tid"]
+        yield run, pid, names, victim.ask("publish 1")["tid"]
+    finally:
+        _remove_as_root([os.path.join(SHM, n) for n in names])
+
+
+def test_a_segment_planted_by_another_user_is_never_unpickled(
+        victim: Victim, tmp_path: Path, precious: Path) -> None:
+    with attacked_store(victim) as (run, pid, names, tid):
         attacker("plant", run, names=names, what=["forge"], marker=str(tmp_path / "marker"),
                  magic=bc._MAGIC.decode(), mac=getattr(bc, "_MAC", 0), pid=pid, tid=tid)
         read = victim.ask("read")
         assert not (tmp_path / "marker").exists(), "code of the other user's ran as the victim"
         assert read.get("values") == [SECRET + 1], read
         check_untouched(victim, tmp_path, precious, run, [SECRET + 1], names)
-    finally:
-        _remove_as_root([os.path.join(SHM, n) for n in names])
 
 
 def test_symlinks_at_the_formerly_predictable_temporary_names_leave_the_victim_s_file_unchanged(
         victim: Victim, tmp_path: Path, precious: Path) -> None:
-    info = victim.ask("info")
-    run, pid = info["run"], info["pid"]
-    names = public_names(run)
-    try:
-        attacker("make", run, names=names)
-        tid = victim.ask("publish 1")["tid"]
+    with attacked_store(victim) as (run, pid, names, tid):
         attacker("plant", run, names=names, what=["symlink"], precious=str(precious), pid=pid, tid=tid)
         assert victim.ask("publish 2")["version"] == 2
         assert precious.read_bytes() == b"the victim's own data\n", "publish() wrote through a link"
         read = victim.ask("read")
         assert read.get("values") == [SECRET + 2] and read["version"] == 2, read
         check_untouched(victim, tmp_path, precious, run, [SECRET + 1, SECRET + 2], names)
-    finally:
-        _remove_as_root([os.path.join(SHM, n) for n in names])
 
 
 def test_a_file_made_in_advance_at_a_temporary_name_shows_another_user_no_later_version(
         victim: Victim, tmp_path: Path, precious: Path) -> None:
-    info = victim.ask("info")
-    run, pid = info["run"], info["pid"]
-    names = public_names(run)
-    try:
-        attacker("make", run, names=names)
-        tid = victim.ask("publish 1")["tid"]
+    with attacked_store(victim) as (run, pid, names, tid):
         attacker("plant", run, names=names, what=["file"], pid=pid, tid=tid)
         assert victim.ask("publish 2")["version"] == 2
         assert victim.ask("read")["values"] == [SECRET + 2]
         seen = attacker("look", run, secrets=[SECRET + 2], names=names)
         assert seen["found"] == [], f"the other user read version 2 in {seen['found']}"
         check_untouched(victim, tmp_path, precious, run, [SECRET + 1, SECRET + 2], names)
-    finally:
-        _remove_as_root([os.path.join(SHM, n) for n in names])
 
 
 def test_a_forged_segment_in_the_run_s_own_directory_is_refused_before_it_is_unpickled(
