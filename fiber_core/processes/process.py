@@ -7,14 +7,6 @@ back, sends it the object, prints what the job writes (prefixed with its name),
 and records the exit code: the one the worker reports, or the backend's when the
 job died without reporting (``-9`` after ``kill()``).
 
-Ctrl-C. A terminal's SIGINT reaches only this process (jobs run in their own
-session, or on other machines). So that they get it as the stdlib's children
-would, the first ``start()`` from the main thread chains a SIGINT handler in
-front of the program's: it sends ``interrupt`` to every running child, which
-raises SIGINT in itself (and forwards it to its own children), then calls the
-handler that was there (by default: ``KeyboardInterrupt`` here). A handler the
-program installs later replaces it, and then the program decides.
-
 Messages on a job's connection after its two start frames (the prelude and the
 process object), one frame each:
 
@@ -40,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from fiber_core.base.errors import FiberError, JobStartError
 from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
-from fiber_core.base.log import LOGGER_NAME, log, tail
+from fiber_core.base.log import log, tail
 from fiber_core.contract.env import (
     ENV_AUTHKEY,
     ENV_GROUP,
@@ -52,6 +44,19 @@ from fiber_core.contract.env import (
     group_token,
 )
 from fiber_core.processes import spares
+from fiber_core.processes.host import (
+    BaseProcess,
+    _close_fds,
+    _exit_children,
+    _forward_sigint,
+    _log_settings,
+    _main_reference,
+    _MainProcess,
+    _OutputPrinter,
+    _ParentProcess,
+    flush_std_streams,
+)
+from fiber_core.processes.host import cpu_count as cpu_count
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection, framed
@@ -80,80 +85,6 @@ _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit r
 
 
 _LOST_GRACE = 2.0  # seconds a TCP connection may outlive its job before it counts as stuck
-
-
-class BaseProcess:
-    """What the main process and every started process have in common."""
-
-    _identity: tuple[int, ...] = ()
-    _name = "MainProcess"
-    _daemon = False
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @name.setter
-    def name(self, value: str) -> None:
-        if not isinstance(value, str):
-            raise TypeError("name must be a string")
-        self._name = value
-
-    @property
-    def daemon(self) -> bool:
-        return self._daemon
-
-    @daemon.setter
-    def daemon(self, value: bool) -> None:
-        self._daemon = bool(value)
-
-    @property
-    def ident(self) -> int | str | None:
-        return self.pid
-
-    @property
-    def pid(self) -> int | str | None:  # overridden
-        return os.getpid()
-
-    @property
-    def authkey(self) -> bytes:
-        return runtime().authkey
-
-    @property
-    def exitcode(self) -> int | None:
-        """``None``: the caller's own process, or its parent, is running."""
-        return None
-
-
-class _MainProcess(BaseProcess):
-    def is_alive(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return f"<_MainProcess name={self._name!r} parent=None started>"
-
-
-class _ParentProcess(BaseProcess):
-    """What ``parent_process()`` returns inside a job."""
-
-    def __init__(self, name: str, pid: int | None, conn: Connection | None) -> None:
-        self._name = name
-        self._pid = pid
-        self._conn = conn
-        self.gone = threading.Event()
-
-    @property
-    def pid(self) -> int | None:
-        return self._pid
-
-    def is_alive(self) -> bool:
-        return not self.gone.is_set()
-
-    def join(self, timeout: float | None = None) -> None:
-        self.gone.wait(timeout)
-
-    def __repr__(self) -> str:
-        return f"<_ParentProcess name={self._name!r} parent=None {'started' if self.is_alive() else 'stopped'}>"
 
 
 _current: BaseProcess = _MainProcess()
@@ -389,45 +320,6 @@ class Process(BaseProcess):
             return 1
         finally:
             flush_std_streams()
-
-
-def flush_std_streams() -> None:
-    """Flush stdout and stderr if the program left them usable (it may have closed or removed them)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, ValueError):
-            pass
-
-
-class _OutputPrinter:
-    """Prints a job's output in the parent, each line prefixed with the job's name."""
-
-    def __init__(self, name: str) -> None:
-        self.prefix = f"[{name}] "
-        self.partial: dict[bytes, bytes] = {PROCESS_STDOUT: b"", PROCESS_STDERR: b""}
-
-    def write(self, kind: bytes, data: bytes | memoryview) -> None:
-        data = self.partial[kind] + data
-        lines = data.split(b"\n")
-        self.partial[kind] = lines.pop()
-        if lines:
-            self._emit(kind, lines)
-
-    def flush(self) -> None:
-        for kind, rest in self.partial.items():
-            if rest:
-                self._emit(kind, [rest])
-                self.partial[kind] = b""
-
-    def _emit(self, kind: bytes, lines: list[bytes]) -> None:
-        stream = sys.stdout if kind == PROCESS_STDOUT else sys.stderr
-        text = "".join(self.prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
-        try:
-            stream.write(text)
-            stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 class _JobRun:
@@ -764,24 +656,6 @@ class _JobRun:
         self._close_fds()  # once only: a second close must not hit a reused descriptor
 
 
-def _close_fds(*fds: int) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-def _main_reference() -> tuple[str, str] | None:
-    """How a job can import this program's main module, as multiprocessing's spawn does."""
-    main = sys.modules.get("__main__")
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if name:
-        return None if name == "__main__" or name.endswith(".__main__") else ("name", name)
-    path = getattr(main, "__file__", None)
-    return ("path", os.path.abspath(path)) if path else None
-
-
 if TYPE_CHECKING:
     _Started = tuple[_JobRun, Job, tuple[bytes | None, bytes]]  # a run, its job, what to send it
 
@@ -862,81 +736,3 @@ def start_processes(processes: Sequence[Process]) -> None:
     for run, job, to_send in done:
         run.launched(job, to_send)
         run.process._started(run)
-
-
-def _exit_children() -> None:
-    """At exit, as multiprocessing does: run the finalizers of priority 0 and above (a
-    manager not shut down is shut down, so its server job ends), terminate daemonic
-    children, join the others.
-
-    After SIGTERM every child is terminated: the program is being stopped.
-    """
-    # Only if loaded: whatever registers a finalizer imports it (a job may end without it).
-    util = sys.modules.get("multiprocessing.util")
-    run_finalizers = getattr(util, "_run_finalizers", None)
-    if run_finalizers is not None:
-        run_finalizers(0)
-    rt = runtime()
-    children = list(rt.children)
-    for p in children:
-        if (p.daemon or rt.terminating) and p.is_alive():
-            p.terminate()
-    for p in children:
-        if p._run is not None and not p._closed:
-            p.join()
-
-
-def _log_settings() -> tuple[int, bool] | None:
-    """Fiber's logger level and stderr handler, for a job (as spawn passes the stdlib's).
-
-    ``None`` when there is nothing to pass: a job then does not import logging.
-    """
-    logging = sys.modules.get("logging")
-    if logging is None or LOGGER_NAME not in logging.Logger.manager.loggerDict:
-        return None
-    logger = logging.getLogger(LOGGER_NAME)
-    to_stderr = any(getattr(h, "_fiber_stderr", False) for h in logger.handlers)
-    level = logger.getEffectiveLevel()
-    if level == logging.WARNING and not to_stderr:
-        return None  # what a job has anyway
-    return level, to_stderr
-
-
-_sigint_chained = False
-
-
-def _forward_sigint() -> None:
-    """Chain, once, a SIGINT handler that passes the signal on to the running children.
-
-    Only from the main thread (where Python runs signal handlers), and not when the
-    program ignores SIGINT (its children would too).
-    """
-    global _sigint_chained
-    if _sigint_chained or threading.current_thread() is not threading.main_thread():
-        return
-    _sigint_chained = True
-    previous = signal.getsignal(signal.SIGINT)
-    if previous in (signal.SIG_IGN, None):
-        return
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        children = [p._run for p in list(runtime().children) if p._run is not None]
-        left = [run for run in children if not run.interrupt(wait=False)]
-        if left:  # those that would block: not in the handler
-            threading.Thread(target=lambda: [run.interrupt() for run in left], daemon=True,
-                             name="fiber-sigint").start()
-        if callable(previous):
-            previous(signum, frame)
-        else:  # SIG_DFL: end as the signal would have
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.raise_signal(signal.SIGINT)
-
-    signal.signal(signal.SIGINT, on_sigint)
-
-
-def cpu_count() -> int:
-    """CPUs available to this process (the backend's cluster size is not known up front)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
