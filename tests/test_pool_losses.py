@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from pathlib import Path
 
@@ -417,19 +418,27 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _sigterm_chaos(pool: Pool, stop: threading.Event, seed: int, stops: list[int]) -> None:
+def _signal_at_random(stop: threading.Event, seed: int, sig: int,
+                      candidates: Callable[[], list[int]], sent: list[int]) -> None:
+    """Every 0.1-0.3 s until ``stop``, send ``sig`` to one of ``candidates()``; note it in ``sent``."""
     rng = random.Random(seed)
     while not stop.wait(rng.uniform(0.1, 0.3)):
-        with pool._lock:
-            pids = [w.process.pid for w in pool._workers.values()
-                    if not w.lost and not w.draining and w.process.pid is not None]
+        pids = candidates()
         if pids:
             pid = rng.choice(pids)
             try:
-                os.kill(pid, signal.SIGTERM)
-                stops.append(pid)
+                os.kill(pid, sig)
+                sent.append(pid)
             except ProcessLookupError:
                 pass
+
+
+def _sigterm_chaos(pool: Pool, stop: threading.Event, seed: int, stops: list[int]) -> None:
+    def serving() -> list[int]:
+        with pool._lock:
+            return [w.process.pid for w in pool._workers.values()
+                    if not w.lost and not w.draining and w.process.pid is not None]
+    _signal_at_random(stop, seed, signal.SIGTERM, serving, stops)
 
 
 @pytest.mark.timeout(300)
@@ -634,16 +643,8 @@ def test_chaos_every_result_exactly_once(api: str) -> None:
 
 def _kill_any(pool: Pool, stop: threading.Event, seed: int, kills: list[int]) -> None:
     """SIGKILL a random process of ``pool._pool`` (starting workers too) every 0.1-0.3 s."""
-    rng = random.Random(seed)
-    while not stop.wait(rng.uniform(0.1, 0.3)):
-        pids = [p.pid for p in pool._pool if p.pid is not None]
-        if pids:
-            pid = rng.choice(pids)
-            try:
-                os.kill(pid, signal.SIGKILL)
-                kills.append(pid)
-            except ProcessLookupError:
-                pass
+    _signal_at_random(stop, seed, signal.SIGKILL,
+                      lambda: [p.pid for p in pool._pool if p.pid is not None], kills)
 
 
 @pytest.mark.timeout(300)
