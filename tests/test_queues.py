@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 import fiber_core
+import fiber_core.parallel.queue_serve
 import fiber_core.parallel.queues
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
@@ -292,7 +293,7 @@ def _lend_to_a_child(n: int, take: int, maxsize: int = 0, exit_at_once: bool = F
 @pytest.fixture
 def no_idle_recall(monkeypatch: pytest.MonkeyPatch) -> None:
     """The owner does not fetch items back from idle borrowers: only getters can recall."""
-    monkeypatch.setattr(fiber_core.parallel.queues, "_IDLE_LOAN", 10 * T)
+    monkeypatch.setattr(fiber_core.parallel.queue_serve, "_IDLE_LOAN", 10 * T)
 
 
 def _wait_for_acks(q: fiber_core.Queue, outstanding: int) -> None:
