@@ -2,7 +2,7 @@
 
 No child and no hub: a client thread writes N frames on one end of a socket
 pair (unbounded puts, bounded puts that each get a reply, or ``qsize()``
-requests) and the owner's ``_serve`` reads the other end; what is timed is the
+requests) and the owner's ``serve`` reads the other end; what is timed is the
 serving thread's CPU time (``time.thread_time``) divided by N, the lowest of 5
 runs. On a shared machine this varies far less than a rate does.
 
@@ -16,6 +16,7 @@ prints the median of each figure for both and their ratio::
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import socket
 import statistics
@@ -31,12 +32,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def per_message(kind: str, n: int) -> float:
     """The serving thread's CPU time per message (us) for one run of ``n`` frames."""
-    from fiber_core.parallel import queues
+    try:  # the serving side's module; a tree from before it had it in queues.py as _Store, _serve
+        serving = importlib.import_module("fiber_core.parallel.queue_serve")
+        Store, serve = serving.Store, serving.serve
+    except ImportError:
+        serving = importlib.import_module("fiber_core.parallel.queues")
+        Store, serve = serving._Store, serving._serve
     from fiber_core.wire import messages
     from fiber_core.wire.framing import framed
     from fiber_core.wire.serialize import dumps
 
-    store = queues._Store(0 if kind == "put" else 1 << 40)
+    store = Store(0 if kind == "put" else 1 << 40)
     ours, theirs = socket.socketpair()
     if kind == "size":
         frame = framed(messages.QUEUE_SIZE)
@@ -55,7 +61,7 @@ def per_message(kind: str, n: int) -> float:
     for t in threads:
         t.start()
     t0 = time.thread_time()
-    queues._serve(store, ours)
+    serve(store, ours)
     dt = time.thread_time() - t0
     for t in threads:
         t.join()

@@ -533,6 +533,3 @@ class SimpleQueue(Queue):
     def __init__(self, *, ctx: Any = None) -> None:
         super().__init__(0)
 
-
-_Store = Store  # the names benchmarks/queue_serve.py uses
-_serve = serve
