@@ -86,7 +86,7 @@ class Events(Dispatcher):
                 unit.copies -= 1
             self._retire_if_done(w)
             return
-        if units[0].func_id in self._jobs:
+        if units[0].call_id in self._calls:
             self._timed(units, elapsed)
         w.running = None
         done = self._deliver(units, results)
@@ -109,15 +109,15 @@ class Events(Dispatcher):
             if self._backup is not None:
                 unit.copies -= 1
                 unit.done = True
-            unit.job.set_unit(unit.index, False, err)
+            unit.call.set_unit(unit.index, False, err)
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
         self._retire_if_done(w)
 
     def _timed(self, units: list[Unit], elapsed: float) -> None:
         """A batch of ``units`` took ``elapsed`` seconds: the call's estimate and the function's."""
-        job_id = units[0].func_id
-        self._unit_seconds[job_id] = planner.updated(self._unit_seconds.get(job_id), elapsed / len(units))
+        call_id = units[0].call_id
+        self._unit_seconds[call_id] = planner.updated(self._unit_seconds.get(call_id), elapsed / len(units))
         key = hash(units[0].func_bytes)
         self._item_seconds[key] = elapsed / max(1, sum(u.count for u in units))
         self._item_seconds.move_to_end(key)
@@ -144,7 +144,7 @@ class Events(Dispatcher):
                 self._tasks_failed += unit.count
             if backup:
                 unit.done = True
-            unit.job.set_unit(unit.index, ok, value)
+            unit.call.set_unit(unit.index, ok, value)
             done += unit.count
         return done
 
@@ -238,7 +238,7 @@ class Events(Dispatcher):
                 # (a worker that did its maxtasksperchild and left is replaced, not lost)
                 self._losses_by[reason.value if reason is not None else "unknown"] += 1
                 self._last_loss = what
-            if self._state == "CLOSE" and not self._queue and not self._jobs:
+            if self._state == "CLOSE" and not self._queue and not self._calls:
                 return  # closing, and nothing is left to do
             if not self._after_loss(w, code, reason, fault, culprit is not None, what):
                 self._top_up()
@@ -252,7 +252,7 @@ class Events(Dispatcher):
             unit.charges = {}
         count, fails = charge(unit.charges, item, fault, self._task_losses)
         if fails:
-            unit.job.set_unit(unit.index, False, TaskLostError(lost_message(unit.name(item), count, fault, what)))
+            unit.call.set_unit(unit.index, False, TaskLostError(lost_message(unit.name(item), count, fault, what)))
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
         else:

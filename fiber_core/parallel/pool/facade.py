@@ -148,7 +148,7 @@ class Pool(Master):
         if self._state != "RUN":
             raise ValueError("Pool not running")
 
-    def _submit(self, job: Any, func: Callable, kind: int, chunks: Iterable[Sequence[Any]],
+    def _submit(self, call: Any, func: Callable, kind: int, chunks: Iterable[Sequence[Any]],
                 func_bytes: bytes | None = None, retries: int | None = None) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
         chunks = list(chunks)
@@ -159,12 +159,12 @@ class Pool(Master):
             units = []
             start = 0
             for i, (chunk, data) in enumerate(zip(chunks, map(dumps, chunks))):
-                units.append(Unit(job, i, data, job.call_id, func_bytes, kind, len(chunk),
+                units.append(Unit(call, i, data, call.call_id, func_bytes, kind, len(chunk),
                                    start, retries))
                 start += len(chunk)
         with self._lock:
             self._check_running()
-            self._jobs[job.call_id] = job
+            self._calls[call.call_id] = call
             self._queue.extend(units)
             # Hand out the first batches from this thread: one wake-up less on the way.
             try:
@@ -250,7 +250,7 @@ class Pool(Master):
         it = cls(self, call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func))
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
-            self._jobs[it.call_id] = it
+            self._calls[it.call_id] = it
 
         def feed() -> None:
             n = 0

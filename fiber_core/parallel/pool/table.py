@@ -93,13 +93,13 @@ def out_of_descriptors(e: BaseException | None) -> OSError | None:
 
 
 class Unit:
-    __slots__ = ("job", "index", "data", "charges", "func_id", "func_bytes", "kind", "count",
+    __slots__ = ("call", "index", "data", "charges", "call_id", "func_bytes", "kind", "count",
                  "start", "watch", "retries", "done", "copies")
 
-    def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
+    def __init__(self, call: Any, index: int, data: bytes, call_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
-        self.job, self.index, self.data = job, index, data
-        self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
+        self.call, self.index, self.data = call, index, data
+        self.call_id, self.func_bytes, self.kind = call_id, func_bytes, kind
         self.count = count  # items in the unit
         self.start = start  # the input position of its first item
         self.charges: dict[tuple[int, Fault], int] | None = None  # deaths charged, per item and kind
@@ -112,8 +112,8 @@ class Unit:
 
     def name(self, item: int | None = None) -> str:
         """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
-        call = getattr(self.job, "_call", "a task")
-        if type(self.job) is ApplyResult:
+        call = getattr(self.call, "_call", "a task")
+        if type(self.call) is ApplyResult:
             try:  # only for an error: the arguments are shown from this process's own pickle
                 args = loads(self.data)[0][0]
             except Exception:
@@ -164,7 +164,7 @@ class WorkerTable:
         self._loss_limit = loss_limit
         self._backup = backup
         self._losses = LossWindow(LOSS_LIMIT, LOSS_WINDOW)  # workers lost to nobody's fault
-        self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, job id, s, job)
+        self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, call id, s, call)
         self._started = False  # the first workers started: later start errors are retried
         self._start_retry_at: float | None = None  # starts are refused: the next try
         self._start_failing_since: float | None = None
@@ -181,12 +181,12 @@ class WorkerTable:
         self._queue: collections.deque[Unit] = collections.deque()
         self._workers: dict[int, Worker] = {}
         self._wid = itertools.count(1)
-        self._jobs: dict[int, Any] = {}
+        self._calls: dict[int, Any] = {}
         self._state = "RUN"
         self._error: BaseException | None = None
         self._streak = StartStreak()  # workers in a row that died before they were ready
-        self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
-        # per pickled function: the last job's mean time per item, to size a new job's first batches
+        self._unit_seconds: dict[int, float] = {}  # per call: running mean of one unit's time
+        # per pickled function: the last call's mean time per item, to size a new call's first batches
         # (keyed by the hash of the pickle: no big closure is kept alive for this)
         self._item_seconds: collections.OrderedDict[int, float] = collections.OrderedDict()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -413,8 +413,8 @@ class WorkerTable:
 
     def _fail_all_locked(self, exc: BaseException) -> None:
         self._queue.clear()
-        for job in list(self._jobs.values()):
-            job.fail(exc)
+        for call in list(self._calls.values()):
+            call.fail(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
@@ -423,43 +423,43 @@ class WorkerTable:
     def _requeue(self, units: list[Unit]) -> None:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
-            live = [u for u in units if u.func_id in self._jobs and not u.done and not u.copies]
+            live = [u for u in units if u.call_id in self._calls and not u.done and not u.copies]
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
 
     # -- what a call's result asks of its pool (results.py) --------------------------------
 
-    def cancel_call(self, job: Any, settle: Callable[[], bool] | None = None) -> bool:
+    def cancel_call(self, call: Any, settle: Callable[[], bool] | None = None) -> bool:
         """Drop a call's queued tasks and tell the workers that hold some to skip them; then
         run ``settle`` under the pool's lock (the master thread cannot finish the call
         meanwhile) and return its answer (False without one)."""
-        self._drop_call(job)
+        self._drop_call(call)
         if settle is None:
             return False
         with self._lock:
             return settle()
 
-    def _drop_call(self, job: Any) -> None:
-        job_id = job.call_id
+    def _drop_call(self, call: Any) -> None:
+        call_id = call.call_id
         with self._lock:
-            if self._jobs.pop(job_id, None) is None:
+            if self._calls.pop(call_id, None) is None:
                 return
-            self._unit_seconds.pop(job_id, None)
-            if any(u.job is job for u in self._queue):
-                self._queue = collections.deque(u for u in self._queue if u.job is not job)
+            self._unit_seconds.pop(call_id, None)
+            if any(u.call is call for u in self._queue):
+                self._queue = collections.deque(u for u in self._queue if u.call is not call)
             for w in self._workers.values():
                 if w.conn is None or w.lost:
                     continue
-                if any(units[0].job is job for units in w.pending.values()):
+                if any(units[0].call is call for units in w.pending.values()):
                     try:
-                        w.conn.send_frame(encode_pool_cancel(job_id))
+                        w.conn.send_frame(encode_pool_cancel(call_id))
                     except OSError:
                         pass
         self._wake()
 
-    def end_call(self, job: Any) -> None:
+    def end_call(self, call: Any) -> None:
         """The call is done (its result is ready, or its iterator gave everything)."""
-        job_id = job.call_id
-        self._jobs.pop(job_id, None)
-        self._unit_seconds.pop(job_id, None)
+        call_id = call.call_id
+        self._calls.pop(call_id, None)
+        self._unit_seconds.pop(call_id, None)

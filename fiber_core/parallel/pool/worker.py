@@ -181,7 +181,7 @@ def read_ahead(conn: Connection, poller: select.poll, inbox: collections.deque[b
             inbox.append(msg)
 
 
-def _claim(conn: Connection, drain: Drain, batch_id: int, func_id: int,
+def _claim(conn: Connection, drain: Drain, batch_id: int, call_id: int,
            cancelled: collections.OrderedDict[int, None], watch: bool) -> bool:
     """Whether to run the batch: not once the worker drains (the master re-queued it), and
     not for a cancelled call (answered with no results). A watched batch's first item is
@@ -190,7 +190,7 @@ def _claim(conn: Connection, drain: Drain, batch_id: int, func_id: int,
     with drain.lock:
         if drain.draining:
             return False
-        if func_id in cancelled:
+        if call_id in cancelled:
             conn.send_frame(POOL_RESULTS, encode_results(batch_id, 0.0, []))
             return False
         drain.current = batch_id
@@ -200,7 +200,7 @@ def _claim(conn: Connection, drain: Drain, batch_id: int, func_id: int,
 
 
 def _run_batch(conn: Connection, drain: Drain, look: Callable[[], None], cancelled: Any,
-               batch_id: int, func_id: int, func: Callable, kind: int, units: list[bytes],
+               batch_id: int, call_id: int, func: Callable, kind: int, units: list[bytes],
                watch: bool) -> None:
     """Run a batch's units and send their results; ``look`` reads what has arrived meanwhile."""
     notify = None
@@ -217,7 +217,7 @@ def _run_batch(conn: Connection, drain: Drain, look: Callable[[], None], cancell
         if now - checked > CANCEL_CHECK_SECONDS:  # between units: was the call cancelled?
             checked = now
             look()
-            if func_id in cancelled:
+            if call_id in cancelled:
                 break  # the master drops this call's results: the rest are not started
     elapsed = time.perf_counter() - start
     payload = encode_results(batch_id, elapsed, results)
@@ -267,13 +267,13 @@ def worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | 
             continue
         if op != POOL_TASKS:
             raise unexpected(msg, "a pool worker's connection")
-        batch_id, func_id, func_bytes, kind, units, watch = decode_pool_tasks(msg)
-        claimed = _claim(conn, drain, batch_id, func_id, cancelled, watch)
+        batch_id, call_id, func_bytes, kind, units, watch = decode_pool_tasks(msg)
+        claimed = _claim(conn, drain, batch_id, call_id, cancelled, watch)
         if func_bytes is not None:  # (sent once per worker: kept even for a batch not run)
-            funcs[func_id] = load_func(func_bytes)
+            funcs[call_id] = load_func(func_bytes)
             if len(funcs) > FUNC_CACHE:
                 funcs.popitem(last=False)
         if claimed:
-            _run_batch(conn, drain, look, cancelled, batch_id, func_id, funcs[func_id], kind, units, watch)
+            _run_batch(conn, drain, look, cancelled, batch_id, call_id, funcs[call_id], kind, units, watch)
             done += len(units)
     conn.close()
