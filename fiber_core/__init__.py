@@ -145,7 +145,7 @@ def set_start_method(method: str | None, force: bool = False) -> None:
 
 
 def get_start_method(allow_none: bool = False) -> str | None:
-    return _context._default_start_method(allow_none)
+    return _context._default_start_method(allow_none)  # noqa: SLF001 - the stdlib context's own choice of default, which it keeps private
 
 
 def get_all_start_methods() -> list[str]:

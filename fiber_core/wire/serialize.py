@@ -122,7 +122,7 @@ def _main_object(name: str, fingerprint: bytes, blob: bytes) -> Any:
 
 
 _picklers = threading.local()  # a pickler per thread, reused: making one costs twice a dump
-_REGISTERED: dict[Any, Any] = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # what multiprocessing.reduction.register adds
+_REGISTERED: dict[Any, Any] = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # what multiprocessing.reduction.register adds  # noqa: SLF001 - multiprocessing.reduction keeps its registered reducers private
 _table: tuple[int, dict[Any, Any]] = (-1, {})
 
 

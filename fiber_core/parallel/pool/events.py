@@ -292,10 +292,9 @@ class Events(Dispatcher):
             return self._count_loss(what + ", while starting")
         if verdict is Start.AGAIN:
             return False
-        run = w.process._run
-        tail = run.log_tail() if run else ""
+        tail = w.process.log_tail()
         self._fail_pool(JobStartError(
             f"pool workers die before they are ready ({self._streak.length} in a row); the last, {what}"
             + (f"; the end of its log:\n{tail}" if tail else ""),
-            exitcode=code, logs=run.logs if run else ""))
+            exitcode=code, logs=w.process.job_logs()))
         return True
