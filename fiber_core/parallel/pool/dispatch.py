@@ -82,7 +82,7 @@ class Dispatcher(WorkerTable):
         for w in self._workers.values():
             for batch_id, units in w.pending.items():
                 est = self._unit_seconds.get(units[0].call_id)
-                if est is None or units[0].watch or any(u.copies > 1 or u.done for u in units):
+                if est is None or units[0].watch or any(u.copies > 1 or u.delivered for u in units):
                     continue
                 age = now - w.sent.get(batch_id, now)
                 if age > max(BACKUP_MIN_SECONDS, self._backup * est * len(units)):

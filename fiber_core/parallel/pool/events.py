@@ -91,7 +91,7 @@ class Events(Dispatcher):
         w.running = None
         done = self._deliver(units, results)
         if done:  # the live view's counters: a few operations per batch
-            w.done += done
+            w.items_done += done
             self._tasks_done += done
             second = int(now)
             per_second = self._done_per_second
@@ -108,7 +108,7 @@ class Events(Dispatcher):
         for unit in w.pending.pop(next(iter(w.pending))):
             if self._backup is not None:
                 unit.copies -= 1
-                unit.done = True
+                unit.delivered = True
             unit.call.set_unit(unit.index, False, err)
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
@@ -132,7 +132,7 @@ class Events(Dispatcher):
         for unit, (ok, value) in zip(units, results):
             if backup:
                 unit.copies -= 1
-                if unit.done:
+                if unit.delivered:
                     continue  # a backup copy's result came first
             if not ok:
                 if unit.retries > 0:  # the caller opted in: run it again
@@ -143,7 +143,7 @@ class Events(Dispatcher):
                 ok = False
                 self._tasks_failed += unit.count
             if backup:
-                unit.done = True
+                unit.delivered = True
             unit.call.set_unit(unit.index, ok, value)
             done += unit.count
         return done
@@ -222,7 +222,7 @@ class Events(Dispatcher):
         w.process.join()
         code, reason, detail = end_of(w)
         culprit, w.culprit = w.culprit, None
-        if culprit is not None and culprit[0].done:
+        if culprit is not None and culprit[0].delivered:
             culprit = None  # a backup copy delivered it
         with self._lock:
             self._workers.pop(w.id, None)

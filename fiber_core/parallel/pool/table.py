@@ -94,7 +94,7 @@ def out_of_descriptors(e: BaseException | None) -> OSError | None:
 
 class Unit:
     __slots__ = ("call", "index", "data", "charges", "call_id", "func_bytes", "kind", "count",
-                 "start", "watch", "retries", "done", "copies")
+                 "start", "watch", "retries", "delivered", "copies")
 
     def __init__(self, call: Any, index: int, data: bytes, call_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
@@ -105,7 +105,7 @@ class Unit:
         self.charges: dict[tuple[int, Fault], int] | None = None  # deaths charged, per item and kind
         self.watch = False  # a worker died while it may have run: it runs alone, watched
         self.retries = retries  # runs left after it raised (an opt-in)
-        self.done = False  # its result was delivered: another copy's is dropped
+        self.delivered = False  # its result was delivered: another copy's is dropped
         self.copies = 0  # workers that hold it (two while a backup copy runs)
         # (done and copies are kept only in a pool with backup tasks: elsewhere a unit is
         # never in two places, and the pool's hot path does not pay for them)
@@ -145,7 +145,7 @@ class Worker:
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.last_work = time.monotonic()  # when it was last given work or answered
         self.since = self.last_work  # when its state (as the live view shows it) last changed
-        self.done = 0  # tasks (items) whose results it delivered
+        self.items_done = 0  # tasks (items) whose results it delivered
 
 
 class WorkerTable:
@@ -423,7 +423,7 @@ class WorkerTable:
     def _requeue(self, units: list[Unit]) -> None:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
-            live = [u for u in units if u.call_id in self._calls and not u.done and not u.copies]
+            live = [u for u in units if u.call_id in self._calls and not u.delivered and not u.copies]
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
