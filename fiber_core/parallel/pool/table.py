@@ -176,6 +176,7 @@ class WorkerTable:
         meta = getattr(initializer, "__fiber_meta__", None) or {}
         self._resources = {k: v for k, v in {**meta, **resources}.items() if v is not None}
         self._processes = processes
+        self._worker_name = "PoolWorker"  # a role's workers: PoolWorker-<role> (facade.py)
         self._id = os.urandom(16).hex()
         self._lock = threading.RLock()  # callbacks may call back into the pool
         self._queue: collections.deque[Unit] = collections.deque()
@@ -218,7 +219,7 @@ class WorkerTable:
         for _ in range(n):
             wid = next(self._wid)
             made.append((wid, Process(
-                target=worker_main, name=f"PoolWorker-{wid}", daemon=True, backend=self._backend,
+                target=worker_main, name=f"{self._worker_name}-{wid}", daemon=True, backend=self._backend,
                 args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks),
                 **self._resources)))
         start_processes([p for _, p in made])
