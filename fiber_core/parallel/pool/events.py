@@ -129,6 +129,7 @@ class Events(Dispatcher):
         return the items delivered."""
         backup = self._backup is not None
         done = 0
+        delivered = []
         for unit, (ok, value) in zip(units, results):
             if backup:
                 unit.copies -= 1
@@ -144,8 +145,13 @@ class Events(Dispatcher):
                 self._tasks_failed += unit.count
             if backup:
                 unit.done = True
-            unit.call.set_unit(unit.index, ok, value)
+            delivered.append((unit, ok, value))
             done += unit.count
+        key = units[0].call.durable
+        if key is not None and key.journal is not None:  # recorded before the caller has them
+            key.finished([(unit.index, value) for unit, ok, value in delivered if ok])
+        for unit, ok, value in delivered:
+            unit.call.set_unit(unit.index, ok, value)
         return done
 
     def _on_drain(self, w: Worker, keep: int) -> None:

@@ -23,6 +23,7 @@ from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 
 if TYPE_CHECKING:
+    from fiber_core.parallel.durable.journal import CallKey
     from fiber_core.parallel.pool.facade import Pool
     from fiber_core.parallel.pool.table import Unit
 
@@ -101,6 +102,7 @@ class ApplyResult:
         self._value: Any = None
         self.call_id = next(job_counter)
         self._call = call  # how errors name the call: apply_async(f)
+        self.durable: CallKey | None = None  # its ordinal, what the journal holds of it
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -244,6 +246,7 @@ class IMapIterator:
         self._yielded_units = 0
         self.call_id = next(job_counter)
         self._call = call  # how errors name the call: imap(f)
+        self.durable: CallKey | None = None  # its ordinal, what the journal holds of it
         self._closed = False
 
     def __iter__(self) -> Iterator:

@@ -94,7 +94,7 @@ def out_of_descriptors(e: BaseException | None) -> OSError | None:
 
 class Unit:
     __slots__ = ("call", "index", "data", "charges", "call_id", "func_bytes", "kind", "count",
-                 "start", "watch", "retries", "done", "copies")
+                 "start", "watch", "retries", "done", "copies", "attempt")
 
     def __init__(self, call: Any, index: int, data: bytes, call_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
@@ -107,6 +107,7 @@ class Unit:
         self.retries = retries  # runs left after it raised (an opt-in)
         self.done = False  # its result was delivered: another copy's is dropped
         self.copies = 0  # workers that hold it (two while a backup copy runs)
+        self.attempt = 0  # times it went back to the queue (its tasks' attempt, current_task)
         # (done and copies are kept only in a pool with backup tasks: elsewhere a unit is
         # never in two places, and the pool's hot path does not pay for them)
 
@@ -424,6 +425,8 @@ class WorkerTable:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
             live = [u for u in units if u.call_id in self._calls and not u.done and not u.copies]
+            for u in live:
+                u.attempt += 1
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
