@@ -3,7 +3,8 @@
 Each task appends ``call item`` to the file ``$RAN`` when it runs. ``$FAIL_FROM``: the items
 of the first map from this one on raise (a run that stops half-way). ``$SHIFT``: added to
 the first map's input (a changed program). ``$HOLD``: after the first call, wait for a line
-on stdin (a master that holds the journal). Prints the results as JSON.
+on stdin (a master that holds the journal). ``$PAD``: characters added to each result of
+``square`` (a journal that fills a disk). Prints the results as JSON.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def square(x: int) -> list[int]:
         raise ValueError(f"item {x} fails in this run")
     task = mp.current_task()
     assert task is not None
-    return [x * x, task.call, task.item, task.seed]
+    return [x * x, task.call, task.item, task.seed, "x" * int(os.environ.get("PAD", "0"))]
 
 
 def add(a: int, b: int) -> int:

@@ -18,6 +18,7 @@ and what it did not record runs again after a restart.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import pickle
@@ -118,6 +119,10 @@ class Journal:
         check(fd, f"the journal {self.path}/{NAME}", private=False)
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read()
+        if not data:  # made by a run that could not write its header (a full disk): start again
+            os.close(fd)
+            os.unlink(NAME, dir_fd=self._dir)
+            return recorded, *self._create(program, seed)
         scan = records.scan(data)
         why = self._foreign(scan, program, seed)
         if why is not None:
@@ -167,9 +172,14 @@ class Journal:
         fd = os.open(NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=self._dir)
         data = records.MAGIC + records.header(program, run_seed)
-        if os.write(fd, data) != len(data):
-            raise JournalError(f"cannot write the journal's header in {self.path}")
-        os.fsync(fd)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            os.unlink(NAME, dir_fd=self._dir)
+            raise
         return run_seed, fd
 
     def append(self, record: bytes) -> None:
@@ -279,12 +289,19 @@ class Program:
         self._resolved = True
         seed = config.get("seed")
         path = config.get("journal")
+        self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         if path and not runtime().is_worker:  # a job's calls are its master's business
-            self.journal = Journal(path, config.get("journal_wait"), seed)
+            try:
+                self.journal = Journal(path, config.get("journal_wait"), seed)
+            except OSError as e:
+                if isinstance(e, PermissionError):  # (ForeignObjectError, a directory not ours)
+                    raise
+                log.warning("fiber: the journal at %s cannot be written (%s): the run goes on without "
+                            "it; what it did not record runs again after a restart",
+                            os.path.abspath(path), e.strerror or e)
+                return
             runtime().at_shutdown(self.journal.close)
             self.seed = self.journal.seed
-        else:
-            self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
 
     @property
     def journalled(self) -> bool:
