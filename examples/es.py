@@ -10,11 +10,19 @@ It runs unchanged on any backend::
 
     python examples/es.py                          # local processes
     FIBER_BACKEND=docker python examples/es.py     # one container per worker
+
+and it is replay-safe (docs/durable.md): its random numbers come from a seeded
+generator in the master, none of its decisions from the clock. With a journal, a run
+whose master was killed is continued by the same command, and ends with the policy an
+uninterrupted run ends with, bit for bit::
+
+    FIBER_JOURNAL=./es-journal python examples/es.py --save policy.npy
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import gymnasium as gym
@@ -61,11 +69,21 @@ def evaluate(task: tuple[int, int, float, int]) -> tuple[float, float]:
     """Score the antithetic pair theta +/- sigma * noise[offset:offset + n] of one version."""
     version, offset, sigma, episode_seed = task
     assert _noise is not None and _theta is not None
+    _log_task()
     theta = _theta.value  # the newest weights: this iteration's
     if _theta.version != version:
         raise RuntimeError(f"weights version {_theta.version} where {version} was published")
     eps = _noise.value[offset:offset + theta.size].reshape(theta.shape)
     return rollout(theta + sigma * eps, episode_seed), rollout(theta - sigma * eps, episode_seed)
+
+
+def _log_task() -> None:
+    """With ``--task-log``: one line per task run, ``call item`` (its identity), to count work."""
+    path = os.environ.get("ES_TASK_LOG")
+    task = mp.current_task()
+    if path and task is not None:
+        with open(path, "a") as f:
+            f.write(f"{task.call} {task.item}\n")
 
 
 def centered_ranks(x: np.ndarray) -> np.ndarray:
@@ -82,7 +100,11 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.1)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--noise-mib", type=int, default=64, help="size of the noise table")
+    parser.add_argument("--save", help="write the final policy's weights here (numpy .npy)")
+    parser.add_argument("--task-log", help="append each task's identity (call, item) to this file")
     args = parser.parse_args()
+    if args.task_log:
+        os.environ["ES_TASK_LOG"] = os.path.abspath(args.task_log)  # the workers inherit it
 
     shape = policy_shape()
     theta = np.zeros(shape, dtype=np.float32)
@@ -107,9 +129,12 @@ def main() -> None:
             score = pool.apply(rollout_with, (theta, 10_000 + it))
             print(f"iteration {it:3d}  mean return {returns.mean():7.1f}  max {returns.max():6.1f}  "
                   f"policy return {score:6.1f}  ({time.perf_counter() - start:.2f}s)", flush=True)
+    if args.save:
+        np.save(args.save, theta)
 
 
 def rollout_with(weights: np.ndarray, episode_seed: int) -> float:
+    _log_task()
     return rollout(weights, episode_seed)
 
 
