@@ -244,13 +244,16 @@ class CallKey:
 
     def take(self, index: int, data: bytes) -> tuple[bool, Any]:
         """Unit ``index`` with pickled arguments ``data`` is about to be queued: ``(True,
-        values)`` if the journal holds its result (it is not run), else ``(False, None)``."""
+        values)`` if the journal holds its result (it is not run), else ``(False, None)``.
+
+        A call whose identity covers its whole input and its cut into units needs no check
+        per unit (nor a digest of each: the journal's cost on a map of many small units)."""
         if self.journal is None:
             return False, None
-        d = self.digests[index] = digest(data)
         if self.checked:
             got = self.replayed.pop(index, None)
-            return (True, got[1]) if got is not None and got[0] == d else (False, None)
+            return (True, got[1]) if got is not None else (False, None)
+        d = self.digests[index] = digest(data)
         assert self.identity is not None
         ok, values, warning = self.journal.replay.unit(self.identity, index, d)
         if warning is not None:  # this call went another way: what it recorded is void
@@ -265,7 +268,8 @@ class CallKey:
         if journal is None or journal.broken is not None or not done:
             return
         try:
-            record = records.units(self.ordinal, [(i, self.digests[i]) for i, _ in done],
+            digests = self.digests
+            record = records.units(self.ordinal, [(i, digests.get(i, b"")) for i, _ in done],
                                    [values for _, values in done])
         except Exception as e:  # a value that cannot be pickled here: it runs again after a restart
             log.debug("fiber: a result of call %d is not journalled: %r", self.ordinal, e)

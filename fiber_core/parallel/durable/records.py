@@ -7,7 +7,8 @@ record is the header (:data:`HEADER`, JSON: the program, the run seed); then, in
 order they happened:
 
 * :data:`CALL`: a journalled call began (its :class:`CallIdentity`);
-* :data:`UNITS`: units of a call finished (their indices, each one's argument digest,
+* :data:`UNITS`: units of a call finished (their indices, each one's argument digest where
+  the call's identity does not cover its arguments (``imap``),
   and their values): one record per batch of results, never one per item;
 * :data:`TRUNCATE`: what was recorded for this call and those after it no longer holds
   (the program went another way from there).

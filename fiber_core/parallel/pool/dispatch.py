@@ -6,6 +6,7 @@ applies them to the workers of the table and sends the batches.
 
 from __future__ import annotations
 
+import operator
 import time
 
 from fiber_core.base.log import log
@@ -25,13 +26,16 @@ BACKUP_MIN_SECONDS = 0.01
 """No batch younger than this is late, however short its measured time."""
 
 
+_START, _ATTEMPT = operator.attrgetter("start"), operator.attrgetter("attempt")
+
+
 def task_field(units: list[Unit]) -> TaskField:
     """What a batch's tasks learn of their identity (``fiber_core.current_task``): the call's
     ordinal, the run's seed, each unit's first item and attempt."""
     key = units[0].call.durable
     if key is None:
-        return -1, 0, []
-    return key.ordinal, key.seed, [(u.start, u.attempt) for u in units]
+        return -1, 0, [], []
+    return key.ordinal, key.seed, list(map(_START, units)), list(map(_ATTEMPT, units))
 
 
 class Dispatcher(WorkerTable):

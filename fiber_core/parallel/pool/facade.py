@@ -188,7 +188,7 @@ class Pool(Master):
         """Give the call its place in the program's calls (``call.durable``) and take out of
         ``units`` those whose results the journal holds: returned as ``(index, values)``."""
         key = call.durable = durable.program().begin(call._call, func, func_bytes, whole)
-        if key.journal is None:
+        if key.journal is None or (key.checked and not key.replayed):
             return []
         replayed, kept = [], []
         for unit in units:
@@ -239,8 +239,9 @@ class Pool(Master):
                            call_name("starmap" if kind == STARMAP else "map", func),
                            [len(c) for c in chunks] if deadline is not None else None)
         if chunks:
+            # (the identity covers the input and its cut into units: units are matched by index)
             self._submit(result, func, kind, chunks, func_bytes, retries,
-                         lambda: durable.args_bytes((kind, items)))
+                         lambda: durable.args_bytes((kind, chunksize, len(chunks), items)))
             self._set_deadline(result, deadline)
         return result
 

@@ -211,12 +211,11 @@ def _run_batch(conn: Connection, drain: Drain, look: Callable[[], None], cancell
             with drain.lock:
                 conn.send_frame(encode_pool_running(batch_id, item))
     notify = watched if watch else current.at  # each item's position, for current_task()
-    ordinal, seed, where = task
+    ordinal, seed, firsts, attempts = task
     start = checked = time.perf_counter()
     results = []
     for i, unit in enumerate(units):
-        first, attempt = where[i] if i < len(where) else (0, 0)
-        current.enter(ordinal, first, attempt, seed)
+        current.enter(ordinal, firsts[i], attempts[i], seed)
         results.append(run_unit(func, kind, unit, notify))
         current.leave()
         now = time.perf_counter()
