@@ -276,3 +276,41 @@ def test_a_journal_on_a_full_disk_stops_with_one_warning_and_a_rerun_runs_what_i
     assert json.loads(second) == json.loads(first)
     ran = runs.ran()
     assert 0 < sum(ran.values()) < 19
+
+
+IMAP = """
+import json, os, sys
+import fiber_core as mp
+
+def triple(x):
+    with open("ran", "a") as f:
+        f.write(f"{x}\\n")
+    return 3 * x
+
+if __name__ == "__main__":
+    items = json.loads(sys.argv[1])
+    with mp.Pool(1) as pool:
+        print(json.dumps(list(pool.imap(triple, items))))
+"""
+
+
+def test_an_imap_whose_input_changes_half_way_takes_the_units_before_and_runs_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "imap.py").write_text(IMAP)
+    env = {**os.environ, "FIBER_JOURNAL": str(tmp_path / "journal")}
+
+    def run(items: list[int]) -> tuple[list[int], list[int], str]:
+        (tmp_path / "ran").unlink(missing_ok=True)
+        proc = subprocess.run([sys.executable, "imap.py", json.dumps(items)], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=T)
+        assert proc.returncode == 0, proc.stderr
+        ran = (tmp_path / "ran").read_text().split() if (tmp_path / "ran").exists() else []
+        return json.loads(proc.stdout), sorted(map(int, ran)), proc.stderr
+
+    assert run([1, 2, 3, 4])[:2] == ([3, 6, 9, 12], [1, 2, 3, 4])
+    out, ran, err = run([1, 2, 30, 4])
+    assert out == [3, 6, 90, 12]
+    assert ran == [4, 30]  # units 0 and 1 were taken from the journal
+    assert [line for line in err.splitlines() if "replay ends" in line] == [
+        "fiber: the journal's replay ends at call 0, imap(triple), unit 2: its arguments differ from "
+        "the recorded ones; it and the calls after it run again"]
+    assert run([1, 2, 30, 4])[:2] == ([3, 6, 90, 12], [1, 2])  # what the changed run recorded

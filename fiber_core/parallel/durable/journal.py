@@ -90,6 +90,7 @@ class Journal:
             self.lease.release()
             raise
         self.replay = Replay(self.recorded)
+        self.replay_lock = threading.Lock()  # the caller's thread and imap's feeders ask it
         self._syncer = threading.Thread(target=self._sync_loop, daemon=True, name="fiber-journal-sync")
         self._syncer.start()
 
@@ -185,8 +186,8 @@ class Journal:
     def append(self, record: bytes) -> None:
         """Write one record now (to the OS; made durable by the sync thread)."""
         with self._lock:
-            if self.broken is not None:
-                return
+            if self.broken is not None or self._closed.is_set():
+                return  # (a result that arrives while the program exits: it runs again)
             try:
                 view = memoryview(record)
                 while view:
@@ -255,7 +256,8 @@ class CallKey:
             return (True, got[1]) if got is not None else (False, None)
         d = self.digests[index] = digest(data)
         assert self.identity is not None
-        ok, values, warning = self.journal.replay.unit(self.identity, index, d)
+        with self.journal.replay_lock:
+            ok, values, warning = self.journal.replay.unit(self.identity, index, d)
         if warning is not None:  # this call went another way: what it recorded is void
             log.warning("%s", warning)
             self.journal.append(records.truncate(self.ordinal))
@@ -332,7 +334,8 @@ class Program:
                                     b"" if args is None else digest(args()))
             key = CallKey(ordinal, self.seed, identity, journal)
             key.checked = args is not None
-            verdict = journal.replay.begin(identity)
+            with journal.replay_lock:
+                verdict = journal.replay.begin(identity)
             if verdict.warning is not None:
                 log.warning("%s", verdict.warning)
             if verdict.truncate:
@@ -355,6 +358,19 @@ def program() -> Program:
         if _program is None:
             _program = Program()
         return _program
+
+
+def _forked() -> None:
+    """A child forked by other code (multiprocessing with fork) is no master of the journal:
+    its calls are numbered from 0 and recorded nowhere."""
+    global _program, _program_lock
+    _program_lock = threading.Lock()
+    _program = Program()
+    _program._resolved = True
+    _program.seed = int.from_bytes(os.urandom(8), "big")
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def args_bytes(items: Any) -> bytes:
