@@ -75,6 +75,7 @@ class Journal:
     """A journal directory, open for this run: its lease held, its records read and appended to."""
 
     def __init__(self, path: str, wait: float, seed: int | None) -> None:
+        self.given = path
         self.path = os.path.abspath(path)
         self._lock = threading.Lock()
         self._dirty = False
@@ -95,6 +96,10 @@ class Journal:
         self._syncer.start()
 
     def _open_dir(self) -> int:
+        if "://" in self.given:
+            raise JournalError(
+                f"journal={self.given!r}: a journal in object storage is not supported yet; set "
+                "journal to a local directory or one on a mounted volume that outlives the master")
         try:
             os.makedirs(self.path, 0o700, exist_ok=True)
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
