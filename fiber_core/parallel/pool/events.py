@@ -8,6 +8,7 @@ each worker's exit. What a loss costs whom is the ledger's
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fiber_core.base.errors import FiberError, JobStartError, TaskLostError
 from fiber_core.base.log import log
@@ -129,6 +130,9 @@ class Events(Dispatcher):
         return the items delivered."""
         backup = self._backup is not None
         done = 0
+        key = units[0].call.durable
+        journalled = key is not None and key.journal is not None
+        delivered: list[tuple[Unit, bool, Any]] = []  # with a journal: delivered once recorded
         for unit, (ok, value) in zip(units, results):
             if backup:
                 unit.copies -= 1
@@ -144,8 +148,15 @@ class Events(Dispatcher):
                 self._tasks_failed += unit.count
             if backup:
                 unit.delivered = True
-            unit.call.set_unit(unit.index, ok, value)
+            if journalled:
+                delivered.append((unit, ok, value))
+            else:
+                unit.call.set_unit(unit.index, ok, value)
             done += unit.count
+        if delivered:  # recorded before the caller has them (it may change them)
+            key.finished([(unit.index, value) for unit, ok, value in delivered if ok])
+            for unit, ok, value in delivered:
+                unit.call.set_unit(unit.index, ok, value)
         return done
 
     def _on_drain(self, w: Worker, keep: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
+from fiber_core.parallel.durable import journal as durable
 from fiber_core.parallel.pool import planner
 from fiber_core.parallel.pool import roles as role_table
 from fiber_core.parallel.pool.dispatch import BACKUP_FACTOR
@@ -186,8 +187,10 @@ class Pool(Master):
             raise ValueError("Pool not running")
 
     def _submit(self, call: Any, func: Callable, kind: int, chunks: Iterable[Sequence[Any]],
-                func_bytes: bytes | None = None, retries: int | None = None) -> int:
-        """Pickle every unit now (so a bad argument fails here), then queue them."""
+                func_bytes: bytes | None = None, retries: int | None = None,
+                whole: Callable[[], bytes] | None = None) -> int:
+        """Pickle every unit now (so a bad argument fails here), then queue them (those the
+        journal does not hold: ``whole`` gives the call's whole input pickled, if not its unit)."""
         chunks = list(chunks)
         retries = self._retries if retries is None else check_retries(retries)
         with sending_to(self._hub):
@@ -199,9 +202,12 @@ class Pool(Master):
                 units.append(Unit(call, i, data, call.call_id, func_bytes, kind, len(chunk),
                                    start, retries))
                 start += len(chunk)
+        replayed = self._begin_call(call, func, func_bytes, units, whole or (lambda: units[0].data))
         with self._lock:
             self._check_running()
             self._calls[call.call_id] = call
+            for index, values in replayed:  # (none is queued yet: the master cannot deliver one)
+                call.set_unit(index, True, values)
             self._queue.extend(units)
             # Hand out the first batches from this thread: one wake-up less on the way.
             try:
@@ -212,6 +218,24 @@ class Pool(Master):
         if left:
             self._wake()
         return len(units)
+
+    @staticmethod
+    def _begin_call(call: Any, func: Callable, func_bytes: bytes, units: list[Unit],
+                    whole: Callable[[], bytes]) -> list[tuple[int, Any]]:
+        """Give the call its place in the program's calls (``call.durable``) and take out of
+        ``units`` those whose results the journal holds: returned as ``(index, values)``."""
+        key = call.durable = durable.program().begin(call.call_name, func, func_bytes, whole)
+        if key.journal is None or (key.checked and not key.replayed):
+            return []
+        replayed, kept = [], []
+        for unit in units:
+            recorded, values = key.take(unit.index, unit.data)
+            if recorded:
+                replayed.append((unit.index, values))
+            else:
+                kept.append(unit)
+        units[:] = kept
+        return replayed
 
     def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
                     callback: Callable | None = None, error_callback: Callable | None = None,
@@ -250,8 +274,10 @@ class Pool(Master):
         with sending_to(self._hub):
             func_bytes = dumps(func)
         if chunksize is None:
-            # Units fine enough to balance, coarse enough to be cheap (the planner's rule).
-            nunits = planner.auto_units(self._processes, len(items), self._item_seconds.get(hash(func_bytes)))
+            # Units fine enough to balance, coarse enough to be cheap (the planner's rule); with
+            # a journal, cut the same way in every run (no measured time) for its units to match.
+            nunits = planner.auto_units(self._processes, len(items), None if durable.program().journalled
+                                        else self._item_seconds.get(hash(func_bytes)))
             bounds = planner.unit_bounds(len(items), nunits)
             chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
         elif chunksize < 1:
@@ -262,7 +288,9 @@ class Pool(Master):
                            call_name("starmap" if kind == STARMAP else "map", func),
                            [len(c) for c in chunks] if deadline is not None else None)
         if chunks:
-            self._submit(result, func, kind, chunks, func_bytes, retries)
+            # (the identity covers the input and its cut into units: units are matched by index)
+            self._submit(result, func, kind, chunks, func_bytes, retries,
+                         lambda: durable.args_bytes((kind, chunksize, len(chunks), items)))
             self._set_deadline(result, deadline)
         return result
 
@@ -307,6 +335,7 @@ class Pool(Master):
         with sending_to(self._hub):
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self, call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func))
+        key = it.durable = durable.program().begin(it.call_name, func, func_bytes, None)
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
             self._calls[it.call_id] = it
@@ -321,6 +350,11 @@ class Pool(Master):
                         break
                     with sending_to(self._hub):
                         data = dumps(chunk)
+                    recorded, values = key.take(n, data)
+                    if recorded:  # the journal holds its result
+                        it.set_unit(n, True, values)
+                        n += 1
+                        continue
                     unit = Unit(it, n, data, it.call_id, func_bytes, MAP, len(chunk),
                                  n * chunksize, retries)
                     with self._lock:

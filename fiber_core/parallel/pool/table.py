@@ -94,7 +94,7 @@ def out_of_descriptors(e: BaseException | None) -> OSError | None:
 
 class Unit:
     __slots__ = ("call", "index", "data", "charges", "call_id", "func_bytes", "kind", "count",
-                 "start", "watch", "retries", "delivered", "copies")
+                 "start", "watch", "retries", "delivered", "copies", "attempt")
 
     def __init__(self, call: Any, index: int, data: bytes, call_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
@@ -107,12 +107,13 @@ class Unit:
         self.retries = retries  # runs left after it raised (an opt-in)
         self.delivered = False  # its result was delivered: another copy's is dropped
         self.copies = 0  # workers that hold it (two while a backup copy runs)
-        # (done and copies are kept only in a pool with backup tasks: elsewhere a unit is
+        self.attempt = 0  # times it went back to the queue (its tasks' attempt, current_task)
+        # (delivered and copies are kept only in a pool with backup tasks: elsewhere a unit is
         # never in two places, and the pool's hot path does not pay for them)
 
     def name(self, item: int | None = None) -> str:
         """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
-        call = getattr(self.call, "_call", "a task")
+        call = getattr(self.call, "call_name", "a task")
         if type(self.call) is ApplyResult:
             try:  # only for an error: the arguments are shown from this process's own pickle
                 args = loads(self.data)[0][0]
@@ -425,6 +426,8 @@ class WorkerTable:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
             live = [u for u in units if u.call_id in self._calls and not u.delivered and not u.copies]
+            for u in live:
+                u.attempt += 1
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
