@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from fiber_core.runtime.top import printable, render
+from fiber_core.base.text import printable
+from fiber_core.runtime.top import render
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 PROGRAM = Path(__file__).with_name("status_program.py")

@@ -14,38 +14,18 @@ instead of retitling or clearing the operator's terminal.
 from __future__ import annotations
 
 import os
-import re
 import select
 import shutil
 import sys
 import time
-import unicodedata
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from fiber_core.base.text import printable
 from fiber_core.runtime.status import RunFile, Viewer, find_run
 
 BAR_WIDTH = 40
 """Characters of the progress bar."""
-
-
-_ESCAPE_SEQUENCE = re.compile(
-    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, the final byte
-    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC, DCS...: to ST
-    r"|\x1b[ -/]*[0-~]?"  # any other escape: intermediates and one final byte
-)
-_LINE_BREAKS = str.maketrans("\t\n\r\v\f", "     ")
-_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # controls, bidi and zero-width marks
-
-
-def printable(text: str) -> str:
-    """``text`` safe to write to a terminal: each escape sequence and each other control
-    character (C0, C1, DEL, bidi overrides, line separators) becomes ``?``, tabs and line
-    breaks a space. Printable Unicode is kept as it is."""
-    if text.isprintable():
-        return text
-    text = _ESCAPE_SEQUENCE.sub("?", text).translate(_LINE_BREAKS)
-    return "".join("?" if unicodedata.category(c) in _UNPRINTABLE else c for c in text)
 
 
 def _printable_state(value: Any) -> Any:
