@@ -117,6 +117,38 @@ def test_losses_are_counted_by_the_reason_the_backend_gives() -> None:
         assert first.name not in names and second.name not in names
 
 
+def chatty(x: int) -> int:
+    print(f"task {x}\x1b[2J", flush=True)  # an escape sequence: the view removes it
+    time.sleep(0.005)  # the work itself, not synchronisation
+    return x
+
+
+def test_a_lost_worker_is_in_the_timeline_and_the_losses_with_its_reason_and_last_lines() -> None:
+    n = 1000
+    with Pool(2) as pool:
+        result = pool.map_async(chatty, range(n), chunksize=1)
+        wait_until(lambda: [bool(w["output"]) for w in pool.status_snapshot()["workers"]] == [True, True],
+                   "both workers printed")
+        [w] = [w for w in pool.status_snapshot()["workers"] if w["name"] == pool._pool[0].name]
+        assert all(line.startswith("task ") and "\x1b" not in line for line in w["output"])
+        victim = pool._pool[0]
+        victim.kill()  # by Fiber: stopped
+        assert result.get(T) == list(range(n))
+        wait_until(lambda: pool.status_snapshot()["loss_log"], "the loss is logged")
+        snap = pool.status_snapshot()
+        [loss] = snap["loss_log"]
+        assert loss["worker"] == victim.name and loss["reason"] == "stopped"
+        assert loss["description"] == snap["last_loss"] and loss["ago"] >= 0
+        assert loss["output"] and all(line.startswith("task ") for line in loss["output"])
+        track = next(t for t in snap["timeline"] if t["name"] == victim.name)
+        assert track["end"]["lost"] and track["end"]["reason"] == "stopped"
+        assert track["events"][-1][1] == "lost" and track["id"] == str(victim.pid)
+        live = [t for t in snap["timeline"] if t["end"] is None]
+        assert len(live) == 2 and victim.name not in {t["name"] for t in live}
+        # Every task done is in the throughput's history, each second once.
+        assert sum(n_done for _, n_done, _ in snap["throughput_history"]) == n
+
+
 def test_workers_replaced_after_maxtasksperchild_are_no_losses() -> None:
     with Pool(1, maxtasksperchild=2) as pool:
         assert pool.map(ms_task, range(6), chunksize=1) == list(range(6))

@@ -17,7 +17,12 @@ from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
 from fiber_core.parallel.pool.dispatch import BACKUP_CHECK_SECONDS
 from fiber_core.parallel.pool.events import Events
+from fiber_core.parallel.pool.history import output_lines_per_worker
 from fiber_core.parallel.pool.table import THROUGHPUT_SECONDS, Worker
+
+SAMPLE_SECONDS = 1.0
+"""How often the master notes each worker's state in the live view's timeline (a few
+microseconds per worker: nothing in the path of a task)."""
 
 STATUS_WAIT_SECONDS = 2.0
 """How long a snapshot for the live view waits for the master thread (then it is taken
@@ -88,6 +93,9 @@ class Master(Events):
         while not self._incoming.empty():
             self._adopt(*self._incoming.get())
         with self._lock:
+            now = time.monotonic()
+            if now >= self._sample_at:
+                self._sample_states(now)
             if self._status_asks:
                 self._answer_status()
             if self._state == "TERMINATE":
@@ -129,6 +137,15 @@ class Master(Events):
             if not self._workers:
                 return False
         return True
+
+    def _sample_states(self, now: float) -> None:
+        """Note each worker's state in the timeline, which keeps only changes (lock held)."""
+        self._sample_at = now + SAMPLE_SECONDS
+        observe = self._timeline.observe
+        for w in self._workers.values():
+            job = w.process.job
+            observe(now, w.id, w.process.name, job.id if job is not None else None,
+                    job.host if job is not None else None, worker_state(w))
 
     def _set_deadline(self, call: Any, deadline: float | None) -> None:
         if deadline is None:
@@ -186,6 +203,7 @@ class Master(Events):
         running = 0
         seen: set[int] = set()  # a unit that a backup copy runs too is counted once
         workers = []
+        lines = output_lines_per_worker(len(self._workers))
         for w in list(self._workers.values()):
             units = [u for batch in list(w.pending.values()) for u in batch]
             if w.culprit is not None:  # lost while it ran this one: its exit decides
@@ -206,10 +224,8 @@ class Master(Events):
                 "for_seconds": round(now - w.since, 3),
                 "done": w.done,
                 "in_flight": in_flight,
+                "output": w.process.output_tail(lines),
             })
-        window_start = max(self._created, now - THROUGHPUT_SECONDS)
-        recent = sum(n for second, n in self._done_per_second if second >= int(window_start))
-        span = now - window_start
         return {
             "id": self._id[:8],
             "state": self._state,
@@ -221,10 +237,12 @@ class Master(Events):
             "age_seconds": round(now - self._created, 3),
             "tasks": {"queued": queued, "running": running, "done": self._tasks_done,
                       "failed": self._tasks_failed},
-            "throughput": round(recent / span, 3) if span > 0 else 0.0,
+            "throughput": round(self._throughput.rate(now, THROUGHPUT_SECONDS, self._created), 3),
             "throughput_seconds": THROUGHPUT_SECONDS,
+            "throughput_history": self._throughput.series(now),
             "losses": dict(self._losses_by),
             "last_loss": self._last_loss,
             "calls": [call.progress() for call in list(self._calls.values())],
             "workers": workers,
+            **self._timeline.view(now),
         }
