@@ -370,7 +370,10 @@ def test_the_page_server_answers_only_with_the_token_on_loopback() -> None:
         assert code == 200 and headers["Content-Type"].startswith("text/html")
         assert b"status.json" in body and token.encode() not in body
         assert headers["Cache-Control"] == "no-store" and headers["Referrer-Policy"] == "no-referrer"
-        assert "connect-src 'self'" in headers["Content-Security-Policy"]
+        policy = headers["Content-Security-Policy"]
+        assert "connect-src 'self'" in policy and "default-src 'none'" in policy
+        # The page's own script and style only, by their hashes: no inline code of anyone else.
+        assert "'unsafe-inline'" not in policy and "script-src 'sha256-" in policy
         code, headers, body = _get(port, "/status.json", {"X-Fiber-Token": token})
         assert code == 200 and headers["Content-Type"] == "application/json"
         assert json.loads(body) == state
