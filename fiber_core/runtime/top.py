@@ -97,7 +97,7 @@ def _usage_columns(w: dict[str, Any], gpu: bool) -> tuple[str, ...]:
     u = w.get("usage")
     if not u:
         return ("-", "-") + (("-",) if gpu else ())
-    cells = (f"{u['cpu']:.0f}%", size(u["rss"]))
+    cells: tuple[str, ...] = (f"{u['cpu']:.0f}%", size(u["rss"]))
     if gpu:
         cells += ("-" if u.get("gpu") is None else f"{u['gpu']:.0f}%"
                   + ("" if u.get("gpu_memory") is None else f" {size(u['gpu_memory'])}"),)
