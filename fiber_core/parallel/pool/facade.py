@@ -15,7 +15,7 @@ from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
-from fiber_core.parallel.pool import planner
+from fiber_core.parallel.pool import notebook, planner
 from fiber_core.parallel.pool.dispatch import BACKUP_FACTOR
 from fiber_core.parallel.pool.ledger import MAX_TASK_ATTEMPTS
 from fiber_core.parallel.pool.master import Master
@@ -151,6 +151,7 @@ class Pool(Master):
     def _submit(self, call: Any, func: Callable, kind: int, chunks: Iterable[Sequence[Any]],
                 func_bytes: bytes | None = None, retries: int | None = None) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them."""
+        notebook.follow_cell(self)  # (in a notebook only: its progress in the cell)
         chunks = list(chunks)
         retries = self._retries if retries is None else check_retries(retries)
         with sending_to(self._hub):
@@ -248,6 +249,7 @@ class Pool(Master):
         with sending_to(self._hub):
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self, call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func))
+        notebook.follow_cell(self)  # (in a notebook only: its progress in the cell)
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
             self._calls[it.call_id] = it

@@ -15,6 +15,7 @@ from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
+from fiber_core.parallel.pool import notebook
 from fiber_core.parallel.pool.dispatch import BACKUP_CHECK_SECONDS
 from fiber_core.parallel.pool.events import Events
 from fiber_core.parallel.pool.history import output_lines_per_worker
@@ -187,6 +188,14 @@ class Master(Events):
                     return ask.state
         with self._lock:
             return self._snapshot_locked()
+
+    def _repr_html_(self) -> str:
+        """The pool's summary as HTML (a notebook shows it): :func:`notebook.pool_html`."""
+        return notebook.pool_html(self.status_snapshot())
+
+    def _ipython_display_(self) -> None:
+        """``display(pool)`` in a notebook: the summary, updated while the pool runs."""
+        notebook.show_pool(self)
 
     def _answer_status(self) -> None:
         """Answer the snapshots asked for (lock held)."""
