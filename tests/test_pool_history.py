@@ -90,6 +90,15 @@ def test_a_lost_worker_keeps_its_reason_its_last_lines_and_is_in_the_losses() ->
                     "output": lines[-LOSS_LINES:], "ago": 5.0}
 
 
+def test_a_worker_sampled_as_lost_before_its_end_came_has_one_lost_event() -> None:
+    tl = Timeline()
+    tl.observe(T0, 1, "PoolWorker-1", "11", "h", "busy")
+    tl.observe(T0 + 1, 1, "PoolWorker-1", "11", "h", "lost")
+    tl.ended(T0 + 2, 1, "PoolWorker-1", "11", "h", reason="oom", lost=True, lines=[], description="oom")
+    [w] = tl.view(T0 + 3)["timeline"]
+    assert w["events"] == [[3.0, "busy"], [1.0, "lost"]]
+
+
 def test_a_worker_lost_before_it_was_ever_seen_has_a_timeline_too() -> None:
     tl = Timeline()
     tl.ended(T0, 7, "PoolWorker-7", None, None, reason="never_started", lost=True, lines=[],

@@ -14,8 +14,10 @@ import os
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -403,3 +405,22 @@ def test_the_page_is_served_by_the_run_when_asked_and_its_state_is_the_runs() ->
         state = json.loads(body)
         assert state["run"]["id"] == runtime().run_id and state["run"]["backend"] == "local"
         assert _pool_in(state, pool)["size"] == 1
+
+
+def test_a_viewer_that_goes_away_mid_answer_leaves_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    token = status.page_token(os.urandom(32))
+    state = {"run": {"id": "r1"}, "pools": [], "processes": [], "filler": "x" * (8 << 20)}
+    page = StatusPage(lambda: state, token)
+    try:
+        sock = socket.create_connection(("127.0.0.1", page.port), timeout=T)
+        sock.sendall(f"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1:{page.port}\r\n"
+                     f"X-Fiber-Token: {token}\r\n\r\n".encode())
+        assert sock.recv(12) == b"HTTP/1.0 200"  # the answer began ...
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # ... and its reader is gone (a reset): the rest cannot be sent
+        wait_until(lambda: not [t for t in threading.enumerate() if "process_request" in t.name],
+                   "the answer's thread ended")
+        assert _get(page.port, "/status.json", {"X-Fiber-Token": token})[0] == 200  # it serves on
+    finally:
+        page.close()
+    assert "Traceback" not in capfd.readouterr().err

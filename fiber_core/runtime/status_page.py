@@ -25,6 +25,7 @@ import base64
 import hashlib
 import hmac
 import json
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -110,6 +111,11 @@ class _Server(ThreadingHTTPServer):
             token = self._tokens.pop(request.fileno(), -1)
         self.waiting.done(token)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a viewer that went away (a closed tab) mid-answer: nothing to tell anyone
+        super().handle_error(request, client_address)
 
     def server_close(self) -> None:
         super().server_close()

@@ -154,6 +154,8 @@ class Timeline:
         track = self._track(at, key, name, job_id, host)
         del self._live[key]
         track.end = {"at": at, "reason": reason, "description": description, "lost": lost}
+        if track.events and track.events[-1][1] == "lost":
+            track.events.pop()  # sampled as lost a moment ago: its end says when
         track.events.append((at, "lost" if lost else "ended"))
         self._ended.append(track)
         if lost:

@@ -9,6 +9,7 @@ then it dispatches work, starts or retires workers, and expires deadlines.
 from __future__ import annotations
 
 import heapq
+import operator
 import threading
 import time
 from typing import Any
@@ -28,6 +29,9 @@ microseconds per worker: nothing in the path of a task)."""
 STATUS_WAIT_SECONDS = 2.0
 """How long a snapshot for the live view waits for the master thread (then it is taken
 from another thread, its counts possibly one batch apart)."""
+
+
+_COUNT = operator.attrgetter("count")  # a unit's items
 
 
 class StatusAsk:
@@ -60,6 +64,7 @@ class Master(Events):
 
     _thread: threading.Thread
     _status_asks: list[StatusAsk]
+    _batch_items: dict[int, int] = {}  # (replaced, never changed in place: see _snapshot_locked)
 
     def _master(self) -> None:
         try:
@@ -208,21 +213,32 @@ class Master(Events):
 
     def _snapshot_locked(self) -> dict[str, Any]:
         now = time.monotonic()
-        queued = sum(u.count for u in self._queue)
+        queued = sum(map(_COUNT, self._queue))
         running = 0
-        seen: set[int] = set()  # a unit that a backup copy runs too is counted once
+        # A unit that a backup copy runs too is counted once; only a pool with backups has such.
+        seen: set[int] | None = set() if self._backup is not None else None
         workers = []
         lines = output_lines_per_worker(len(self._workers))
+        # Items per pending batch, counted once per batch: a batch does not change while it
+        # is pending, and a million units in flight would take the master tens of ms a look.
+        known, self._batch_items = self._batch_items, {}
         for w in list(self._workers.values()):
-            units = [u for batch in list(w.pending.values()) for u in batch]
-            if w.culprit is not None:  # lost while it ran this one: its exit decides
-                units.append(w.culprit[0])
             in_flight = 0
-            for u in units:
-                in_flight += u.count
-                if id(u) not in seen:
-                    seen.add(id(u))
-                    running += u.count
+            for batch_id, batch in list(w.pending.items()):
+                n = known.get(batch_id)
+                self._batch_items[batch_id] = n = sum(map(_COUNT, batch)) if n is None else n
+                in_flight += n
+            batches = list(w.pending.values()) if seen is not None else []
+            if w.culprit is not None:  # lost while it ran this one: its exit decides
+                in_flight += w.culprit[0].count
+                batches.append([w.culprit[0]])
+            if seen is None:
+                running += in_flight
+            else:
+                for u in (u for batch in batches for u in batch):
+                    if id(u) not in seen:
+                        seen.add(id(u))
+                        running += u.count
             job = w.process.job
             workers.append({
                 "name": w.process.name,
