@@ -15,6 +15,7 @@ from fiber_core.base.log import log
 from fiber_core.contract.jobs import EndReason
 from fiber_core.parallel.pool import planner
 from fiber_core.parallel.pool.dispatch import Dispatcher
+from fiber_core.parallel.pool.history import LOSS_LINES
 from fiber_core.parallel.pool.ledger import (
     Fault,
     Start,
@@ -94,12 +95,7 @@ class Events(Dispatcher):
         if done:  # the live view's counters: a few operations per batch
             w.items_done += done
             self._tasks_done += done
-            second = int(now)
-            per_second = self._done_per_second
-            if per_second and per_second[-1][0] == second:
-                per_second[-1][1] += done
-            else:
-                per_second.append([second, done])
+            self._throughput.add(now, done)
         self._retire_if_done(w)
 
     def _on_unreadable(self, w: Worker, e: Exception) -> None:
@@ -243,16 +239,29 @@ class Events(Dispatcher):
             fault = fault_of(code, reason, w.draining)
             if culprit is not None:
                 self._charge(culprit[0], culprit[1], fault, what)
-            if w.retiring and not w.draining and culprit is None:
+            retired = w.retiring and not w.draining and culprit is None
+            # (a worker that did its maxtasksperchild and left is replaced, not lost)
+            lost = not retired and not (code == 0 and self._maxtasks is not None
+                                        and w.assigned >= self._maxtasks)
+            self._note_end(w, "retired" if retired else reason.value if reason is not None else "unknown",
+                           what, lost)
+            if retired:
                 return
-            if not (code == 0 and self._maxtasks is not None and w.assigned >= self._maxtasks):
-                # (a worker that did its maxtasksperchild and left is replaced, not lost)
+            if lost:
                 self._losses_by[reason.value if reason is not None else "unknown"] += 1
                 self._last_loss = what
             if self._state == "CLOSE" and not self._queue and not self._calls:
                 return  # closing, and nothing is left to do
             if not self._after_loss(w, code, reason, fault, culprit is not None, what):
                 self._top_up()
+
+    def _note_end(self, w: Worker, reason: str, what: str, lost: bool) -> None:
+        """The live view's timeline: ``w`` ended, for ``reason`` (lock held)."""
+        job = w.process.job
+        self._timeline.ended(
+            time.monotonic(), w.id, w.process.name, job.id if job is not None else None,
+            job.host if job is not None else None, reason=reason, description=what, lost=lost,
+            lines=w.process.output_tail(LOSS_LINES) if lost else [])
 
     def _charge(self, unit: Unit, item: int, fault: Fault, what: str) -> None:
         """The worker died while ``item`` of ``unit`` ran: charge it, then run it again or fail it."""

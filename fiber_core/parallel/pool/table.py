@@ -26,6 +26,7 @@ from fiber_core.base.errors import BackendError
 from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import log
 from fiber_core.contract.jobs import EndReason
+from fiber_core.parallel.pool.history import Throughput, Timeline
 from fiber_core.parallel.pool.ledger import (
     LOSS_LIMIT,
     LOSS_WINDOW,
@@ -203,8 +204,9 @@ class WorkerTable:
         self._created = time.monotonic()
         self._tasks_done = 0  # tasks (items) whose result was delivered, failed ones too
         self._tasks_failed = 0
-        self._done_per_second: collections.deque[list[int]] = collections.deque(
-            maxlen=THROUGHPUT_SECONDS + 2)  # [monotonic second, tasks done in it]
+        self._throughput = Throughput()  # tasks done over time
+        self._timeline = Timeline()  # each worker's states and end, the losses
+        self._sample_at = 0.0  # when the master next notes each worker's state in the timeline
         self._losses_by: collections.Counter[str] = collections.Counter()  # EndReason value
         self._last_loss = ""
         # What the workers' backend reaches this process at (also put in pickled queues).
