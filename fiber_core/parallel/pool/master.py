@@ -17,6 +17,7 @@ from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
 from fiber_core.parallel.pool.dispatch import BACKUP_CHECK_SECONDS
 from fiber_core.parallel.pool.events import Events
+from fiber_core.parallel.pool.liveness import check_interval
 from fiber_core.parallel.pool.table import THROUGHPUT_SECONDS, Worker
 
 STATUS_WAIT_SECONDS = 2.0
@@ -76,12 +77,16 @@ class Master(Events):
         # it alone keeps a message's cost independent of the pool's size. Anything
         # else (new work, re-queued work, a resize, a quiet second) looks at all.
         timeout = BACKUP_CHECK_SECONDS if self._backup is not None and self._calls else 1.0
+        if self._heartbeat_timeout:
+            timeout = min(timeout, check_interval(self._heartbeat_timeout))
         if self._deadlines:
             with self._lock:
                 left = self._expire_deadlines()
             if left is not None:
                 timeout = min(timeout, left)
         touched = self._take_events(self._sel.select(timeout))
+        if self._heartbeat_timeout:
+            self._check_silence(time.monotonic())
         if self._requeued:
             self._requeued = False
             touched = None
@@ -206,6 +211,7 @@ class Master(Events):
                 "for_seconds": round(now - w.since, 3),
                 "done": w.done,
                 "in_flight": in_flight,
+                **w.usage.view(now),
             })
         window_start = max(self._created, now - THROUGHPUT_SECONDS)
         recent = sum(n for second, n in self._done_per_second if second >= int(window_start))
