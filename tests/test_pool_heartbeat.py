@@ -13,6 +13,7 @@ import signal
 import time
 
 import pytest
+from chaos import Chaos
 from procs import wait_until
 
 import fiber_core
@@ -20,6 +21,7 @@ from fiber_core.base.errors import TaskLostError
 from fiber_core.parallel.pool import Pool
 from fiber_core.parallel.pool.ledger import MAX_TASK_FREEZES
 from fiber_core.runtime.config import config
+from fiber_core.testing.faults import FaultSchedule, chaos_seed
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -42,6 +44,11 @@ def long_without_the_gil(x: int) -> tuple[int, int]:
 def freezes_itself(x: int) -> int:
     if x == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
+    return x
+
+
+def ms_task(x: int) -> int:
+    time.sleep(0.001 + (x % 5) * 0.001)  # the work itself (1-5 ms)
     return x
 
 
@@ -119,3 +126,18 @@ def test_with_no_bound_a_worker_sends_no_heartbeat() -> None:
         assert pool.map(slow_square, range(3)) == [0, 1, 4]
         assert [w["usage"] for w in pool.status_snapshot()["workers"]] == [None]
 
+
+@pytest.mark.timeout(300)
+def test_workers_frozen_at_seeded_points_lose_no_result_and_run_none_twice_visibly() -> None:
+    """Pool(4), 2,000 tasks of 1-5 ms, a worker SIGSTOPped at 5 points a seed draws
+    (FIBER_CHAOS_SEED replays them): every result exactly once, each freeze counted."""
+    fiber_core.init(heartbeat_timeout=1.0)
+    n = 2000
+    schedule = FaultSchedule.spread(chaos_seed(), results=n, count=5, kinds=("stop",), last=n - 200)
+    with Pool(4) as pool:
+        with Chaos(pool, schedule) as chaos:
+            out = sorted(pool.imap_unordered(ms_task, range(n), chunksize=2))
+        assert out == list(range(n)), chaos
+        frozen = {pid for _, _, pid in chaos.struck}
+        wait_until(lambda: pool.status_snapshot()["losses"].get("unresponsive", 0) == len(frozen),
+                   f"each frozen worker is counted ({chaos})")
