@@ -20,6 +20,7 @@ from fiber_core.parallel.pool import notebook
 from fiber_core.parallel.pool.dispatch import BACKUP_CHECK_SECONDS
 from fiber_core.parallel.pool.events import Events
 from fiber_core.parallel.pool.history import output_lines_per_worker
+from fiber_core.parallel.pool.liveness import check_interval
 from fiber_core.parallel.pool.table import THROUGHPUT_SECONDS, Worker
 
 SAMPLE_SECONDS = 1.0
@@ -87,12 +88,16 @@ class Master(Events):
         # it alone keeps a message's cost independent of the pool's size. Anything
         # else (new work, re-queued work, a resize, a quiet second) looks at all.
         timeout = BACKUP_CHECK_SECONDS if self._backup is not None and self._calls else 1.0
+        if self._heartbeat_timeout:
+            timeout = min(timeout, check_interval(self._heartbeat_timeout))
         if self._deadlines:
             with self._lock:
                 left = self._expire_deadlines()
             if left is not None:
                 timeout = min(timeout, left)
         touched = self._take_events(self._sel.select(timeout))
+        if self._heartbeat_timeout:
+            self._check_silence(time.monotonic())
         if self._requeued:
             self._requeued = False
             touched = None
@@ -250,6 +255,7 @@ class Master(Events):
                 "done": w.items_done,
                 "in_flight": in_flight,
                 "output": w.process.output_tail(lines),
+                **w.usage.view(now),
             })
         return {
             "id": self._id[:8],
