@@ -49,6 +49,16 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         LogRing,
         Watcher,
     )
+    from fiber_core.contract.placement import (
+        ENV_NODE,
+        ENV_RESOURCES,
+        RESOURCE_KEYS,
+        GpuChoice,
+        choice_text,
+        gpu_choices,
+        job_resources,
+        resources_env,
+    )
 
 _EXPORTS = {
     "BackendError": "fiber_core.base.errors",
@@ -82,6 +92,14 @@ _EXPORTS = {
     "PER_MEMBER_VARIABLES": "fiber_core.contract.env",
     "SECRET_VARIABLES": "fiber_core.contract.env",
     "LOG_LIMIT": "fiber_core.contract.jobs",
+    "ENV_NODE": "fiber_core.contract.placement",
+    "ENV_RESOURCES": "fiber_core.contract.placement",
+    "RESOURCE_KEYS": "fiber_core.contract.placement",
+    "GpuChoice": "fiber_core.contract.placement",
+    "choice_text": "fiber_core.contract.placement",
+    "gpu_choices": "fiber_core.contract.placement",
+    "job_resources": "fiber_core.contract.placement",
+    "resources_env": "fiber_core.contract.placement",
     "EndReason": "fiber_core.contract.jobs",
     "JobState": "fiber_core.contract.jobs",
     "LogRing": "fiber_core.contract.jobs",
@@ -95,6 +113,8 @@ __all__ = [
     "BackendError", "ConfigError", "EndReason", "FiberError", "Job", "JobSpec", "JobState", "LogRing", "Option",
     "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
     "parse_pairs", "remove_all", "split_secrets",
+    "ENV_NODE", "ENV_RESOURCES", "RESOURCE_KEYS", "GpuChoice", "choice_text", "gpu_choices", "job_resources",
+    "resources_env",
 ]
 
 

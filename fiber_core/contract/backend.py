@@ -79,6 +79,7 @@ from fiber_core.base.errors import BackendError
 from fiber_core.base.options import Option, parse_pairs
 from fiber_core.contract.env import SECRET_VARIABLES
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
+from fiber_core.contract.placement import GpuChoice, choice_text, gpu_choices
 
 __all__ = ["EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
            "gpu_count", "job_environment", "remove_all", "split_secrets"]
@@ -116,7 +117,9 @@ class JobSpec:
     gpu: int | None = None
     """Number of GPUs; ``None`` or 0 for none. ``-1`` means every GPU of the node."""
     gpu_type: str | None = None
-    """GPU model (``"a10g"``, ``"v100"``): how it is matched is the backend's choice."""
+    """GPU model (``"a10g"``, ``"v100"``): how it is matched is the backend's choice. With
+    several alternatives, the first (the backend reads :attr:`gpu_choices`). Given as a list
+    (``["a100", ("l4", 2)]``), it is normalised into :attr:`gpu_choices` when the spec is made."""
     cwd: str | None = None
     """Working directory of the job; ``None`` for the backend's default."""
     volumes: dict[str, str] = field(default_factory=dict)
@@ -126,6 +129,19 @@ class JobSpec:
     Always holds ``fiber.run`` (the run id), ``fiber.parent`` and ``fiber.name``."""
     backend_options: dict[str, Any] = field(default_factory=dict)
     """Free-form, backend-specific settings for this job only."""
+    gpu_choices: tuple[GpuChoice, ...] = ()
+    """The GPU alternatives in order of preference, each a type and its count
+    (:func:`~fiber_core.contract.placement.gpu_choices`); filled from :attr:`gpu_type` and
+    :attr:`gpu` when not given. More than one only for a backend that sets
+    :attr:`Backend.gpu_alternatives`."""
+
+    def __post_init__(self) -> None:
+        if not self.gpu_choices and self.gpu_type is not None:
+            self.gpu_choices = gpu_choices(self.gpu_type, self.gpu)
+        if self.gpu_choices:  # the first alternative, for code that reads one type
+            first = self.gpu_choices[0]
+            if self.gpu_type != first.type or (self.gpu or 1) != first.count:
+                self.gpu_type, self.gpu = first.type, first.count
 
 
 @dataclass(eq=False)
@@ -285,6 +301,9 @@ class Backend(ABC):
     shares_this_machine: ClassVar[bool] = False
     spare_jobs: ClassVar[int] = 0
     renamed_options: ClassVar[Mapping[str, str]] = {}
+    gpu_alternatives: ClassVar[bool] = False
+    """True when the backend tries a job's GPU alternatives (``JobSpec.gpu_choices``) in
+    order, or ignores GPUs altogether; a job with several is refused by any other."""
 
     peer_timeout: float = 30.0
     """Seconds after which a TCP peer that stopped answering counts as gone (the
@@ -607,15 +626,26 @@ class Backend(ABC):
 
     def start_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
         """Start jobs through :meth:`create_jobs` and track them for :meth:`cleanup`."""
+        for spec in specs[:1]:  # a group's members ask for the same hardware
+            self._check_choices(spec)
         jobs = self.create_jobs(specs)
         self._track(jobs)
         return jobs
 
     def start_job(self, spec: JobSpec) -> Job:
         """Start one job through :meth:`create_job` and track it for :meth:`cleanup`."""
+        self._check_choices(spec)
         job = self.create_job(spec)
         self._track([job])
         return job
+
+    def _check_choices(self, spec: JobSpec) -> None:
+        """Refuse GPU alternatives that this backend would not try in order."""
+        if len(spec.gpu_choices) > 1 and not self.gpu_alternatives:
+            raise BackendError(
+                f"the {self.name} backend cannot try GPU types in order ({spec.name} asks for "
+                f"{choice_text(spec.gpu_choices)}): ask for one type, or run it on a backend that "
+                "tries alternatives (kubernetes, aws-batch, ssh)")
 
     def _track(self, jobs: list[Job]) -> None:
         if not all([self._insert(job) for job in jobs]):  # cleanup ran: nothing would ever stop these

@@ -82,6 +82,15 @@ if TYPE_CHECKING:
 _RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
 
 
+def _check_gpu_type(gpu_type: Any, gpu: Any) -> None:
+    """Raise the clear error of a malformed ``gpu_type`` (an empty list, a count below 1...)."""
+    from fiber_core.contract.placement import (
+        gpu_choices,  # only a process that names GPU types loads it
+    )
+
+    gpu_choices(gpu_type, gpu if isinstance(gpu, int) else None)
+
+
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
 
 
@@ -153,9 +162,20 @@ class Process(BaseProcess):
         self._kwargs = dict(kwargs or {})
         self._backend_name = backend
         self._resources = {k: v for k, v in resources.items() if v is not None}
+        if "gpu_type" in self._resources:  # a bad list fails here, not when the job starts
+            _check_gpu_type(self._resources["gpu_type"], self._resources.get("gpu"))
         self._parent_pid = os.getpid()
         self._run: _JobRun | None = None
         self._closed = False
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        """What this process's job got (``current_process().resources`` in its target); only
+        the process itself knows it."""
+        if _current is not self:
+            raise ValueError(f"{self.name}: what a job got is known inside it: read "
+                             "current_process().resources in its target")
+        return super().resources
 
     # -- what runs in the job ---------------------------------------------------------
 
@@ -390,6 +410,7 @@ class _JobRun:
         from fiber_core.contract.backend import (  # a job that starts no process never loads it
             JobSpec,  # a job that starts no process never loads it
         )
+        from fiber_core.contract.placement import gpu_choices, resources_env  # with JobSpec
 
         p = self.process
         rt = runtime()
@@ -398,6 +419,7 @@ class _JobRun:
         resources.update({k: v for k, v in target_meta.items() if v is not None})
         resources.update(p._resources)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         python = config.get("python")
+        choices = gpu_choices(resources.get("gpu_type"), resources.get("gpu"))
         env = {
             ENV_HUB: hub,
             ENV_TOKEN: token,
@@ -408,6 +430,8 @@ class _JobRun:
         }
         if group is not None:  # the token also derives from these (an array job's children)
             env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
+        if len(choices) == 1:  # what a backend that honours the request gives; one that chooses says
+            env.update(resources_env(choices[0]))
         return JobSpec(
             command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
             name=p.name,
@@ -416,7 +440,8 @@ class _JobRun:
             cpu=resources.get("cpu"),
             memory=resources.get("memory"),
             gpu=resources.get("gpu"),
-            gpu_type=resources.get("gpu_type"),
+            gpu_type=choices[0].type if choices else None,
+            gpu_choices=choices,
             labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
         )
 

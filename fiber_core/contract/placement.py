@@ -1,0 +1,181 @@
+"""Where a job may run: the GPU alternatives of a request, in order of preference, and the
+record of what a job got (``current_process().resources``).
+
+A request names its GPU types in one of these forms (``gpu_type`` of ``meta``, ``Process``,
+``Pool`` and the ``gpu_type`` setting)::
+
+    "a100"                          one type; ``gpu`` GPUs of it (one when ``gpu`` is unset)
+    ["a100", "l40s"]                the first that a backend can place, each with ``gpu`` GPUs
+    [("a100", 1), ("l4", 2)]        an A100, else two L4s
+    "a100, l4:2"                    the same as a string (settings, environment variables)
+
+:func:`gpu_choices` turns any of them into a tuple of :class:`GpuChoice`, once, in the core
+(:class:`~fiber_core.contract.JobSpec` holds it as ``gpu_choices``); bad input is a
+:class:`~fiber_core.base.errors.ConfigError` at once. A backend that tries alternatives in
+order sets :attr:`~fiber_core.contract.Backend.gpu_alternatives`; any other is refused a
+request of several, with an error, rather than silently given the first.
+
+A backend tells the job what it got through the job's environment (:data:`ENV_RESOURCES`,
+built by :func:`resources_env`); :func:`job_resources` reads it back in the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fiber_core.base.errors import ConfigError
+from fiber_core.contract.env import ENV_JOB_HOST
+
+__all__ = ["ENV_NODE", "ENV_RESOURCES", "RESOURCE_KEYS", "GpuChoice", "choice_text", "gpu_choices",
+           "job_resources", "resources_env"]
+
+ENV_RESOURCES = "FIBER_RESOURCES"
+"""What a job got, as JSON: the keys of :data:`RESOURCE_KEYS` a backend knows when it creates
+the job (the GPU type and count of the alternative it chose, the capacity kind, the cost)."""
+
+ENV_NODE = "FIBER_NODE"
+"""The machine a job runs on, where its backend learns it only once the job is placed (on
+Kubernetes, the node from the downward API): the ``host`` of :func:`job_resources`."""
+
+RESOURCE_KEYS = ("gpu_type", "gpu", "capacity", "host", "cost_per_hour")
+"""The keys of ``current_process().resources``, the same on every backend: the GPU type and
+count the job got (``None`` and 0 without GPUs), the capacity kind (``"spot"``,
+``"on-demand"``, ``None`` when unknown), the machine it runs on, its cost per hour when the
+settings price what it got (else ``None``)."""
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    """One alternative of a request: ``count`` GPUs of ``type`` (``-1``: every GPU of a node)."""
+
+    type: str
+    count: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.type}:{self.count}"
+
+
+def choice_text(choices: Sequence[GpuChoice]) -> str:
+    """``choices`` as a user writes them: ``a100:1, l4:2``."""
+    return ", ".join(map(str, choices))
+
+
+def _entries(gpu_type: Any) -> list[Any]:
+    """The alternatives of ``gpu_type`` before they are checked, one entry each."""
+    if isinstance(gpu_type, str):
+        parts = [p.strip() for p in gpu_type.split(",")]
+        if len(parts) > 1 and not all(parts):
+            raise ConfigError(f"gpu_type={gpu_type!r}: an empty entry between commas; write 'a100, l4:2'")
+        return [_split_count(p, gpu_type) for p in parts]
+    if isinstance(gpu_type, tuple) and len(gpu_type) == 2 and isinstance(gpu_type[1], int) \
+            and isinstance(gpu_type[0], str):
+        return [gpu_type]  # ("a100", 2): one alternative with its count
+    if isinstance(gpu_type, (list, tuple)):
+        return list(gpu_type)
+    raise ConfigError(f"gpu_type={gpu_type!r}: expected a GPU type (a string), or a list of them in order "
+                      "of preference, each a string or a (type, count) pair: ['a100', ('l4', 2)]")
+
+
+def _split_count(text: str, whole: str) -> Any:
+    """``"l4:2"`` as ``("l4", 2)``; ``"a100"`` as it is."""
+    name, sep, count = text.rpartition(":")
+    if not sep:
+        return text
+    if not count.strip().lstrip("-").isdigit():
+        raise ConfigError(f"gpu_type={whole!r}: {text!r} is not TYPE or TYPE:COUNT (a whole number of GPUs)")
+    return (name.strip(), int(count))
+
+
+def gpu_choices(gpu_type: Any, gpu: int | None = None) -> tuple[GpuChoice, ...]:
+    """The GPU alternatives of a request, in order of preference; ``()`` for ``None``.
+
+    ``gpu_type`` is a string (``"a100"``, or ``"a100, l4:2"``), a list of strings and
+    ``(type, count)`` pairs, or one such pair. An entry without a count takes ``gpu`` (one
+    when ``gpu`` is ``None`` or 0; ``-1``, every GPU of a node, stays ``-1``). Raises
+    :class:`~fiber_core.base.errors.ConfigError` for an empty list, an entry that is not a
+    string or a pair, an empty name, a count below 1, or a type named twice (the case of a
+    name does not count: backends match types case-insensitively).
+    """
+    if gpu_type is None:
+        return ()
+    entries = _entries(gpu_type)
+    if not entries:
+        raise ConfigError("gpu_type=[]: an empty list of GPU types; give at least one, e.g. ['a100', 'l40s'], "
+                          "or leave gpu_type unset")
+    default = gpu if gpu else 1
+    out: list[GpuChoice] = []
+    seen: dict[str, str] = {}
+    for entry in entries:
+        name, count = _entry(entry, gpu_type, default)
+        key = name.lower()
+        if key in seen:
+            raise ConfigError(f"gpu_type={gpu_type!r}: {name!r} is listed twice (as {seen[key]!r} before); "
+                              "name each GPU type once")
+        seen[key] = name
+        out.append(GpuChoice(name, count))
+    return tuple(out)
+
+
+def _entry(entry: Any, whole: Any, default: int) -> tuple[str, int]:
+    """One checked alternative: (name, count)."""
+    if isinstance(entry, (tuple, list)) and len(entry) == 2:
+        name, count = entry
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ConfigError(f"gpu_type={whole!r}: the count of {name!r} is {count!r}; give a whole number "
+                              "of GPUs, at least 1")
+        if count < 1:
+            raise ConfigError(f"gpu_type={whole!r}: {count} GPU(s) of {name!r}; a count is at least 1")
+    else:
+        name, count = entry, default
+    if not isinstance(name, str):
+        raise ConfigError(f"gpu_type={whole!r}: {name!r} is not a GPU type; each alternative is a string "
+                          "or a (type, count) pair, e.g. ['a100', ('l4', 2)]")
+    if not name.strip():
+        raise ConfigError(f"gpu_type={whole!r}: an empty GPU type name")
+    return name.strip(), count
+
+
+def resources_env(choice: GpuChoice | None, *, capacity: str | None = None, host: str | None = None,
+                  cost_per_hour: float | None = None) -> dict[str, str]:
+    """The job's environment entry that says what it got: ``{ENV_RESOURCES: json}``.
+
+    A backend that places the job sets it when it creates the job; ``host`` only where it
+    knows the machine then (else :data:`ENV_NODE`, or the job's own host name, says it).
+    """
+    record: dict[str, Any] = {
+        "gpu_type": choice.type if choice is not None else None,
+        "gpu": choice.count if choice is not None else 0,
+        "capacity": capacity,
+        "cost_per_hour": cost_per_hour,
+    }
+    if host is not None:
+        record["host"] = host
+    return {ENV_RESOURCES: json.dumps(record, sort_keys=True)}
+
+
+def job_resources(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What this job got (``current_process().resources``): every key of :data:`RESOURCE_KEYS`.
+
+    Read from :data:`ENV_RESOURCES`; the host from it, else :data:`ENV_NODE`, else
+    ``FIBER_JOB_HOST``, else this machine's name. Without a record (the program's own
+    process, a backend that sets none): no GPU, capacity and cost unknown.
+    """
+    env = os.environ if environ is None else environ
+    record: dict[str, Any] = {}
+    text = env.get(ENV_RESOURCES)
+    if text:
+        try:
+            loaded = json.loads(text)
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            record = loaded
+    out = {k: record.get(k) for k in RESOURCE_KEYS}
+    out["gpu"] = out["gpu"] or 0
+    out["host"] = out["host"] or env.get(ENV_NODE) or env.get(ENV_JOB_HOST) or socket.gethostname()
+    return out

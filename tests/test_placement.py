@@ -1,0 +1,134 @@
+"""GPU alternatives in order of preference (``gpu_choices``), the refusal of backends that do not
+try them, and what a job got (``current_process().resources``) on the local backend."""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import pytest
+from conftest import T
+
+import fiber_core as mp
+from fiber_core.backends.local import LocalBackend
+from fiber_core.base.errors import BackendError, ConfigError
+from fiber_core.contract import (
+    ENV_NODE,
+    ENV_RESOURCES,
+    RESOURCE_KEYS,
+    GpuChoice,
+    JobSpec,
+    gpu_choices,
+    job_resources,
+    resources_env,
+)
+
+
+@pytest.mark.parametrize(("gpu_type", "gpu", "expected"), [
+    (None, None, ()),
+    ("a100", None, (GpuChoice("a100", 1),)),
+    ("a100", 4, (GpuChoice("a100", 4),)),
+    ("a100", -1, (GpuChoice("a100", -1),)),  # every GPU of a node, as with one type
+    (["a100", "l40s"], 2, (GpuChoice("a100", 2), GpuChoice("l40s", 2))),
+    ([("a100", 1), ("l4", 2)], None, (GpuChoice("a100", 1), GpuChoice("l4", 2))),
+    (["a100", ("l4", 2)], None, (GpuChoice("a100", 1), GpuChoice("l4", 2))),
+    (("l4", 2), None, (GpuChoice("l4", 2),)),  # one pair is one alternative
+    ("a100, l4:2", None, (GpuChoice("a100", 1), GpuChoice("l4", 2))),  # as settings write it
+    (" a10g ", None, (GpuChoice("a10g", 1),)),
+])
+def test_every_form_of_gpu_type_becomes_the_alternatives_in_order(gpu_type: Any, gpu: int | None,
+                                                                  expected: tuple[GpuChoice, ...]) -> None:
+    assert gpu_choices(gpu_type, gpu) == expected
+
+
+@pytest.mark.parametrize(("gpu_type", "message"), [
+    ([], "an empty list of GPU types"),
+    (["a100", ("l4", 0)], "a count is at least 1"),
+    ([("l4", -2)], "a count is at least 1"),
+    ([("l4", True)], "give a whole number of GPUs"),
+    ([("l4", 1.5)], "give a whole number of GPUs"),
+    (["a100", 7], "7 is not a GPU type"),
+    ([None], "None is not a GPU type"),
+    (42, "expected a GPU type"),
+    (["a100", "A100"], "'A100' is listed twice"),
+    ("a100,,l4", "an empty entry between commas"),
+    ("a100:x", "is not TYPE or TYPE:COUNT"),
+    (["  "], "an empty GPU type name"),
+])
+def test_bad_gpu_types_fail_at_once_saying_what_is_wrong(gpu_type: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        gpu_choices(gpu_type)
+
+
+def test_a_job_spec_holds_the_alternatives_and_its_first_choice() -> None:
+    spec = JobSpec(command=[], gpu_type=["a100", ("l4", 2)])  # type: ignore[arg-type]
+    assert spec.gpu_choices == (GpuChoice("a100", 1), GpuChoice("l4", 2))
+    assert (spec.gpu_type, spec.gpu) == ("a100", 1)
+    one = JobSpec(command=[], gpu_type="l4:2")
+    assert (one.gpu_type, one.gpu, one.gpu_choices) == ("l4", 2, (GpuChoice("l4", 2),))
+    plain = JobSpec(command=[], gpu=2, gpu_type="a10g")  # as before: fields untouched
+    assert (plain.gpu_type, plain.gpu, plain.gpu_choices) == ("a10g", 2, (GpuChoice("a10g", 2),))
+    assert JobSpec(command=[]).gpu_choices == ()
+
+
+class _OneTypeOnly(LocalBackend):
+    name = "one-type-only"
+    gpu_alternatives = False
+
+
+def test_a_backend_that_does_not_try_alternatives_refuses_several_instead_of_taking_the_first() -> None:
+    b = _OneTypeOnly()
+    try:
+        with pytest.raises(BackendError, match=r"cannot try GPU types in order \(w asks for a100:1, l4:2\)"):
+            b.start_job(JobSpec(command=["true"], name="w", gpu_type=["a100", ("l4", 2)]))  # type: ignore[arg-type]
+        with pytest.raises(BackendError, match="cannot try GPU types in order"):
+            b.start_jobs([JobSpec(command=["true"], name="w", gpu_type="a100,l4")] * 2)
+        assert b.jobs == []
+    finally:
+        b.cleanup()
+
+
+def test_meta_process_and_pool_refuse_a_malformed_list_before_any_job_starts() -> None:
+    with pytest.raises(ConfigError, match="an empty list"):
+        mp.meta(gpu_type=[])
+    with pytest.raises(ConfigError, match="listed twice"):
+        mp.Process(target=print, gpu_type=["l4", "l4"])
+    with pytest.raises(ConfigError, match="a count is at least 1"):
+        mp.Pool(1, gpu_type=[("a100", 0)])
+
+    @mp.meta(gpu_type=["a100", ("l4", 2)])
+    def learner() -> None:
+        pass
+
+    assert learner.__fiber_meta__["gpu_type"] == ["a100", ("l4", 2)]  # type: ignore[attr-defined]
+
+
+def test_resources_read_what_the_backend_wrote_and_fill_the_host() -> None:
+    env = resources_env(GpuChoice("l4", 2), capacity="spot", cost_per_hour=1.5)
+    assert job_resources(env) == {"gpu_type": "l4", "gpu": 2, "capacity": "spot", "cost_per_hour": 1.5,
+                                  "host": socket.gethostname()}
+    assert job_resources({**env, ENV_NODE: "node-7"})["host"] == "node-7"
+    assert job_resources(resources_env(None, host="h1"))["host"] == "h1"
+    none = job_resources({})
+    assert set(none) == set(RESOURCE_KEYS)
+    assert (none["gpu_type"], none["gpu"], none["capacity"], none["cost_per_hour"]) == (None, 0, None, None)
+    assert job_resources({ENV_RESOURCES: "not json"})["gpu"] == 0  # a damaged record: nothing known
+
+
+def _put_resources(q: Any) -> None:
+    q.put(json.dumps(mp.current_process().resources))
+
+
+def test_a_local_job_knows_it_got_no_gpu_whatever_it_asked() -> None:
+    q = mp.Queue()
+    p = mp.Process(target=_put_resources, args=(q,), gpu_type=["a100", "l4"])
+    p.start()
+    got = json.loads(q.get(timeout=T))
+    p.join(T)
+    assert p.exitcode == 0
+    assert got == {"gpu_type": None, "gpu": 0, "capacity": None, "cost_per_hour": None,
+                   "host": socket.gethostname()}
+    with pytest.raises(ValueError, match="known inside it"):
+        _ = p.resources
+    assert mp.current_process().resources["gpu"] == 0
