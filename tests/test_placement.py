@@ -22,6 +22,7 @@ from fiber_core.contract import (
     gpu_choices,
     job_resources,
     resources_env,
+    waiting_verdict,
 )
 
 
@@ -132,3 +133,42 @@ def test_a_local_job_knows_it_got_no_gpu_whatever_it_asked() -> None:
     with pytest.raises(ValueError, match="known inside it"):
         _ = p.resources
     assert mp.current_process().resources["gpu"] == 0
+
+
+@pytest.mark.parametrize(("choice", "choices", "waited", "verdict"), [
+    (0, 3, 5.0, "wait"),     # within fallback_wait
+    (0, 3, 11.0, "next"),
+    (1, 3, 11.0, "next"),
+    (2, 3, 11.0, "wait"),    # the last waits the backend's own timeout...
+    (2, 3, 31.0, "fail"),    # ...and fails after it
+    (0, 1, 31.0, "fail"),    # one type: as before alternatives existed
+    (0, 0, 31.0, "fail"),    # no GPU type
+])
+def test_a_waiting_job_moves_on_after_the_fallback_wait_and_the_last_fails_after_the_timeout(
+        choice: int, choices: int, waited: float, verdict: str) -> None:
+    assert waiting_verdict(choice, choices, waited, fallback_wait=10.0, timeout=30.0) == verdict
+    assert waiting_verdict(choices - 1, choices, 1e9, fallback_wait=10.0, timeout=0.0) in ("wait", "next")
+
+
+def test_the_spec_of_one_alternative_asks_for_it_alone_and_tells_the_job() -> None:
+    spec = JobSpec(command=[], env={"A": "1"}, gpu_type=["a100", ("l4", 2)])  # type: ignore[arg-type]
+    l4 = spec.choosing(spec.gpu_choices[1], capacity="spot", cost_per_hour=0.8)
+    assert (l4.gpu_type, l4.gpu, l4.gpu_choices) == ("l4", 2, (GpuChoice("l4", 2),))
+    assert l4.env["A"] == "1" and json.loads(l4.env[ENV_RESOURCES]) == {
+        "gpu_type": "l4", "gpu": 2, "capacity": "spot", "cost_per_hour": 0.8}
+    assert spec.gpu_choices[1] in spec.gpu_choices and ENV_RESOURCES not in spec.env  # the original is kept
+
+
+def test_a_renamed_job_is_found_by_its_new_id_only() -> None:
+    b = LocalBackend()
+    try:
+        job = b.start_job(JobSpec(command=["sleep", "30"]))
+        old = job.id
+        b.rename_job(job, "pod-2")
+        assert b.job_by_id("pod-2") is job and b.job_by_id(old) is None and job.id == "pod-2"
+        assert b.jobs == [job]
+        b.stop_job(job, force=True)
+        assert b.wait_for_job(job, T) == -9
+        assert b.jobs == []
+    finally:
+        b.cleanup()

@@ -52,12 +52,14 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
     from fiber_core.contract.placement import (
         ENV_NODE,
         ENV_RESOURCES,
+        FALLBACK_WAIT,
         RESOURCE_KEYS,
         GpuChoice,
         choice_text,
         gpu_choices,
         job_resources,
         resources_env,
+        waiting_verdict,
     )
 
 _EXPORTS = {
@@ -100,6 +102,8 @@ _EXPORTS = {
     "gpu_choices": "fiber_core.contract.placement",
     "job_resources": "fiber_core.contract.placement",
     "resources_env": "fiber_core.contract.placement",
+    "FALLBACK_WAIT": "fiber_core.contract.placement",
+    "waiting_verdict": "fiber_core.contract.placement",
     "EndReason": "fiber_core.contract.jobs",
     "JobState": "fiber_core.contract.jobs",
     "LogRing": "fiber_core.contract.jobs",
@@ -114,7 +118,7 @@ __all__ = [
     "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
     "parse_pairs", "remove_all", "split_secrets",
     "ENV_NODE", "ENV_RESOURCES", "RESOURCE_KEYS", "GpuChoice", "choice_text", "gpu_choices", "job_resources",
-    "resources_env",
+    "resources_env", "FALLBACK_WAIT", "waiting_verdict",
 ]
 
 

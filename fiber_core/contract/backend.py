@@ -72,14 +72,14 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from fiber_core.base.errors import BackendError
 from fiber_core.base.options import Option, parse_pairs
 from fiber_core.contract.env import SECRET_VARIABLES
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
-from fiber_core.contract.placement import GpuChoice, choice_text, gpu_choices
+from fiber_core.contract.placement import GpuChoice, choice_text, gpu_choices, resources_env
 
 __all__ = ["EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
            "gpu_count", "job_environment", "remove_all", "split_secrets"]
@@ -142,6 +142,13 @@ class JobSpec:
             first = self.gpu_choices[0]
             if self.gpu_type != first.type or (self.gpu or 1) != first.count:
                 self.gpu_type, self.gpu = first.type, first.count
+
+    def choosing(self, choice: GpuChoice, *, capacity: str | None = None,
+                 cost_per_hour: float | None = None) -> JobSpec:
+        """This spec for one of its GPU alternatives: that type and count only, and the
+        environment entry that tells the job what it got (``current_process().resources``)."""
+        env = {**self.env, **resources_env(choice, capacity=capacity, cost_per_hour=cost_per_hour)}
+        return replace(self, gpu_type=choice.type, gpu=choice.count, gpu_choices=(choice,), env=env)
 
 
 @dataclass(eq=False)
@@ -591,6 +598,16 @@ class Backend(ABC):
             self._jobs[job.id] = job
         job.state.add_done_callback(lambda _state: self.untrack_job(job))
         return True
+
+    def rename_job(self, job: Job, new_id: str) -> None:
+        """Give a live job the id of the platform object that now runs it (a pod made again
+        for another GPU alternative, a Batch job submitted to the next queue): from now on
+        :meth:`job_by_id` finds it by ``new_id`` only."""
+        with self._jobs_lock:
+            if self._jobs.get(job.id) is job:
+                del self._jobs[job.id]
+                self._jobs[new_id] = job
+            job.id = new_id
 
     def job_by_id(self, job_id: str) -> Job | None:
         """The live job with this id, or ``None`` (not started here, ended, or cleaned up)."""

@@ -29,10 +29,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from fiber_core.base.errors import ConfigError
+from fiber_core.base.options import Option
 from fiber_core.contract.env import ENV_JOB_HOST
 
-__all__ = ["ENV_NODE", "ENV_RESOURCES", "RESOURCE_KEYS", "GpuChoice", "choice_text", "gpu_choices",
-           "job_resources", "resources_env"]
+__all__ = ["ENV_NODE", "ENV_RESOURCES", "FALLBACK_WAIT", "RESOURCE_KEYS", "GpuChoice", "choice_text",
+           "gpu_choices", "job_resources", "resources_env", "waiting_verdict"]
+
+FALLBACK_WAIT = Option("fallback_wait", float, 60.0,
+                       "seconds a job waits for capacity of one GPU alternative before it tries the next "
+                       "(the last waits as long as a job of one type would)")
+"""The ``fallback_wait`` setting of a backend that tries GPU alternatives one after another."""
 
 ENV_RESOURCES = "FIBER_RESOURCES"
 """What a job got, as JSON: the keys of :data:`RESOURCE_KEYS` a backend knows when it creates
@@ -155,7 +161,7 @@ def resources_env(choice: GpuChoice | None, *, capacity: str | None = None, host
     }
     if host is not None:
         record["host"] = host
-    return {ENV_RESOURCES: json.dumps(record, sort_keys=True)}
+    return {ENV_RESOURCES: json.dumps(record, sort_keys=True, separators=(",", ":"))}
 
 
 def job_resources(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -179,3 +185,13 @@ def job_resources(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     out["gpu"] = out["gpu"] or 0
     out["host"] = out["host"] or env.get(ENV_NODE) or env.get(ENV_JOB_HOST) or socket.gethostname()
     return out
+
+
+def waiting_verdict(choice: int, choices: int, waited: float, fallback_wait: float, timeout: float) -> str:
+    """What to do with a job still waiting for capacity on alternative ``choice`` (0-based) of
+    ``choices``, after ``waited`` seconds on it: ``"next"`` (try the next alternative) once it
+    waited ``fallback_wait``, unless it is the last; the last ``"fail"`` s after ``timeout``
+    (0: never), as a job of one type does; else ``"wait"``."""
+    if choice + 1 < choices:
+        return "next" if waited > fallback_wait else "wait"
+    return "fail" if timeout > 0 and waited > timeout else "wait"

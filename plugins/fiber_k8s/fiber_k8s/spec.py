@@ -17,6 +17,7 @@ from typing import Any
 
 from fiber_core.contract import (
     ENV_AUTHKEY,
+    ENV_NODE,
     BackendError,
     ConfigError,
     JobSpec,
@@ -264,6 +265,7 @@ def _env(spec: JobSpec, opts: Mapping[str, Any], secret: str | None) -> list[dic
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
+        ENV_NODE: {"fieldRef": {"fieldPath": "spec.nodeName"}},  # the host of current_process().resources
     }
     env.update(job_environment(spec.env, opts.get("extra_env"), "[kubernetes]"))
     if secret and ENV_AUTHKEY in env:
@@ -327,3 +329,11 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
     if opts.get("pod_template"):
         pod = merge_pod_template(pod, load_pod_template(opts["pod_template"]))
     return pod
+
+
+def choice_spec(spec: JobSpec, choice: int) -> JobSpec:
+    """The spec of the pod for GPU alternative ``choice`` (0-based) of ``spec``: its type and
+    count only, and the record that tells the job what it got. A job without GPU types as it is."""
+    if not spec.gpu_choices:
+        return spec
+    return spec.choosing(spec.gpu_choices[choice])
