@@ -19,6 +19,7 @@ never when the plugin is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -33,8 +34,10 @@ from typing import Any
 from fiber_core.contract import (
     ENV_AUTHKEY,
     EXTRA_ENV,
+    FALLBACK_WAIT,
     Backend,
     BackendError,
+    EndReason,
     Job,
     JobSpec,
     Option,
@@ -45,6 +48,8 @@ from fiber_aws.api import AwsError, call, list_jobs, local_ipv4_addresses
 from fiber_aws.poller import Poller
 from fiber_aws.spec import (
     SECTION,
+    check_choices,
+    choice_spec,
     command,
     group_spec,
     job_name,
@@ -85,6 +90,7 @@ OPTIONS: tuple[Option, ...] = (
            "seconds a job may wait for capacity (SUBMITTED/PENDING/RUNNABLE) before Fiber terminates it and "
            "fails the process with an explanation; 0: forever"),
     Option("api_timeout", float, 30.0, "seconds one AWS API call may take before it is an error"),
+    FALLBACK_WAIT,
 )
 
 _MAX_ARRAY = 10_000  # children of one array job
@@ -108,6 +114,7 @@ class AwsBatchBackend(Backend):
     package = "fiber-aws"
     options = OPTIONS
     config_section = SECTION
+    gpu_alternatives = True  # the queues of the alternatives in order, each after fallback_wait
     describe_batch = 100
     """Job ids per DescribeJobs call (the API takes at most 100)."""
 
@@ -118,6 +125,7 @@ class AwsBatchBackend(Backend):
         self.gpu_queues = parse_gpu_queues(self.settings["gpu_queues"])
         self.job_env(JobSpec(command=[]))  # a bad extra_env entry fails here, at once
         self._lock = threading.Lock()
+        self._moving = threading.RLock()  # held while a job moves to its next GPU alternative
         self._poller = Poller(self)
         self._jobdef_lock = threading.Lock()
         self._jobdefs: dict[str, str] = {}
@@ -302,6 +310,7 @@ class AwsBatchBackend(Backend):
     # -- the contract ------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec) -> Job:
+        check_choices(spec, self.settings["queue"], self.gpu_queues)
         return self._submit([spec])[0]
 
     def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
@@ -310,7 +319,7 @@ class AwsBatchBackend(Backend):
         Each child of the array job (``PARENT:INDEX``) is a :class:`Job`, watched, stopped and
         explained like any other; its command tells it apart by ``AWS_BATCH_JOB_ARRAY_INDEX``.
         """
-        if 2 <= len(specs) <= _MAX_ARRAY:
+        if 2 <= len(specs) <= _MAX_ARRAY and len(specs[0].gpu_choices) < 2:  # alternatives move one by one
             if all(s == specs[0] for s in specs):
                 return self._submit(specs)
             common = group_spec(specs)
@@ -321,7 +330,43 @@ class AwsBatchBackend(Backend):
     def _submit(self, specs: Sequence[JobSpec], common: JobSpec | None = None) -> list[Job]:
         """Submit ``specs`` (one, or several as an array job whose children all run
         ``common``, by default the first); return their jobs."""
-        spec = common or specs[0]
+        job_id, handle = self._send(choice_spec(common or specs[0], 0), len(specs))
+        ids = [job_id] if len(specs) == 1 else [f"{job_id}:{i}" for i in range(len(specs))]
+        jobs = [self.track_job(Job(id=i, spec=s, handle=dataclasses.replace(handle)))
+                for i, s in zip(ids, specs)]
+        self._poller.ensure()
+        return jobs
+
+    def next_choice(self, job: Job) -> None:
+        """Move a job that waited ``fallback_wait`` for capacity to the queue of its next GPU
+        alternative: terminate its Batch job (nothing of it ran) and submit it again there;
+        the job's id becomes the new Batch job's."""
+        old: BatchJob = job.handle
+        index = old.choice + 1
+        spec = choice_spec(job.spec, index)
+        waited = self.settings["fallback_wait"]
+        why = (f"fiber: no capacity within fallback_wait={waited:g}s on queue {old.queue}; moved to the queue "
+               f"of {spec.gpu_choices[0]} (run {self.run_id})")
+        with self._moving:  # a terminate meanwhile stops the old job, or waits and stops the new one
+            if job.handle is not old or old.stop_reason is not None or job.state.done():
+                return
+            try:
+                self.terminate(job, why)
+                job_id, handle = self._send(spec, 1)
+            except BackendError as e:
+                job.state.finish(1, EndReason.NEVER_STARTED, f"could not move {job.spec.name} to its next GPU "
+                                                             f"alternative {spec.gpu_choices[0]}: {e}")
+                return
+            handle.choice = index
+            job.handle = handle
+            self.rename_job(job, job_id)
+        log.info("fiber: %s found no capacity for %s on queue %s within fallback_wait=%gs; trying %s on queue "
+                 "%s (AWS Batch job %s)", job.spec.name, job.spec.gpu_choices[index - 1], old.queue, waited,
+                 spec.gpu_choices[0], handle.queue, job_id)
+
+    def _send(self, spec: JobSpec, count: int) -> tuple[str, BatchJob]:
+        """Submit ``spec`` (an array job of ``count`` children when more than one): the Batch
+        job's id, and the handle its jobs start with."""
         queue, gpus = self.queue_for(spec)
         image = self.job_image(spec)
         vcpus = max(1, math.ceil(spec.cpu)) if spec.cpu else DEFAULT_VCPUS
@@ -340,23 +385,23 @@ class AwsBatchBackend(Backend):
                     "environment": [{"name": k, "value": v} for k, v in env.items()],
                     "resourceRequirements": resources(vcpus, memory, gpus),
                 },
-                tags=tags(spec, self.run_id), **({"arrayProperties": {"size": len(specs)}} if len(specs) > 1 else {}),
+                tags=tags(spec, self.run_id), **({"arrayProperties": {"size": count}} if count > 1 else {}),
             )
         except AwsError as e:
             hint = (f"check that job queue {queue!r} exists in {self.region} and is ENABLED "
                     "([aws] queue / gpu_queues)") if e.code in ("ClientException", "") else \
                 "check the credentials' batch:SubmitJob permission and the endpoint"
             raise self._error(e, f"AWS Batch did not accept {spec.name} on queue {queue!r}", hint) from None
-        ids = [resp["jobId"]] if len(specs) == 1 else [f"{resp['jobId']}:{i}" for i in range(len(specs))]
-        jobs = [self.track_job(Job(id=i, spec=s, handle=BatchJob(job_name=name, queue=queue, memory=memory)))
-                for i, s in zip(ids, specs)]
-        self._poller.ensure()
-        return jobs
+        return resp["jobId"], BatchJob(job_name=name, queue=queue, memory=memory)
 
     def terminate_job(self, job: Job) -> None:
         self.terminate(job, f"fiber: terminated by its parent (run {self.run_id})")
 
     def terminate(self, job: Job, reason: str) -> None:
+        with self._moving:
+            self._terminate(job, reason)
+
+    def _terminate(self, job: Job, reason: str) -> None:
         handle: BatchJob = job.handle
         with self._lock:
             if job.state.done() or handle.stop_reason is not None:

@@ -178,3 +178,19 @@ def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
             found.append(f"an access key id in setting {key!r}")
     if found:
         raise ConfigError(f"refusing AWS credentials in fiber's configuration ({'; '.join(found)}). {advice}.")
+
+
+def choice_spec(spec: JobSpec, choice: int) -> JobSpec:
+    """The spec of the Batch job for GPU alternative ``choice`` (0-based) of ``spec``: its type
+    and count, so :func:`queue_for` picks its queue, and the record that tells the job what it
+    got. A job without GPU types as it is."""
+    if not spec.gpu_choices:
+        return spec
+    return spec.choosing(spec.gpu_choices[choice])
+
+
+def check_choices(spec: JobSpec, queue: str | None, gpu_queues: Mapping[str, str]) -> None:
+    """Raise the error of :func:`queue_for` for the first of ``spec``'s GPU alternatives that no
+    queue serves: all are known before the first is submitted."""
+    for i in range(len(spec.gpu_choices)):
+        queue_for(choice_spec(spec, i), queue, gpu_queues)

@@ -6,6 +6,8 @@ import pytest
 from fiber_core.contract import BackendError, ConfigError, JobSpec
 
 from fiber_aws.spec import (
+    check_choices,
+    choice_spec,
     command,
     group_spec,
     job_name,
@@ -34,6 +36,15 @@ def test_a_job_goes_to_the_queue_of_its_hardware() -> None:
             queue_for(spec, None, GPU_QUEUES)
     with pytest.raises(ConfigError, match="GPU_TYPE:QUEUE"):
         parse_gpu_queues(["nocolon"])
+
+
+def test_each_gpu_alternative_goes_to_its_own_queue_and_all_must_have_one() -> None:
+    spec = JobSpec(command=[], gpu_type=["a10g", ("v100", 4)])  # type: ignore[arg-type]
+    assert queue_for(choice_spec(spec, 0), None, GPU_QUEUES) == ("gpu-a10g", 1)
+    assert queue_for(choice_spec(spec, 1), None, GPU_QUEUES) == ("gpu-v100", 4)
+    check_choices(spec, None, GPU_QUEUES)
+    with pytest.raises(BackendError, match="no job queue for GPU type 'h100'"):
+        check_choices(JobSpec(command=[], gpu_type=["a10g", "h100"]), None, GPU_QUEUES)  # type: ignore[arg-type]
 
 
 def test_resources_volumes_and_the_working_directory() -> None:
