@@ -146,16 +146,17 @@ def _entry(entry: Any, whole: Any, default: int) -> tuple[str, int]:
     return name.strip(), count
 
 
-def resources_env(choice: GpuChoice | None, *, capacity: str | None = None, host: str | None = None,
+def resources_env(choice: GpuChoice | None, *, gpu: int = 0, capacity: str | None = None, host: str | None = None,
                   cost_per_hour: float | None = None) -> dict[str, str]:
     """The job's environment entry that says what it got: ``{ENV_RESOURCES: json}``.
 
-    A backend that places the job sets it when it creates the job; ``host`` only where it
-    knows the machine then (else :data:`ENV_NODE`, or the job's own host name, says it).
+    ``choice``: the GPU alternative it got, else ``gpu`` GPUs of no named type. A backend
+    that places the job sets it when it creates the job; ``host`` only where it knows the
+    machine then (else :data:`ENV_NODE`, or the job's own host name, says it).
     """
     record: dict[str, Any] = {
         "gpu_type": choice.type if choice is not None else None,
-        "gpu": choice.count if choice is not None else 0,
+        "gpu": choice.count if choice is not None else gpu,
         "capacity": capacity,
         "cost_per_hour": cost_per_hour,
     }
