@@ -430,8 +430,9 @@ class _JobRun:
         }
         if group is not None:  # the token also derives from these (an array job's children)
             env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
-        if len(choices) == 1:  # what a backend that honours the request gives; one that chooses says
-            env.update(resources_env(choices[0]))
+        # What a backend that honours the request gives; one that chooses or ignores it says so.
+        env.update(resources_env(choices[0]) if len(choices) == 1 else
+                   resources_env(None, gpu=resources.get("gpu") or 0) if not choices else {})
         return JobSpec(
             command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
             name=p.name,
