@@ -17,8 +17,10 @@ from fiber_core.contract import (
     ENV_NODE,
     ENV_RESOURCES,
     RESOURCE_KEYS,
+    Alternative,
     GpuChoice,
     JobSpec,
+    capacity_kinds,
     gpu_choices,
     job_resources,
     resources_env,
@@ -76,6 +78,7 @@ def test_a_job_spec_holds_the_alternatives_and_its_first_choice() -> None:
 class _OneTypeOnly(LocalBackend):
     name = "one-type-only"
     gpu_alternatives = False
+    capacity_kinds = False
 
 
 def test_a_backend_that_does_not_try_alternatives_refuses_several_instead_of_taking_the_first() -> None:
@@ -172,3 +175,33 @@ def test_a_renamed_job_is_found_by_its_new_id_only() -> None:
         assert b.jobs == []
     finally:
         b.cleanup()
+
+
+def test_capacity_kinds_and_the_order_of_alternatives() -> None:
+    assert capacity_kinds(None) == () and capacity_kinds("spot") == ("spot",)
+    assert capacity_kinds("spot-then-on-demand") == ("spot", "on-demand")
+    with pytest.raises(ConfigError, match="expected one of 'spot', 'on-demand', 'spot-then-on-demand'"):
+        capacity_kinds("cheap")
+    spec = JobSpec(command=[], gpu_type=["a100", ("l4", 2)], capacity="spot-then-on-demand")  # type: ignore[arg-type]
+    assert spec.alternatives == (Alternative(GpuChoice("a100", 1), "spot"), Alternative(GpuChoice("l4", 2), "spot"),
+                                 Alternative(GpuChoice("a100", 1), "on-demand"),
+                                 Alternative(GpuChoice("l4", 2), "on-demand"))
+    assert JobSpec(command=[], capacity="on-demand").alternatives == (Alternative(None, "on-demand"),)
+    assert JobSpec(command=[]).alternatives == ()
+    cpu_spot = JobSpec(command=[], capacity="spot-then-on-demand").choosing(Alternative(None, "spot"))
+    assert cpu_spot.capacity == "spot" and json.loads(cpu_spot.env[ENV_RESOURCES])["capacity"] == "spot"
+    with pytest.raises(ConfigError, match="capacity='cheap'"):
+        JobSpec(command=[], capacity="cheap")
+
+
+def test_a_backend_without_capacity_kinds_refuses_a_request_for_one() -> None:
+    b = _OneTypeOnly()
+    try:
+        with pytest.raises(BackendError, match=r"cannot choose spot or on-demand capacity \(w asks for capacity='spot'\)"):
+            b.start_job(JobSpec(command=["true"], name="w", capacity="spot"))
+    finally:
+        b.cleanup()
+    with pytest.raises(ConfigError, match="capacity='cheap'"):
+        mp.Process(target=print, capacity="cheap")
+    with pytest.raises(ConfigError, match="capacity='cheap'"):
+        mp.meta(capacity="cheap")

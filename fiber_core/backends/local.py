@@ -46,6 +46,7 @@ class LocalBackend(Backend):
     package = "fiber-core"
     shares_this_machine = True
     gpu_alternatives = True  # it ignores GPU requests: no alternative is chosen over another
+    capacity_kinds = True  # this machine is one kind: a request for one is not refused, nor served
     options = (
         Option("start", str, "template", "how worker jobs start: forked from a template process with "
                "Fiber imported (template), or as a new interpreter each (fresh)", choices=("template", "fresh")),

@@ -50,11 +50,15 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         Watcher,
     )
     from fiber_core.contract.placement import (
+        CAPACITIES,
         ENV_NODE,
         ENV_RESOURCES,
         FALLBACK_WAIT,
         RESOURCE_KEYS,
+        Alternative,
         GpuChoice,
+        alternatives,
+        capacity_kinds,
         choice_text,
         gpu_choices,
         job_resources,
@@ -103,6 +107,10 @@ _EXPORTS = {
     "job_resources": "fiber_core.contract.placement",
     "resources_env": "fiber_core.contract.placement",
     "FALLBACK_WAIT": "fiber_core.contract.placement",
+    "CAPACITIES": "fiber_core.contract.placement",
+    "Alternative": "fiber_core.contract.placement",
+    "alternatives": "fiber_core.contract.placement",
+    "capacity_kinds": "fiber_core.contract.placement",
     "waiting_verdict": "fiber_core.contract.placement",
     "EndReason": "fiber_core.contract.jobs",
     "JobState": "fiber_core.contract.jobs",
@@ -118,7 +126,8 @@ __all__ = [
     "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
     "parse_pairs", "remove_all", "split_secrets",
     "ENV_NODE", "ENV_RESOURCES", "RESOURCE_KEYS", "GpuChoice", "choice_text", "gpu_choices", "job_resources",
-    "resources_env", "FALLBACK_WAIT", "waiting_verdict",
+    "resources_env", "FALLBACK_WAIT", "waiting_verdict", "CAPACITIES", "Alternative", "alternatives",
+    "capacity_kinds",
 ]
 
 

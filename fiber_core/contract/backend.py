@@ -79,7 +79,15 @@ from fiber_core.base.errors import BackendError
 from fiber_core.base.options import Option, parse_pairs
 from fiber_core.contract.env import SECRET_VARIABLES
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
-from fiber_core.contract.placement import GpuChoice, choice_text, gpu_choices, resources_env
+from fiber_core.contract.placement import (
+    Alternative,
+    GpuChoice,
+    alternatives,
+    capacity_kinds,
+    choice_text,
+    gpu_choices,
+    resources_env,
+)
 
 __all__ = ["EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
            "gpu_count", "job_environment", "remove_all", "split_secrets"]
@@ -135,7 +143,13 @@ class JobSpec:
     :attr:`gpu` when not given. More than one only for a backend that sets
     :attr:`Backend.gpu_alternatives`."""
 
+    capacity: str | None = None
+    """The capacity kind asked for: ``"spot"``, ``"on-demand"``, ``"spot-then-on-demand"``
+    (:data:`~fiber_core.contract.placement.CAPACITIES`), or ``None`` for the platform's own.
+    Only for a backend that sets :attr:`Backend.capacity_kinds`."""
+
     def __post_init__(self) -> None:
+        capacity_kinds(self.capacity)  # a bad kind fails when the spec is made
         if not self.gpu_choices and self.gpu_type is not None:
             self.gpu_choices = gpu_choices(self.gpu_type, self.gpu)
         if self.gpu_choices:  # the first alternative, for code that reads one type
@@ -143,12 +157,25 @@ class JobSpec:
             if self.gpu_type != first.type or (self.gpu or 1) != first.count:
                 self.gpu_type, self.gpu = first.type, first.count
 
-    def choosing(self, choice: GpuChoice, *, capacity: str | None = None,
+    @property
+    def alternatives(self) -> tuple[Alternative, ...]:
+        """Every place the job may run, in the order a backend tries them (GPU alternatives
+        within capacity kinds: :func:`~fiber_core.contract.placement.alternatives`)."""
+        return alternatives(self.gpu_choices, self.capacity)
+
+    def choosing(self, choice: GpuChoice | Alternative | None, *, capacity: str | None = None,
                  cost_per_hour: float | None = None) -> JobSpec:
-        """This spec for one of its GPU alternatives: that type and count only, and the
-        environment entry that tells the job what it got (``current_process().resources``)."""
-        env = {**self.env, **resources_env(choice, capacity=capacity, cost_per_hour=cost_per_hour)}
-        return replace(self, gpu_type=choice.type, gpu=choice.count, gpu_choices=(choice,), env=env)
+        """This spec for one of its alternatives: that GPU type and count only (none for
+        ``None``), that capacity kind, and the environment entry that tells the job what it
+        got (``current_process().resources``)."""
+        gpu = choice.gpu if isinstance(choice, Alternative) else choice
+        if isinstance(choice, Alternative) and choice.capacity:
+            capacity = choice.capacity
+        env = {**self.env, **resources_env(gpu, gpu=self.gpu or 0, capacity=capacity,
+                                           cost_per_hour=cost_per_hour)}
+        if gpu is None:
+            return replace(self, capacity=capacity, env=env)
+        return replace(self, gpu_type=gpu.type, gpu=gpu.count, gpu_choices=(gpu,), capacity=capacity, env=env)
 
 
 @dataclass(eq=False)
@@ -311,6 +338,10 @@ class Backend(ABC):
     gpu_alternatives: ClassVar[bool] = False
     """True when the backend tries a job's GPU alternatives (``JobSpec.gpu_choices``) in
     order, or ignores GPUs altogether; a job with several is refused by any other."""
+    capacity_kinds: ClassVar[bool] = False
+    """True when the backend places a job on the capacity kind it asks for
+    (``JobSpec.capacity``: spot, on-demand, spot then on-demand), or has no such kinds to
+    choose from (the local backend); a job that asks is refused by any other."""
 
     peer_timeout: float = 30.0
     """Seconds after which a TCP peer that stopped answering counts as gone (the
@@ -663,6 +694,11 @@ class Backend(ABC):
                 f"the {self.name} backend cannot try GPU types in order ({spec.name} asks for "
                 f"{choice_text(spec.gpu_choices)}): ask for one type, or run it on a backend that "
                 "tries alternatives (kubernetes, aws-batch, ssh)")
+        if spec.capacity is not None and not self.capacity_kinds:
+            raise BackendError(
+                f"the {self.name} backend cannot choose spot or on-demand capacity ({spec.name} asks for "
+                f"capacity={spec.capacity!r}): leave capacity unset, or run it on a backend that can "
+                "(kubernetes)")
 
     def _track(self, jobs: list[Job]) -> None:
         if not all([self._insert(job) for job in jobs]):  # cleanup ran: nothing would ever stop these

@@ -32,8 +32,13 @@ from fiber_core.base.errors import ConfigError
 from fiber_core.base.options import Option
 from fiber_core.contract.env import ENV_JOB_HOST
 
-__all__ = ["ENV_NODE", "ENV_RESOURCES", "FALLBACK_WAIT", "RESOURCE_KEYS", "GpuChoice", "choice_text",
-           "gpu_choices", "job_resources", "resources_env", "waiting_verdict"]
+__all__ = ["CAPACITIES", "ENV_NODE", "ENV_RESOURCES", "FALLBACK_WAIT", "RESOURCE_KEYS", "Alternative", "GpuChoice",
+           "alternatives", "capacity_kinds", "choice_text", "gpu_choices", "job_resources", "resources_env",
+           "waiting_verdict"]
+
+CAPACITIES = {"spot": ("spot",), "on-demand": ("on-demand",), "spot-then-on-demand": ("spot", "on-demand")}
+"""The ``capacity`` a job may ask for, and the kinds each tries in order: spot, on-demand, or
+spot first and on-demand when no spot capacity comes within the backend's ``fallback_wait``."""
 
 FALLBACK_WAIT = Option("fallback_wait", float, 60.0,
                        "seconds a job waits for capacity of one GPU alternative before it tries the next "
@@ -66,9 +71,44 @@ class GpuChoice:
         return f"{self.type}:{self.count}"
 
 
-def choice_text(choices: Sequence[GpuChoice]) -> str:
+@dataclass(frozen=True)
+class Alternative:
+    """One place a job may run: a GPU alternative (``None``: no GPU type) on a capacity kind
+    (``"spot"``, ``"on-demand"``, ``None``: whatever the platform gives)."""
+
+    gpu: GpuChoice | None = None
+    capacity: str | None = None
+
+    def __str__(self) -> str:
+        parts = [str(self.gpu)] if self.gpu is not None else []
+        return " ".join(parts + ([self.capacity] if self.capacity else [])) or "any"
+
+
+def choice_text(choices: Sequence[GpuChoice | Alternative]) -> str:
     """``choices`` as a user writes them: ``a100:1, l4:2``."""
     return ", ".join(map(str, choices))
+
+
+def capacity_kinds(capacity: str | None) -> tuple[str, ...]:
+    """The capacity kinds a ``capacity`` request tries, in order (:data:`CAPACITIES`); ``()``
+    for ``None``. Anything else is a :class:`~fiber_core.base.errors.ConfigError`."""
+    if capacity is None:
+        return ()
+    kinds = CAPACITIES.get(capacity) if isinstance(capacity, str) else None
+    if kinds is None:
+        raise ConfigError(f"capacity={capacity!r}: expected one of {', '.join(map(repr, CAPACITIES))}")
+    return kinds
+
+
+def alternatives(choices: Sequence[GpuChoice], capacity: str | None) -> tuple[Alternative, ...]:
+    """Every place a job may run, in the order a backend tries them: each capacity kind in
+    turn (spot before on-demand: the cheaper kind of every GPU type first), and in each the
+    GPU alternatives in order. ``()`` when the job names neither."""
+    if not choices and capacity is None:
+        return ()
+    gpus: Sequence[GpuChoice | None] = choices or (None,)
+    kinds: Sequence[str | None] = capacity_kinds(capacity) or (None,)
+    return tuple(Alternative(g, k) for k in kinds for g in gpus)
 
 
 def _entries(gpu_type: Any) -> list[Any]:

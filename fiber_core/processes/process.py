@@ -79,16 +79,19 @@ from fiber_core.wire.messages import (
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend, Job, JobSpec
 
-_RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
+_RESOURCES = ("cpu", "memory", "gpu", "gpu_type", "capacity")
 
 
-def _check_gpu_type(gpu_type: Any, gpu: Any) -> None:
-    """Raise the clear error of a malformed ``gpu_type`` (an empty list, a count below 1...)."""
-    from fiber_core.contract.placement import (
-        gpu_choices,  # only a process that names GPU types loads it
+def _check_placement(gpu_type: Any, gpu: Any, capacity: Any) -> None:
+    """Raise the clear error of a malformed ``gpu_type`` (an empty list, a count below 1...)
+    or an unknown ``capacity``."""
+    from fiber_core.contract.placement import (  # only a process that names them loads it
+        capacity_kinds,
+        gpu_choices,
     )
 
     gpu_choices(gpu_type, gpu if isinstance(gpu, int) else None)
+    capacity_kinds(capacity)
 
 
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
@@ -139,8 +142,10 @@ class Process(BaseProcess):
 
     Same constructor and methods as :class:`multiprocessing.Process`. Fiber adds
     keyword-only options: ``backend`` (a backend name for this process only) and
-    the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type``, which default
-    to what :func:`fiber_core.meta` put on the target, then to configuration.
+    the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` (one type, or several in
+    order of preference) and ``capacity`` (``"spot"``, ``"on-demand"``,
+    ``"spot-then-on-demand"``), which default to what :func:`fiber_core.meta` put on the
+    target, then to configuration.
     """
 
     _start_method = "fiber"
@@ -162,8 +167,9 @@ class Process(BaseProcess):
         self._kwargs = dict(kwargs or {})
         self._backend_name = backend
         self._resources = {k: v for k, v in resources.items() if v is not None}
-        if "gpu_type" in self._resources:  # a bad list fails here, not when the job starts
-            _check_gpu_type(self._resources["gpu_type"], self._resources.get("gpu"))
+        if "gpu_type" in self._resources or "capacity" in self._resources:  # a bad one fails here, not at start
+            _check_placement(self._resources.get("gpu_type"), self._resources.get("gpu"),
+                             self._resources.get("capacity"))
         self._parent_pid = os.getpid()
         self._run: _JobRun | None = None
         self._closed = False
@@ -443,6 +449,7 @@ class _JobRun:
             gpu=resources.get("gpu"),
             gpu_type=choices[0].type if choices else None,
             gpu_choices=choices,
+            capacity=resources.get("capacity"),
             labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
         )
 

@@ -94,6 +94,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever); "
            "with GPU alternatives, the pod of the last one"),
     FALLBACK_WAIT,
+    Option("spot_label", str, None, "node label of spot nodes, key=value, for capacity=spot/on-demand (GKE: "
+           "cloud.google.com/gke-spot=true; EKS: eks.amazonaws.com/capacityType=SPOT; Karpenter: "
+           "karpenter.sh/capacity-type=spot; AKS: kubernetes.azure.com/scalesetpriority=spot)"),
     Option("grace_period", int, 10, "seconds a terminated pod has between SIGTERM and SIGKILL"),
     Option("api_timeout", float, 30.0, "seconds one Kubernetes API call may take before it is an error; the watch may be down 4 times this before polls fail"),
     Option("signal_shell", bool, True, "run the command under /bin/sh, which passes SIGTERM on (a PID 1 ignores it)"),
@@ -126,6 +129,7 @@ class KubernetesBackend(Backend):
     options = OPTIONS
     package = "fiber-k8s"
     gpu_alternatives = True  # one pod per alternative, in order, each after fallback_wait (docs/placement.md)
+    capacity_kinds = True  # by the spot_label setting: node affinity and a toleration (spec.capacity_terms)
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:
@@ -272,6 +276,7 @@ class KubernetesBackend(Backend):
                 return  # another poll moved it, or it ended or is being stopped
             old, index = job.id, pod.choice + 1
             spec = choice_spec(job.spec, index)
+            alternatives = job.spec.alternatives
             for _ in range(3):
                 body = self.manifest(spec)
                 job.handle = _Pod(time.monotonic(), choice=index)
@@ -283,12 +288,12 @@ class KubernetesBackend(Backend):
                     if http_status(e) == 409:
                         continue  # the random part of the name collided
                     self._finish(job, NO_EXIT_STATUS, EndReason.NEVER_STARTED,
-                                 f"could not create the pod of {spec.gpu_choices[0]} for {job.spec.name}: {e}")
+                                 f"could not create the pod of {alternatives[index]} for {job.spec.name}: {e}")
                     break
         waited = float(self.settings.get("fallback_wait") or 0)
         log.info("fiber: no node took %s (pod %s) for %s within fallback_wait=%gs%s; trying %s (pod %s)",
-                 job.spec.name, old, job.spec.gpu_choices[index - 1], waited, f": {why}" if why else "",
-                 spec.gpu_choices[0], job.id)
+                 job.spec.name, old, alternatives[index - 1], waited, f": {why}" if why else "",
+                 alternatives[index], job.id)
         threading.Thread(target=self._delete_quietly, args=(old,), daemon=True,
                          name=f"fiber-k8s-delete-{old}").start()
 
@@ -340,12 +345,12 @@ class KubernetesBackend(Backend):
             timeout = float(self.settings.get("schedule_timeout") or 0)
             waiting = pod_unschedulable(p.pod)
             verdict = "wait" if waiting is None else waiting_verdict(
-                p.choice, len(job.spec.gpu_choices), time.monotonic() - p.created,
+                p.choice, len(job.spec.alternatives), time.monotonic() - p.created,
                 float(self.settings.get("fallback_wait") or 0), timeout)
             if verdict == "next":
                 self._next_choice(job, p, waiting or "")
             elif verdict == "fail":
-                tried = (f" (after {choice_text(job.spec.gpu_choices[:-1])}, each for fallback_wait="
+                tried = (f" (after {choice_text(job.spec.alternatives[:-1])}, each for fallback_wait="
                          f"{float(self.settings.get('fallback_wait') or 0):g}s)") if p.choice else ""
                 self._finish(job, NO_EXIT_STATUS, EndReason.NEVER_STARTED, (
                     f"pod {job.id} was not scheduled within schedule_timeout={timeout:g}s{tried}: "

@@ -15,13 +15,13 @@ from typing import Any
 import fiber_core
 import pod_functions
 import pytest
-from fiber_core.contract import EndReason, GpuChoice, JobSpec
+from fiber_core.contract import ConfigError, EndReason, GpuChoice, JobSpec
 from fiber_core.runtime.config import config, plugins
 from fiber_core.runtime.run import runtime
 from k8s_helpers import IMAGE, WAIT, Emu, start_emulator
 
 from fiber_k8s.backend import KubernetesBackend
-from fiber_k8s.spec import DEFAULT_GPU_LABEL, choice_spec
+from fiber_k8s.spec import DEFAULT_GPU_LABEL, SPOT_LABELS, capacity_terms, choice_spec, require_node
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,6 +33,9 @@ NODES = [
      "taints": [GPU_TAINT]},
     {"name": "l4-node", "labels": {DEFAULT_GPU_LABEL: "l4"}, "allocatable": {"nvidia.com/gpu": 2},
      "taints": [GPU_TAINT]},
+    {"name": "l4-spot", "labels": {DEFAULT_GPU_LABEL: "l4", "cloud.google.com/gke-spot": "true"},
+     "allocatable": {"nvidia.com/gpu": 1},
+     "taints": [GPU_TAINT, {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}]},
 ]
 SHOW = ("import os; print('GOT', os.environ['FIBER_RESOURCES'], os.environ['FIBER_NODE'], "
         "os.environ.get('POD_NAME'), flush=True)")
@@ -65,6 +68,7 @@ def gpu_env(gpu_emu: Emu, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
         "FIBER_KUBERNETES_VOLUMES": f"{REPO}:{REPO}:ro",
         "FIBER_KUBERNETES_EXTRA_ENV": f"PYTHONPATH={REPO}:{Path(__file__).parent}",
         "FIBER_KUBERNETES_FALLBACK_WAIT": "1",
+        "FIBER_KUBERNETES_SPOT_LABEL": SPOT_LABELS["gke"],
         "FIBER_LISTEN_HOST": "127.0.0.1",
     }
     for key in list(os.environ):
@@ -146,3 +150,60 @@ def test_a_pool_worker_knows_the_gpu_and_node_it_got(gpu_env: dict[str, str]) ->
     with fiber_core.Pool(1, backend="kubernetes", gpu_type=["h100", "l4"]) as pool:
         record = json.loads(pool.apply(pod_functions.resources))
     assert record == {"gpu_type": "l4", "gpu": 1, "capacity": None, "cost_per_hour": None, "host": "l4-node"}
+
+
+def test_capacity_kinds_become_node_affinity_and_a_toleration_of_the_spot_label() -> None:
+    spot, tolerate = capacity_terms("spot", "eks.amazonaws.com/capacityType=SPOT")
+    assert spot == [{"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["SPOT"]}]
+    assert tolerate == [{"key": "eks.amazonaws.com/capacityType", "operator": "Exists", "effect": "NoSchedule"}]
+    on_demand, none = capacity_terms("on-demand", "eks.amazonaws.com/capacityType=SPOT")
+    assert on_demand == [{"key": "eks.amazonaws.com/capacityType", "operator": "NotIn", "values": ["SPOT"]}]
+    assert none == [] and capacity_terms(None, None) == ([], [])
+    with pytest.raises(ConfigError, match=r"needs \[kubernetes\] spot_label.*GKE: cloud.google.com/gke-spot=true"):
+        capacity_terms("spot", None)
+    # A template's own required terms are ORed: each of them must keep the pod on its kind.
+    pod = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                              {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}}}
+    terms = require_node(pod, spot)["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all(t["matchExpressions"][-1] == spot[0] for t in terms) and len(terms) == 2
+    alternatives = JobSpec(command=[], gpu_type=["a100", "l4"], capacity="spot-then-on-demand").alternatives  # type: ignore[arg-type]
+    assert [str(a) for a in alternatives] == ["a100:1 spot", "l4:1 spot", "a100:1 on-demand", "l4:1 on-demand"]
+
+
+def test_a_spot_job_runs_on_a_spot_node_and_knows_it(backend: KubernetesBackend) -> None:
+    job = backend.start_job(JobSpec(command=["python3", "-c", SHOW], name="learner", gpu_type="l4", capacity="spot"))
+    assert backend.wait_for_job(job, WAIT) == 0, backend.get_job_logs(job)
+    record, node = got(backend, job)
+    assert node == "l4-spot" and (record["gpu_type"], record["capacity"]) == ("l4", "spot")
+
+
+def test_spot_then_on_demand_moves_to_on_demand_when_spot_is_full(backend: KubernetesBackend) -> None:
+    holder = backend.start_job(JobSpec(command=["python3", "-c", "import time; time.sleep(600)"], name="holder",
+                                       gpu_type="l4", capacity="spot"))
+    assert backend.wait_started(holder, WAIT) is None and holder.host == "l4-spot"
+    job = backend.start_job(JobSpec(command=["python3", "-c", SHOW], name="learner", gpu_type="l4",
+                                    capacity="spot-then-on-demand"))
+    assert backend.wait_for_job(job, WAIT) == 0, backend.get_job_logs(job)
+    record, node = got(backend, job)
+    assert node == "l4-node" and (record["gpu_type"], record["capacity"]) == ("l4", "on-demand")
+    backend.stop_job(holder, force=True)
+
+
+def test_the_emulator_keeps_an_on_demand_pod_off_an_untainted_spot_node() -> None:
+    """What the pod asks of its node decides, as kube-scheduler's NodeAffinity filter: a GKE
+    spot node need not be tainted, so the affinity alone must keep on-demand pods off it."""
+    from k8s_emulator.kubelet import schedule
+    from k8s_emulator.store import node_object
+
+    spot = node_object({"name": "spot", "labels": {"cloud.google.com/gke-spot": "true"}})
+    plain = node_object({"name": "plain"})
+    expressions, _ = capacity_terms("on-demand", SPOT_LABELS["gke"])
+    pod = require_node({"spec": {"containers": [{"name": "job"}]}, "status": {}}, expressions)
+    assert schedule(pod, [spot, plain], []) == ("plain", "")
+    node, why = schedule(pod, [spot], [])
+    assert node is None and "didn't match Pod's node affinity/selector" in why
+    spot_pod = require_node({"spec": {"containers": [{"name": "job"}]}, "status": {}},
+                            capacity_terms("spot", SPOT_LABELS["gke"])[0])
+    assert schedule(spot_pod, [plain, spot], [])[0] == "spot"
