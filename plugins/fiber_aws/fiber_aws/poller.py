@@ -124,12 +124,12 @@ class Poller:
         handle: BatchJob = job.handle
         failed = handle.status == "FAILED"
         reason, said = end_reason(handle.described, stop_reason=handle.stop_reason, memory=handle.memory,
-                                  spot=failed and self._queue_is_spot(handle.queue))
+                                  spot=failed and self.queue_is_spot(handle.queue))
         first = job.state.finish(final_code(handle.described, handle.stop_reason), reason, said)
         if first and failed and said and reason is not EndReason.STOPPED:
             log.warning("fiber: %s", explain(job).removeprefix("fiber-aws: "))
 
-    def _queue_is_spot(self, queue: str) -> bool:
+    def queue_is_spot(self, queue: str) -> bool:
         """Whether a compute environment of ``queue`` runs on Spot capacity (asked once per queue)."""
         with self.lock:
             known = self._spot.get(queue)
@@ -164,7 +164,7 @@ class Poller:
             handle: BatchJob = job.handle
             if handle.status not in QUEUED or job.state.done():
                 continue
-            verdict = waiting_verdict(handle.choice, len(job.spec.gpu_choices), now - handle.submitted,
+            verdict = waiting_verdict(handle.choice, len(job.spec.alternatives), now - handle.submitted,
                                       b.settings["fallback_wait"], limit or 0)
             if verdict == "next":
                 if handle.stop_reason is None:  # not one being stopped
