@@ -57,13 +57,17 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         RESOURCE_KEYS,
         Alternative,
         GpuChoice,
+        alternative_cost,
         alternatives,
         capacity_kinds,
+        capped_workers,
         choice_text,
         gpu_choices,
         job_resources,
+        parse_prices,
         resources_env,
         waiting_verdict,
+        worker_cost,
     )
 
 _EXPORTS = {
@@ -111,6 +115,10 @@ _EXPORTS = {
     "Alternative": "fiber_core.contract.placement",
     "alternatives": "fiber_core.contract.placement",
     "capacity_kinds": "fiber_core.contract.placement",
+    "alternative_cost": "fiber_core.contract.placement",
+    "capped_workers": "fiber_core.contract.placement",
+    "parse_prices": "fiber_core.contract.placement",
+    "worker_cost": "fiber_core.contract.placement",
     "waiting_verdict": "fiber_core.contract.placement",
     "EndReason": "fiber_core.contract.jobs",
     "JobState": "fiber_core.contract.jobs",
@@ -127,7 +135,7 @@ __all__ = [
     "parse_pairs", "remove_all", "split_secrets",
     "ENV_NODE", "ENV_RESOURCES", "RESOURCE_KEYS", "GpuChoice", "choice_text", "gpu_choices", "job_resources",
     "resources_env", "FALLBACK_WAIT", "waiting_verdict", "CAPACITIES", "Alternative", "alternatives",
-    "capacity_kinds",
+    "capacity_kinds", "alternative_cost", "capped_workers", "parse_prices", "worker_cost",
 ]
 
 

@@ -33,8 +33,8 @@ from fiber_core.base.options import Option
 from fiber_core.contract.env import ENV_JOB_HOST
 
 __all__ = ["CAPACITIES", "ENV_NODE", "ENV_RESOURCES", "FALLBACK_WAIT", "RESOURCE_KEYS", "Alternative", "GpuChoice",
-           "alternatives", "capacity_kinds", "choice_text", "gpu_choices", "job_resources", "resources_env",
-           "waiting_verdict"]
+           "alternatives", "alternative_cost", "capacity_kinds", "capped_workers", "choice_text", "gpu_choices",
+           "job_resources", "parse_prices", "resources_env", "waiting_verdict", "worker_cost"]
 
 CAPACITIES = {"spot": ("spot",), "on-demand": ("on-demand",), "spot-then-on-demand": ("spot", "on-demand")}
 """The ``capacity`` a job may ask for, and the kinds each tries in order: spot, on-demand, or
@@ -236,3 +236,59 @@ def waiting_verdict(choice: int, choices: int, waited: float, fallback_wait: flo
     if choice + 1 < choices:
         return "next" if waited > fallback_wait else "wait"
     return "fail" if timeout > 0 and waited > timeout else "wait"
+
+
+def parse_prices(entries: Sequence[str]) -> dict[tuple[str, str | None], float]:
+    """The ``prices`` setting: ``TYPE[@KIND]:PRICE`` entries, the price per hour of one GPU of
+    ``TYPE`` (on capacity ``KIND``, ``spot`` or ``on-demand``; without it, on any), and
+    ``cpu[@KIND]:PRICE`` for a job without a GPU type. Keys ``(type lowercased, kind)``. A
+    malformed entry is a :class:`~fiber_core.base.errors.ConfigError` that shows the form."""
+    out: dict[tuple[str, str | None], float] = {}
+    for entry in entries:
+        what, sep, price = entry.rpartition(":")
+        name, at, kind = what.partition("@")
+        try:
+            value = float(price)
+        except ValueError:
+            value = -1.0
+        if not sep or not name.strip() or value < 0 or (at and kind.strip() not in ("spot", "on-demand")):
+            raise ConfigError(f"bad prices entry {entry!r}: expected TYPE[@spot|@on-demand]:PRICE per GPU and hour, "
+                              "or cpu[@KIND]:PRICE per job without GPU type, e.g. prices = a100:4.1, a100@spot:1.6, "
+                              "cpu:0.05")
+        out[(name.strip().lower(), kind.strip() or None)] = value
+    return out
+
+
+def alternative_cost(alternative: Alternative, prices: Mapping[tuple[str, str | None], float]) -> float | None:
+    """What one job on ``alternative`` costs per hour by ``prices`` (:func:`parse_prices`): the
+    price of its GPU type on its kind (else on any kind) times its count, or the ``cpu`` price
+    of a job without GPU type; ``None`` when the table has no price for it."""
+    name = alternative.gpu.type.lower() if alternative.gpu is not None else "cpu"
+    price = prices.get((name, alternative.capacity), prices.get((name, None)))
+    if price is None:
+        return None
+    return price * (max(alternative.gpu.count, 1) if alternative.gpu is not None else 1)
+
+
+def worker_cost(choices: Sequence[Alternative], prices: Mapping[tuple[str, str | None], float]) -> tuple[float, Alternative]:
+    """What one worker may cost per hour, whichever of its ``choices`` (``JobSpec.alternatives``;
+    ``(Alternative(),)`` for a job that names none) it gets: the dearest, and which it is. A
+    choice without a price is a :class:`~fiber_core.base.errors.ConfigError` saying what to add."""
+    costs = []
+    for alt in choices:
+        cost = alternative_cost(alt, prices)
+        if cost is None:
+            name = alt.gpu.type.lower() if alt.gpu is not None else "cpu"
+            kind = f"@{alt.capacity}" if alt.capacity else ""
+            raise ConfigError(f"max_hourly_cost needs the price of {alt} in the prices setting: add "
+                              f"{name}{kind}:PRICE (per {'GPU and ' if alt.gpu is not None else 'job and '}hour)")
+        costs.append((cost, alt))
+    return max(costs, key=lambda c: c[0])
+
+
+def capped_workers(wanted: int, cap: float | None, cost: float) -> int:
+    """How many of ``wanted`` workers of ``cost`` per hour each fit under ``cap`` per hour
+    (all when there is no cap, or they cost nothing)."""
+    if cap is None or cost <= 0:
+        return wanted
+    return min(wanted, int(cap // cost + 1e-9))
