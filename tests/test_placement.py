@@ -205,3 +205,11 @@ def test_a_backend_without_capacity_kinds_refuses_a_request_for_one() -> None:
         mp.Process(target=print, capacity="cheap")
     with pytest.raises(ConfigError, match="capacity='cheap'"):
         mp.meta(capacity="cheap")
+
+
+def test_the_price_of_the_place_chosen_reaches_the_jobs_record() -> None:
+    spot, on_demand = Alternative(GpuChoice("l4", 2), "spot"), Alternative(GpuChoice("l4", 2), "on-demand")
+    spec = JobSpec(command=[], gpu_type="l4:2", capacity="spot-then-on-demand", costs={spot: 1.0, on_demand: 3.0})
+    assert json.loads(spec.choosing(on_demand).env[ENV_RESOURCES])["cost_per_hour"] == 3.0
+    assert json.loads(spec.choosing(spot, cost_per_hour=0.5).env[ENV_RESOURCES])["cost_per_hour"] == 0.5  # own price wins
+    assert json.loads(JobSpec(command=[]).choosing(None).env[ENV_RESOURCES])["cost_per_hour"] is None

@@ -147,6 +147,10 @@ class JobSpec:
     """The capacity kind asked for: ``"spot"``, ``"on-demand"``, ``"spot-then-on-demand"``
     (:data:`~fiber_core.contract.placement.CAPACITIES`), or ``None`` for the platform's own.
     Only for a backend that sets :attr:`Backend.capacity_kinds`."""
+    costs: dict[Alternative, float] = field(default_factory=dict)
+    """What the job costs per hour on each of its :attr:`alternatives` (on ``Alternative()``
+    when it names none) by the ``prices`` setting, where it prices them; :meth:`choosing`
+    puts the one chosen in the job's record."""
 
     def __post_init__(self) -> None:
         capacity_kinds(self.capacity)  # a bad kind fails when the spec is made
@@ -171,6 +175,8 @@ class JobSpec:
         gpu = choice.gpu if isinstance(choice, Alternative) else choice
         if isinstance(choice, Alternative) and choice.capacity:
             capacity = choice.capacity
+        if cost_per_hour is None:  # the backend's own price (an SSH host's label) wins over the table
+            cost_per_hour = self.costs.get(Alternative(gpu, capacity))
         env = {**self.env, **resources_env(gpu, gpu=self.gpu or 0, capacity=capacity,
                                            cost_per_hour=cost_per_hour)}
         if gpu is None:

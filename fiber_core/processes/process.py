@@ -94,6 +94,24 @@ def _check_placement(gpu_type: Any, gpu: Any, capacity: Any) -> None:
     capacity_kinds(capacity)
 
 
+def _costs(choices: Sequence[Any], capacity: str | None) -> dict[Any, float]:
+    """What a job costs per hour on each place it may run, by the ``prices`` setting (none
+    when it is not set; a place it does not price is left out)."""
+    entries = config.get("prices")
+    if not entries:
+        return {}
+    from fiber_core.contract.placement import (  # only a program that prices its jobs loads it here
+        Alternative,
+        alternative_cost,
+        alternatives,
+        parse_prices,
+    )
+
+    prices = parse_prices(entries)
+    places = alternatives(choices, capacity) or (Alternative(),)
+    return {a: cost for a in places if (cost := alternative_cost(a, prices)) is not None}
+
+
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
 
 
@@ -416,7 +434,11 @@ class _JobRun:
         from fiber_core.contract.backend import (  # a job that starts no process never loads it
             JobSpec,  # a job that starts no process never loads it
         )
-        from fiber_core.contract.placement import gpu_choices, resources_env  # with JobSpec
+        from fiber_core.contract.placement import (  # with JobSpec
+            Alternative,
+            gpu_choices,
+            resources_env,
+        )
 
         p = self.process
         rt = runtime()
@@ -436,9 +458,12 @@ class _JobRun:
         }
         if group is not None:  # the token also derives from these (an array job's children)
             env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
+        costs = _costs(choices, resources.get("capacity"))
         # What a backend that honours the request gives; one that chooses or ignores it says so.
-        env.update(resources_env(choices[0]) if len(choices) == 1 else
-                   resources_env(None, gpu=resources.get("gpu") or 0) if not choices else {})
+        if len(choices) <= 1:
+            first = choices[0] if choices else None
+            env.update(resources_env(first, gpu=resources.get("gpu") or 0,
+                                     cost_per_hour=costs.get(Alternative(first, None))))
         return JobSpec(
             command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
             name=p.name,
@@ -450,6 +475,7 @@ class _JobRun:
             gpu_type=choices[0].type if choices else None,
             gpu_choices=choices,
             capacity=resources.get("capacity"),
+            costs=costs,
             labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
         )
 

@@ -146,10 +146,13 @@ def test_when_no_alternative_fits_the_job_fails_naming_what_it_tried(gpu_env: di
         b.cleanup()
 
 
-def test_a_pool_worker_knows_the_gpu_and_node_it_got(gpu_env: dict[str, str]) -> None:
+def test_a_pool_worker_knows_the_gpu_node_and_price_it_got(gpu_env: dict[str, str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_PRICES", "h100:9, l4:1.25")
+    config.reset()
     with fiber_core.Pool(1, backend="kubernetes", gpu_type=["h100", "l4"]) as pool:
         record = json.loads(pool.apply(pod_functions.resources))
-    assert record == {"gpu_type": "l4", "gpu": 1, "capacity": None, "cost_per_hour": None, "host": "l4-node"}
+    assert record == {"gpu_type": "l4", "gpu": 1, "capacity": None, "cost_per_hour": 1.25, "host": "l4-node"}
 
 
 def test_capacity_kinds_become_node_affinity_and_a_toleration_of_the_spot_label() -> None:

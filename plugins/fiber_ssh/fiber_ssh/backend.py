@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from fiber_core.contract import (
     HOST_LOST_EXITCODE,
     TIMEOUT_ALIAS,
+    Alternative,
     Backend,
     BackendError,
     EndReason,
@@ -194,7 +195,9 @@ class SshBackend(Backend):
             placement, choice = place_choice(self._slots, spec.cpu, spec.gpu_choices)
             return placement, spec.choosing(choice, cost_per_hour=self._slots[placement.index].cost)
         placement = place(self._slots, spec.cpu, gpu_count(spec), None)
-        got = resources_env(None, gpu=len(placement.gpus), cost_per_hour=self._slots[placement.index].cost)
+        cost = self._slots[placement.index].cost  # the host's label, else the prices setting's
+        got = resources_env(None, gpu=len(placement.gpus), cost_per_hour=spec.costs.get(Alternative()) if cost is None
+                            else cost)
         return placement, dataclasses.replace(spec, env={**spec.env, **got})
 
     def terminate_job(self, job: Job) -> None:
