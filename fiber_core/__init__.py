@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
@@ -71,20 +71,31 @@ def serve_status(page: bool = False, port: int = 0) -> StatusServer:
 
 
 def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None = None,
-         gpu_type: str | None = None) -> Callable[[F], F]:
+         gpu_type: str | Sequence[str | tuple[str, int]] | None = None,
+         capacity: str | None = None) -> Callable[[F], F]:
     """Declare the resources a function needs when it runs as a job or pool task.
 
-    ``memory`` is in MiB. The values reach the backend's :class:`JobSpec` for a
+    ``memory`` is in MiB. ``gpu_type`` is one GPU type, or several in order of preference,
+    each with its own count where they differ: ``["a100", "l40s"]``, ``[("a100", 1), ("l4", 2)]``
+    ``capacity`` is ``"spot"``, ``"on-demand"`` or ``"spot-then-on-demand"``
+    (``docs/placement.md``). The values reach the backend's :class:`JobSpec` for a
     ``Process(target=f)`` and for the workers of a ``Pool`` built for ``f``.
     """
     for key, value, kind in (("cpu", cpu, (int, float)), ("memory", memory, int), ("gpu", gpu, int)):
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool) or value < 0):
             raise ValueError(f"meta({key}={value!r}): expected a non-negative number")
-    if gpu_type is not None and not isinstance(gpu_type, str):
-        raise ValueError(f"meta(gpu_type={gpu_type!r}): expected a string")
+    if gpu_type is not None or capacity is not None:
+        from fiber_core.contract.placement import (  # only a function that names them loads it
+            capacity_kinds,
+            gpu_choices,
+        )
+
+        gpu_choices(gpu_type, gpu)  # a malformed list fails here, with what to write
+        capacity_kinds(capacity)
 
     def decorate(func: F) -> F:
-        func.__fiber_meta__ = {"cpu": cpu, "memory": memory, "gpu": gpu, "gpu_type": gpu_type}  # type: ignore[attr-defined]
+        func.__fiber_meta__ = {"cpu": cpu, "memory": memory, "gpu": gpu,  # type: ignore[attr-defined]
+                               "gpu_type": gpu_type, "capacity": capacity}
         return func
 
     return decorate

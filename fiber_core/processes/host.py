@@ -74,6 +74,15 @@ class BaseProcess:
         """``None``: the caller's own process, or its parent, is running."""
         return None
 
+    @property
+    def resources(self) -> dict[str, Any]:
+        """What this process got: GPU type and count, capacity kind, host, cost per hour
+        (``fiber_core.contract.placement.RESOURCE_KEYS``), as its backend said in its job's
+        environment. The same keys on every backend; ``None`` where a value is unknown."""
+        from fiber_core.contract.placement import job_resources  # on first use: most jobs never ask
+
+        return job_resources()
+
 
 class _MainProcess(BaseProcess):
     def is_alive(self) -> bool:

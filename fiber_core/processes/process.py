@@ -79,7 +79,37 @@ from fiber_core.wire.messages import (
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend, Job, JobSpec
 
-_RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
+_RESOURCES = ("cpu", "memory", "gpu", "gpu_type", "capacity")
+
+
+def _check_placement(gpu_type: Any, gpu: Any, capacity: Any) -> None:
+    """Raise the clear error of a malformed ``gpu_type`` (an empty list, a count below 1...)
+    or an unknown ``capacity``."""
+    from fiber_core.contract.placement import (  # only a process that names them loads it
+        capacity_kinds,
+        gpu_choices,
+    )
+
+    gpu_choices(gpu_type, gpu if isinstance(gpu, int) else None)
+    capacity_kinds(capacity)
+
+
+def _costs(choices: Sequence[Any], capacity: str | None) -> dict[Any, float]:
+    """What a job costs per hour on each place it may run, by the ``prices`` setting (none
+    when it is not set; a place it does not price is left out)."""
+    entries = config.get("prices")
+    if not entries:
+        return {}
+    from fiber_core.contract.placement import (  # only a program that prices its jobs loads it here
+        Alternative,
+        alternative_cost,
+        alternatives,
+        parse_prices,
+    )
+
+    prices = parse_prices(entries)
+    places = alternatives(choices, capacity) or (Alternative(),)
+    return {a: cost for a in places if (cost := alternative_cost(a, prices)) is not None}
 
 
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
@@ -130,8 +160,10 @@ class Process(BaseProcess):
 
     Same constructor and methods as :class:`multiprocessing.Process`. Fiber adds
     keyword-only options: ``backend`` (a backend name for this process only) and
-    the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type``, which default
-    to what :func:`fiber_core.meta` put on the target, then to configuration.
+    the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` (one type, or several in
+    order of preference) and ``capacity`` (``"spot"``, ``"on-demand"``,
+    ``"spot-then-on-demand"``), which default to what :func:`fiber_core.meta` put on the
+    target, then to configuration.
     """
 
     _start_method = "fiber"
@@ -153,9 +185,21 @@ class Process(BaseProcess):
         self._kwargs = dict(kwargs or {})
         self._backend_name = backend
         self._resources = {k: v for k, v in resources.items() if v is not None}
+        if "gpu_type" in self._resources or "capacity" in self._resources:  # a bad one fails here, not at start
+            _check_placement(self._resources.get("gpu_type"), self._resources.get("gpu"),
+                             self._resources.get("capacity"))
         self._parent_pid = os.getpid()
         self._run: _JobRun | None = None
         self._closed = False
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        """What this process's job got (``current_process().resources`` in its target); only
+        the process itself knows it."""
+        if _current is not self:
+            raise ValueError(f"{self.name}: what a job got is known inside it: read "
+                             "current_process().resources in its target")
+        return super().resources
 
     # -- what runs in the job ---------------------------------------------------------
 
@@ -390,6 +434,11 @@ class _JobRun:
         from fiber_core.contract.backend import (  # a job that starts no process never loads it
             JobSpec,  # a job that starts no process never loads it
         )
+        from fiber_core.contract.placement import (  # with JobSpec
+            Alternative,
+            gpu_choices,
+            resources_env,
+        )
 
         p = self.process
         rt = runtime()
@@ -398,6 +447,7 @@ class _JobRun:
         resources.update({k: v for k, v in target_meta.items() if v is not None})
         resources.update(p._resources)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         python = config.get("python")
+        choices = gpu_choices(resources.get("gpu_type"), resources.get("gpu"))
         env = {
             ENV_HUB: hub,
             ENV_TOKEN: token,
@@ -408,6 +458,12 @@ class _JobRun:
         }
         if group is not None:  # the token also derives from these (an array job's children)
             env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
+        costs = _costs(choices, resources.get("capacity"))
+        # What a backend that honours the request gives; one that chooses or ignores it says so.
+        if len(choices) <= 1:
+            first = choices[0] if choices else None
+            env.update(resources_env(first, gpu=resources.get("gpu") or 0,
+                                     cost_per_hour=costs.get(Alternative(first, None))))
         return JobSpec(
             command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
             name=p.name,
@@ -416,7 +472,10 @@ class _JobRun:
             cpu=resources.get("cpu"),
             memory=resources.get("memory"),
             gpu=resources.get("gpu"),
-            gpu_type=resources.get("gpu_type"),
+            gpu_type=choices[0].type if choices else None,
+            gpu_choices=choices,
+            capacity=resources.get("capacity"),
+            costs=costs,
             labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
         )
 

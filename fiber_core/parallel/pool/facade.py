@@ -18,6 +18,7 @@ from fiber_core.base.log import log
 from fiber_core.parallel.durable import journal as durable
 from fiber_core.parallel.pool import notebook, planner
 from fiber_core.parallel.pool import roles as role_table
+from fiber_core.parallel.pool.budget import CostCap
 from fiber_core.parallel.pool.dispatch import BACKUP_FACTOR
 from fiber_core.parallel.pool.ledger import MAX_TASK_ATTEMPTS
 from fiber_core.parallel.pool.master import Master
@@ -117,6 +118,12 @@ class Pool(Master):
     backend are the pool's unless it names its own), and its workers are named
     ``PoolWorker-<role>-N``. ``close``, ``terminate`` and ``join`` act on every role;
     ``resize(n, role=...)`` resizes one.
+
+    **A cost cap.** With ``max_hourly_cost`` (or the setting of that name), the pool runs
+    no more workers than fit under it by the ``prices`` setting, each counted at the
+    dearest of its GPU alternatives and capacity kinds, and says once, with the numbers,
+    when that is fewer than asked; :meth:`set_max_hourly_cost` raises or lowers it, and
+    the pool grows or shrinks to match (``docs/placement.md``).
     """
 
     def __init__(self, processes: int | None = None, initializer: Callable | None = None,
@@ -126,9 +133,13 @@ class Pool(Master):
                  loss_limit: tuple[int, float] | None = None, backup: bool | float = False,
                  min_processes: int | None = None, idle_timeout: float = IDLE_TIMEOUT,
                  roles: Mapping[str, Any] | None = None, _role: str | None = None,
+                 max_hourly_cost: float | None = None,
                  **resources: Any) -> None:
         processes, min_processes = _sizes(processes, min_processes, idle_timeout)
         role_specs = role_table.parse_roles(roles)
+        self._budget = CostCap(processes, max_hourly_cost, initializer, resources)
+        processes = self._budget.fit(processes)
+        min_processes = min(min_processes, processes)
         if maxtasksperchild is not None and (
                 not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
             raise ValueError("maxtasksperchild must be a positive int or None")
@@ -402,6 +413,7 @@ class Pool(Master):
             return
         if not isinstance(processes, int) or processes < 1:
             raise ValueError("Number of processes must be at least 1")
+        processes = self._budget.fit(processes)  # what the cost cap allows
         with self._lock:
             self._check_running()
             if self._min == self._processes:
@@ -414,6 +426,15 @@ class Pool(Master):
             for w in sorted(active, key=lambda w: (len(w.pending), not w.ready))[:max(0, extra)]:
                 self._retire(w)
         self._wake()
+
+    def set_max_hourly_cost(self, cap: float | None) -> None:
+        """Change the cost cap (Fiber extension; ``None``: none): the pool grows toward the
+        size it was given as far as the new cap allows, or shrinks to fit it."""
+        with self._lock:
+            self._check_running()
+            wanted = self._budget.wanted
+            self._budget.change(cap)
+        self.resize(wanted)
 
     def close(self) -> None:
         """No more work will be submitted; workers exit once the queued work is done."""

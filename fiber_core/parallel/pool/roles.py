@@ -22,8 +22,8 @@ DEFAULT = ""  # the pool's own workers, in the routing table
 # What a role's spec may say: the Pool's own keywords and the resources of its workers.
 ROLE_KEYWORDS = frozenset({
     "processes", "min_processes", "idle_timeout", "initializer", "initargs", "maxtasksperchild",
-    "backend", "retries", "task_losses", "loss_limit", "backup",
-    "cpu", "memory", "gpu", "gpu_type", "image",
+    "backend", "retries", "task_losses", "loss_limit", "backup", "max_hourly_cost",
+    "cpu", "memory", "gpu", "gpu_type", "capacity", "image",
 })
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}\Z")
 _NUMERIC = ("cpu", "memory", "gpu")

@@ -548,6 +548,89 @@ def test_job_stuck_before_running_is_failed_with_advice(moto: str, batch) -> Non
     wait_batch_status(batch, job.id, ("FAILED",))  # the terminated job never runs its command
 
 
+# -- GPU alternatives: the queues in order -----------------------------------------------
+
+THREE_QUEUES = f"a10g:{GPU_QUEUES['a10g'][0]},t4:{GPU_QUEUES['t4'][0]},l4:{SPOT_QUEUE}"
+
+
+def test_a_job_the_first_queue_never_runs_moves_to_the_second_and_loses_nothing(moto: str, batch) -> None:  # noqa: ANN001
+    # moto has no capacity model: while its state manager holds every new job before it starts
+    # (see test_job_stuck_before_running_is_failed_with_advice), the first queue gets no capacity;
+    # it is let go once the job has moved, before the second queue's fallback_wait ends.
+    show = "import os; print('GOT', os.environ['FIBER_RESOURCES'], flush=True)"
+    b = make_backend(gpu_queues=THREE_QUEUES.split(","), fallback_wait=3.0)
+    _moto_api(moto, "/moto-api/state-manager/set-transition",
+              {"model_name": "batch::job", "transition": {"progression": "manual", "times": 2}})
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", show], name="learner",
+                                  gpu_type=["a10g", "t4", ("l4", 2)]))  # type: ignore[arg-type]
+        first = job.id
+        assert job.handle.queue == GPU_QUEUES["a10g"][0]
+        deadline = time.monotonic() + WAIT
+        while job.handle.queue == GPU_QUEUES["a10g"][0]:
+            assert time.monotonic() < deadline and b.poll_job(job) is None, b.get_job_logs(job)
+            time.sleep(0.02)  # the poller moves it: nothing to wait on from here
+    finally:
+        _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
+    try:
+        assert job.id != first and job.handle.queue == GPU_QUEUES["t4"][0]
+        assert b.wait_for_job(job, WAIT) == 0, b.get_job_logs(job)
+        line = next(ln for ln in b.get_job_logs(job).splitlines() if ln.startswith("GOT "))
+        assert json.loads(line.split(" ", 1)[1])["gpu_type"] == "t4"
+        assert describe(batch, job.id)["jobQueue"].endswith(f"/{GPU_QUEUES['t4'][0]}")
+        old = wait_batch_status(batch, first, ("FAILED",))  # terminated before it ran: nothing lost
+        assert old["statusReason"].startswith("fiber: no capacity within fallback_wait=3s on queue fiber-gpu-a10g")
+    finally:
+        b.cleanup()
+
+
+def test_every_alternative_needs_a_queue_before_any_is_submitted(aws: AwsBatchBackend) -> None:
+    with pytest.raises(BackendError, match=r"no job queue for GPU type 'h100'"):
+        aws.start_job(JobSpec(command=["true"], gpu_type=["a10g", "h100"]))  # type: ignore[arg-type]
+    assert aws.jobs == []
+
+
+def test_a_capacity_kind_goes_to_the_queue_whose_compute_environments_are_of_it(moto: str) -> None:
+    show = "import os; print('GOT', os.environ['FIBER_RESOURCES'], flush=True)"
+    b = make_backend(queue=f"{CPU_QUEUE},{SPOT_QUEUE}")
+    try:
+        spot = b.start_job(JobSpec(command=["python3", "-c", show], name="s", capacity="spot"))
+        on_demand = b.start_job(JobSpec(command=["python3", "-c", show], name="o", capacity="on-demand"))
+        plain = b.start_job(JobSpec(command=["python3", "-c", show], name="p"))
+        assert (spot.handle.queue, on_demand.handle.queue, plain.handle.queue) == (SPOT_QUEUE, CPU_QUEUE, CPU_QUEUE)
+        for job, kind in ((spot, "spot"), (on_demand, "on-demand")):
+            assert b.wait_for_job(job, WAIT) == 0, b.get_job_logs(job)
+            line = next(ln for ln in b.get_job_logs(job).splitlines() if ln.startswith("GOT "))
+            assert json.loads(line.split(" ", 1)[1])["capacity"] == kind
+        with pytest.raises(BackendError, match=rf"no job queue of spot capacity .*{GPU_QUEUES['a10g'][0]} \(on-demand\)"):
+            b.start_job(JobSpec(command=["true"], name="g", gpu_type="a10g", capacity="spot"))
+    finally:
+        b.cleanup()
+
+
+def test_spot_then_on_demand_moves_a_job_spot_never_runs_to_on_demand(moto: str) -> None:  # noqa: ANN001
+    show = "import os; print('GOT', os.environ['FIBER_RESOURCES'], flush=True)"
+    b = make_backend(queue=f"{CPU_QUEUE},{SPOT_QUEUE}", fallback_wait=3.0)
+    _moto_api(moto, "/moto-api/state-manager/set-transition",
+              {"model_name": "batch::job", "transition": {"progression": "manual", "times": 2}})
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", show], name="w", capacity="spot-then-on-demand"))
+        assert job.handle.queue == SPOT_QUEUE
+        deadline = time.monotonic() + WAIT
+        while job.handle.queue == SPOT_QUEUE:
+            assert time.monotonic() < deadline and b.poll_job(job) is None, b.get_job_logs(job)
+            time.sleep(0.02)  # the poller moves it: nothing to wait on from here
+    finally:
+        _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
+    try:
+        assert job.handle.queue == CPU_QUEUE
+        assert b.wait_for_job(job, WAIT) == 0, b.get_job_logs(job)
+        line = next(ln for ln in b.get_job_logs(job).splitlines() if ln.startswith("GOT "))
+        assert json.loads(line.split(" ", 1)[1])["capacity"] == "on-demand"
+    finally:
+        b.cleanup()
+
+
 HOST_LOSS = "Host EC2 (instance i-0a1b2c3d4e5f60718) terminated."
 SPOT_INTERRUPTION = "Your Spot Task was interrupted."
 

@@ -52,8 +52,40 @@ def tolerates(pod: dict[str, Any], taint: dict[str, Any]) -> bool:
     return False
 
 
+def _term_matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    """One nodeSelectorTerm: every matchExpression holds (In, NotIn, Exists, DoesNotExist, Gt, Lt)."""
+    for e in term.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        have = labels.get(key)
+        ok = {"In": have in values, "NotIn": have not in values, "Exists": key in labels,
+              "DoesNotExist": key not in labels,
+              "Gt": have is not None and have.isdigit() and bool(values) and int(have) > int(values[0]),
+              "Lt": have is not None and have.isdigit() and bool(values) and int(have) < int(values[0])}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def node_matches(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    """The pod's nodeSelector (every label equal) and its required node affinity (any term),
+    as the scheduler's NodeAffinity filter checks them. Preferred affinity only scores nodes:
+    it never keeps a pod off one."""
+    if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
+        return False
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(_term_matches(t, labels) for t in terms)
+
+
 def schedule(pod: dict[str, Any], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> tuple[str | None, str]:
-    """Pick a node like the default scheduler's filters; else the FailedScheduling message."""
+    """Pick a node like the default scheduler's filters; else the FailedScheduling message.
+
+    The filters a placement depends on, as kube-scheduler applies them: the node is not
+    cordoned, its NoSchedule/NoExecute taints are tolerated, its labels match the pod's
+    nodeSelector and required node affinity, and the requests of the pods bound to it plus
+    this pod's fit its allocatable (cpu, memory, pods and extended resources such as
+    ``nvidia.com/gpu``, whose request the API server defaults from the limit)."""
     if not nodes:
         return None, "no nodes available to schedule pods"
     want, reasons, preempt = pod_requests(pod), Counter[str](), Counter[str]()
@@ -66,7 +98,7 @@ def schedule(pod: dict[str, Any], nodes: list[dict[str, Any]], pods: list[dict[s
             why = ["node(s) were unschedulable"]
         elif bad is not None:
             why = [f"node(s) had untolerated taint {{{bad.get('key')}: {bad.get('value', '')}}}"]
-        elif any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
+        elif not node_matches(pod, labels):
             why = ["node(s) didn't match Pod's node affinity/selector"]
         else:
             used: Counter[str] = Counter()
