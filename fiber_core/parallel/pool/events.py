@@ -8,6 +8,7 @@ each worker's exit. What a loss costs whom is the ledger's
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fiber_core.base.errors import FiberError, JobStartError, TaskLostError
 from fiber_core.base.log import log
@@ -92,7 +93,7 @@ class Events(Dispatcher):
         w.running = None
         done = self._deliver(units, results)
         if done:  # the live view's counters: a few operations per batch
-            w.done += done
+            w.items_done += done
             self._tasks_done += done
             self._throughput.add(now, done)
         self._retire_if_done(w)
@@ -104,7 +105,7 @@ class Events(Dispatcher):
         for unit in w.pending.pop(next(iter(w.pending))):
             if self._backup is not None:
                 unit.copies -= 1
-                unit.done = True
+                unit.delivered = True
             unit.call.set_unit(unit.index, False, err)
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
@@ -125,10 +126,13 @@ class Events(Dispatcher):
         return the items delivered."""
         backup = self._backup is not None
         done = 0
+        key = units[0].call.durable
+        journalled = key is not None and key.journal is not None
+        delivered: list[tuple[Unit, bool, Any]] = []  # with a journal: delivered once recorded
         for unit, (ok, value) in zip(units, results):
             if backup:
                 unit.copies -= 1
-                if unit.done:
+                if unit.delivered:
                     continue  # a backup copy's result came first
             if not ok:
                 if unit.retries > 0:  # the caller opted in: run it again
@@ -139,9 +143,16 @@ class Events(Dispatcher):
                 ok = False
                 self._tasks_failed += unit.count
             if backup:
-                unit.done = True
-            unit.call.set_unit(unit.index, ok, value)
+                unit.delivered = True
+            if journalled:
+                delivered.append((unit, ok, value))
+            else:
+                unit.call.set_unit(unit.index, ok, value)
             done += unit.count
+        if delivered:  # recorded before the caller has them (it may change them)
+            key.finished([(unit.index, value) for unit, ok, value in delivered if ok])
+            for unit, ok, value in delivered:
+                unit.call.set_unit(unit.index, ok, value)
         return done
 
     def _on_drain(self, w: Worker, keep: int) -> None:
@@ -218,7 +229,7 @@ class Events(Dispatcher):
         w.process.join()
         code, reason, detail = end_of(w)
         culprit, w.culprit = w.culprit, None
-        if culprit is not None and culprit[0].done:
+        if culprit is not None and culprit[0].delivered:
             culprit = None  # a backup copy delivered it
         with self._lock:
             self._workers.pop(w.id, None)
@@ -301,10 +312,9 @@ class Events(Dispatcher):
             return self._count_loss(what + ", while starting")
         if verdict is Start.AGAIN:
             return False
-        run = w.process._run
-        tail = run.log_tail() if run else ""
+        tail = w.process.log_tail()
         self._fail_pool(JobStartError(
             f"pool workers die before they are ready ({self._streak.length} in a row); the last, {what}"
             + (f"; the end of its log:\n{tail}" if tail else ""),
-            exitcode=code, logs=run.logs if run else ""))
+            exitcode=code, logs=w.process.job_logs()))
         return True

@@ -247,7 +247,7 @@ class Master(Events):
                 "host": job.host if job is not None else None,
                 "state": worker_state(w),
                 "for_seconds": round(now - w.since, 3),
-                "done": w.done,
+                "done": w.items_done,
                 "in_flight": in_flight,
                 "output": w.process.output_tail(lines),
             })
