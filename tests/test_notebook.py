@@ -40,6 +40,11 @@ pool = fiber_core.Pool(2)""",
     f"sum(pool.map(work, range({N}), chunksize=1))",
     "display(pool)",
     "pool.close()\npool.join()",
+    """\
+from fiber_core.futures import ProcessPoolExecutor
+with ProcessPoolExecutor(2) as executor:
+    total = sum(executor.map(work, range(100)))
+total""",
 ]
 
 
@@ -96,6 +101,11 @@ def test_a_map_in_a_notebook_shows_its_progress_updating_then_done_and_the_pool_
     # ... kept up to date: once the pool is closed and joined, it says so.
     [summary] = [o for o in nb.cells[2].outputs if o.output_type == "display_data"]
     assert _attrs(summary.data["text/html"], "fiber-pool")["state"] == "CLOSE"
+
+    # An executor's calls: one display for the cell, all of its tasks done.
+    [shown] = [o for o in nb.cells[4].outputs if o.output_type == "display_data"]
+    final = _attrs(shown.data["text/html"], "fiber-progress")
+    assert (final["state"], final["done"], final["total"]) == ("done", "100", "100")
 
 
 def test_outside_a_notebook_a_pool_loads_nothing_of_ipython() -> None:

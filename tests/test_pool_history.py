@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 from fiber_core.parallel.pool import history
 from fiber_core.parallel.pool.history import (
@@ -131,3 +132,27 @@ def test_a_snapshot_shows_fewer_lines_per_worker_as_the_pool_grows_but_never_non
     assert output_lines_per_worker(512) == history.SNAPSHOT_OUTPUT_LINES // 512
     assert output_lines_per_worker(100_000) == history.MIN_OUTPUT_LINES
     assert output_lines_per_worker(3, most=10) == 10
+
+
+def test_the_throughput_is_read_safely_while_another_thread_adds_to_it() -> None:
+    t = Throughput()
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                t.series(T0 + 10_000)
+                t.rate(T0 + 10_000, 10, since=T0)
+        except BaseException as e:  # what the view would have raised
+            errors.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(300_000):
+            t.add(T0 + i / 30, 1)  # a new second every 30 adds: the deques change
+    finally:
+        done.set()
+        reader.join()
+    assert errors == []

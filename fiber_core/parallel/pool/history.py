@@ -60,7 +60,8 @@ class Throughput:
         self._coarse: collections.deque[list[int]] = collections.deque(maxlen=COARSE_BUCKETS)  # [minute, tasks]
 
     def add(self, at: float, tasks: int) -> None:
-        """``tasks`` were done at ``at`` (a few operations: the master calls it per batch)."""
+        """``tasks`` were done at ``at`` (a few operations: the master thread calls it per
+        batch, without the pool's lock)."""
         second = int(at)
         fine = self._fine
         if fine and fine[-1][0] == second:
@@ -84,7 +85,7 @@ class Throughput:
             return 0.0
         first = int(start)
         recent = 0
-        for second, n in reversed(self._fine):
+        for second, n in reversed(list(self._fine)):  # (a copy: see series)
             if second < first:
                 break
             recent += n
@@ -94,9 +95,12 @@ class Throughput:
         """``[seconds ago, tasks per second, span in seconds]`` for each second (or minute,
         before the last :data:`FINE_SECONDS`) in which tasks were done, the oldest first.
         Seconds without tasks are left out: they are zeros."""
+        # Copies, each made at once: a snapshot taken while the master thread is stuck
+        # (status_snapshot's fallback) reads while that thread may add.
+        coarse, fine = list(self._coarse), list(self._fine)
         points = [[round(now - minute, 1), round(n / COARSE_SECONDS, 3), COARSE_SECONDS]
-                  for minute, n in self._coarse]
-        points += [[round(now - second, 1), n, 1] for second, n in self._fine]
+                  for minute, n in coarse]
+        points += [[round(now - second, 1), n, 1] for second, n in fine]
         return points
 
 
