@@ -83,12 +83,17 @@ class Journal:
         self.broken: str | None = None  # why records are no longer written
         self.written = 0  # records appended in this run (UNITS ones)
         self._dir = self._open_dir()
-        self.lease = Lease(self._dir, self.path)
-        self.lease.acquire(wait)
+        self.lease = Lease(self._dir, self.path, self._lost)
+        try:
+            self.lease.acquire(wait)
+        except BaseException:
+            os.close(self._dir)
+            raise
         try:
             self.recorded, self.seed, self._fd = self._open_file(program_name(), seed)
         except BaseException:
             self.lease.release()
+            os.close(self._dir)
             raise
         self.replay = Replay(self.recorded)
         self.replay_lock = threading.Lock()  # the caller's thread and imap's feeders ask it
@@ -122,9 +127,13 @@ class Journal:
             fd = os.open(NAME, os.O_RDWR | NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir)
         except FileNotFoundError:
             return recorded, *self._create(program, seed)
-        check(fd, f"the journal {self.path}/{NAME}", private=False)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
+        try:
+            check(fd, f"the journal {self.path}/{NAME}", private=False)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+        except BaseException:
+            os.close(fd)
+            raise
         if not data:  # made by a run that could not write its header (a full disk): start again
             os.close(fd)
             os.unlink(NAME, dir_fd=self._dir)
@@ -201,6 +210,14 @@ class Journal:
                 self._break(e)
                 return
             self._dirty = True
+
+    def _lost(self, holder: str) -> None:
+        """Another master took the lease: this one stops writing (one writer at a time)."""
+        with self._lock:
+            if self.broken is None:
+                self.broken = "its lease was taken"
+                log.error("fiber: the journal at %s: another master took its lease (%s): this one "
+                          "goes on without recording", self.path, holder)
 
     def _break(self, e: OSError) -> None:
         self.broken = e.strerror or str(e)

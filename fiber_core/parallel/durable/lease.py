@@ -66,9 +66,10 @@ def describe(holder: dict[str, Any]) -> str:
 class Lease:
     """The journal's lease, taken by :meth:`acquire`, renewed by a thread, let go by :meth:`release`."""
 
-    def __init__(self, dir_fd: int, where: str) -> None:
+    def __init__(self, dir_fd: int, where: str, on_lost: Callable[[str], None]) -> None:
         self._dir = dir_fd
         self._where = where
+        self._on_lost = on_lost  # told who took the lease: the holder must stop writing
         self._host = socket.gethostname()
         self._token = os.urandom(8).hex()
         self._stop = threading.Event()
@@ -135,24 +136,28 @@ class Lease:
         self._thread.start()
 
     def _renew(self) -> None:
-        while not self._stop.wait(RENEW_SECONDS):
+        while not self._stop.wait(RENEW_SECONDS) and self.renew():
+            pass
+
+    def renew(self) -> bool:
+        """Push the lease's end back; False (and ``on_lost`` told) if it is no longer this one's."""
+        try:
+            holder = self._read()
+            if holder is None or holder.get("token") != self._token:
+                # (this process stalled past its lease: another master runs the program now)
+                self._on_lost(describe(holder) if holder else "no lease is left")
+                return False
+            tmp = f"{NAME}.{self._token}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o600,
+                         dir_fd=self._dir)
             try:
-                holder = self._read()
-                if holder is None or holder.get("token") != self._token:
-                    log.error("fiber: the journal at %s: another master took its lease (%s); "
-                              "this one goes on, and both now write to it", self._where,
-                              describe(holder) if holder else "none left")
-                    return
-                tmp = f"{NAME}.{self._token}"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW, 0o600,
-                             dir_fd=self._dir)
-                try:
-                    os.write(fd, json.dumps(self._mine()).encode())
-                finally:
-                    os.close(fd)
-                os.replace(tmp, NAME, src_dir_fd=self._dir, dst_dir_fd=self._dir)
-            except OSError as e:
-                log.warning("fiber: the journal at %s: cannot renew its lease: %s", self._where, e)
+                os.write(fd, json.dumps(self._mine()).encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, NAME, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+        except OSError as e:
+            log.warning("fiber: the journal at %s: cannot renew its lease: %s", self._where, e)
+        return True
 
     def release(self) -> None:
         """Let the lease go (at exit): the next master takes it at once."""
