@@ -142,3 +142,15 @@ def test_a_holder_whose_lease_was_taken_is_told_when_it_renews_and_lets_the_new_
         assert json.loads((tmp_path / "lease").read_text())["token"] == "t"  # not removed
     finally:
         os.close(fd)
+
+
+def test_a_reader_of_segments_starts_at_the_newest_base_and_reads_the_rest_in_order() -> None:
+    from fiber_core.parallel.durable.stored import segment_order
+
+    names = ["journal/000000000010", "journal/000000000002", "journal/000000000003.base",
+             "journal/000000000001", "journal/000000000009", "lease", "set-aside-x"]
+    assert segment_order(names) == ["journal/000000000003.base", "journal/000000000009",
+                                    "journal/000000000010"]
+    assert segment_order(["journal/000000000001", "journal/000000000000"]) == [
+        "journal/000000000000", "journal/000000000001"]
+    assert segment_order([]) == []

@@ -36,7 +36,8 @@ from fiber_core.parallel.durable import records
 from fiber_core.parallel.durable.lease import Lease
 from fiber_core.parallel.durable.records import CallIdentity, digest
 from fiber_core.parallel.durable.replay import Recorded, Replay
-from fiber_core.runtime.config import config
+from fiber_core.parallel.durable.stored import StoredJournal
+from fiber_core.runtime.config import config, plugins
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.serialize import dumps, fingerprint
 
@@ -101,10 +102,6 @@ class Journal:
         self._syncer.start()
 
     def _open_dir(self) -> int:
-        if "://" in self.given:
-            raise JournalError(
-                f"journal={self.given!r}: a journal in object storage is not supported yet; set "
-                "journal to a local directory or one on a mounted volume that outlives the master")
         try:
             os.makedirs(self.path, 0o700, exist_ok=True)
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
@@ -139,7 +136,7 @@ class Journal:
             os.unlink(NAME, dir_fd=self._dir)
             return recorded, *self._create(program, seed)
         scan = records.scan(data)
-        why = self._foreign(scan, program, seed)
+        why = records.foreign(scan, program, seed)
         if why is not None:
             os.close(fd)
             aside = f"{NAME}.set-aside-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
@@ -163,24 +160,6 @@ class Journal:
         log.info("fiber: the journal at %s holds %d calls, %d finished units: they are replayed "
                  "while the program makes the same calls", self.path, calls, units)
         return recorded, run_seed, fd
-
-    @staticmethod
-    def _foreign(scan: records.Scan, program: str, seed: int | None) -> str | None:
-        """Why the journal read is not this run's (None: it is)."""
-        if not scan.records:
-            return f"cannot be read: {scan.problem}" if scan.problem else "is empty"
-        kind, payload = scan.records[0]
-        try:
-            fields = records.read_header(payload) if kind == records.HEADER else None
-        except ValueError:
-            fields = None
-        if fields is None:
-            return "has no header"
-        if fields["program"] != program:
-            return f"belongs to another program, {fields['program']}, not {program}"
-        if seed is not None and fields["seed"] != seed:
-            return f"was recorded with seed {fields['seed']}, this run's seed is {seed}"
-        return None
 
     def _create(self, program: str, seed: int | None) -> tuple[int, int]:
         run_seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
@@ -250,13 +229,26 @@ class Journal:
         os.close(self._dir)
 
 
+def open_journal(path: str, wait: float, seed: int | None) -> Journal | StoredJournal:
+    """The journal the setting names: a directory, or object storage a plugin opens (``s3://``)."""
+    if "://" not in path:
+        return Journal(path, wait, seed)
+    store = plugins().journal_store(path)
+    if store is None:
+        raise JournalError(
+            f"journal={path!r}: no installed plugin serves this kind of storage (s3:// needs "
+            "fiber-aws: pip install fiber-aws); or set journal to a local directory or one on a "
+            "mounted volume that outlives the master")
+    return StoredJournal(store, program_name(), wait, seed)
+
+
 class CallKey:
     """What the Pool keeps of a call for the journal: its ordinal, and what may be replayed."""
 
     __slots__ = ("ordinal", "seed", "identity", "journal", "digests", "replayed", "checked")
 
     def __init__(self, ordinal: int, seed: int, identity: CallIdentity | None = None,
-                 journal: Journal | None = None) -> None:
+                 journal: Journal | StoredJournal | None = None) -> None:
         self.ordinal = ordinal
         self.seed = seed  # the run's, sent with each batch (the task's seed comes from it)
         self.identity = identity
@@ -310,7 +302,7 @@ class Program:
         self._lock = threading.Lock()
         self._next = 0
         self._resolved = without_journal
-        self.journal: Journal | None = None
+        self.journal: Journal | StoredJournal | None = None
         self.seed = 0
 
     def _resolve(self) -> None:
@@ -321,7 +313,7 @@ class Program:
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         if path and not runtime().is_worker:  # a job's calls are its master's business
             try:
-                self.journal = Journal(path, config.get("journal_wait"), seed)
+                self.journal = open_journal(path, config.get("journal_wait"), seed)
             except OSError as e:
                 if isinstance(e, PermissionError):  # (ForeignObjectError, a directory not ours)
                     raise

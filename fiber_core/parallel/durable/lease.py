@@ -21,6 +21,7 @@ from typing import Any
 from fiber_core.base.errors import JournalBusyError
 from fiber_core.base.log import log
 from fiber_core.base.owned import NOFOLLOW, check
+from fiber_core.contract.store import ObjectStore
 
 LEASE_SECONDS = 15.0
 """How long a lease holds without renewal: a holder on another host that died (or lost
@@ -169,5 +170,82 @@ class Lease:
                 holder = self._read()
                 if holder is not None and holder.get("token") == self._token:
                     os.unlink(NAME, dir_fd=self._dir)
+            except OSError:
+                pass
+
+
+class StoreLease:
+    """The journal's lease as an object of its :class:`~fiber_core.contract.store.ObjectStore`:
+    written only if absent, renewed only if unchanged, taken over by removing the version
+    that ran out (of two masters that race for it, one removal or one write fails)."""
+
+    def __init__(self, store: ObjectStore, on_lost: Callable[[str], None]) -> None:
+        self._store = store
+        self._on_lost = on_lost
+        self._host = socket.gethostname()
+        self._token = os.urandom(8).hex()
+        self._tag: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _mine(self) -> bytes:
+        return json.dumps({"pid": os.getpid(), "host": self._host, "token": self._token,
+                           "expires": time.time() + LEASE_SECONDS}).encode()
+
+    def acquire(self, wait: float) -> None:
+        give_up = time.monotonic() + wait
+        while True:
+            self._tag = self._store.put(NAME, self._mine(), if_absent=True)
+            if self._tag is not None:
+                break
+            got = self._store.get(NAME)
+            if got is None:
+                continue
+            try:
+                holder = json.loads(got[0])
+            except ValueError:
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            why = holder_gone(holder, time.time(), self._host)
+            if why is not None:
+                if self._store.delete(NAME, if_tag=got[1]):
+                    log.info("fiber: the journal at %s: took over the lease of %s: %s",
+                             self._store.where, describe(holder), why)
+                continue
+            if time.monotonic() >= give_up:
+                raise JournalBusyError(
+                    f"the journal at {self._store.where} is in use by another master of this program, "
+                    f"{describe(holder)}: let it finish or stop it, or set journal_wait (seconds) "
+                    "to wait for it")
+            time.sleep(POLL_SECONDS)  # another process's lease: no event to wait for
+        self._thread = threading.Thread(target=self._renew, daemon=True, name="fiber-journal-lease")
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(RENEW_SECONDS) and self.renew():
+            pass
+
+    def renew(self) -> bool:
+        """Push the lease's end back; False (and ``on_lost`` told) if it is no longer this one's."""
+        try:
+            tag = self._store.put(NAME, self._mine(), if_tag=self._tag)
+        except OSError as e:
+            log.warning("fiber: the journal at %s: cannot renew its lease: %s", self._store.where, e)
+            return True
+        if tag is None:
+            got = self._store.get(NAME)
+            holder = json.loads(got[0]) if got is not None else None
+            self._on_lost(describe(holder) if isinstance(holder, dict) else "no lease is left")
+            return False
+        self._tag = tag
+        return True
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            try:
+                self._store.delete(NAME, if_tag=self._tag)
             except OSError:
                 pass
