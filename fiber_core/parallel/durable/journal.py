@@ -11,7 +11,7 @@ finished (:meth:`CallKey.finished`), one record per batch of results.
 Records reach the file with one ``write`` each, from the thread that made them (the
 master's, a caller's for a call's identity): a master killed at any moment loses only
 what it had not delivered yet, and a torn last record is cut off at the next start. A
-thread makes them durable on disk (``fsync``) at most every :data:`FSYNC_SECONDS`. A
+thread makes them durable on disk (``fsync``) every half second at most (a group commit). A
 write that fails (a full disk) stops the journal with one warning; the run goes on,
 and what it did not record runs again after a restart.
 """
@@ -35,15 +35,12 @@ from fiber_core.base.owned import NOFOLLOW, check
 from fiber_core.parallel.durable import records
 from fiber_core.parallel.durable.lease import Lease
 from fiber_core.parallel.durable.records import CallIdentity, digest
-from fiber_core.parallel.durable.replay import Recorded, Replay
+from fiber_core.parallel.durable.replay import Recorded
 from fiber_core.parallel.durable.stored import StoredJournal
+from fiber_core.parallel.durable.writing import OpenJournal
 from fiber_core.runtime.config import config, plugins
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.serialize import dumps, fingerprint
-
-FSYNC_SECONDS = 0.5
-"""How often written records are made durable (``fsync``): a group commit. A master
-killed loses nothing written; a machine that loses power, at most this much."""
 
 NAME = "journal"
 """The records' file in the journal's directory."""
@@ -72,17 +69,12 @@ def function_digest(func: Callable, func_bytes: bytes) -> bytes:
     return digest(func_bytes)
 
 
-class Journal:
+class Journal(OpenJournal):
     """A journal directory, open for this run: its lease held, its records read and appended to."""
 
     def __init__(self, path: str, wait: float, seed: int | None) -> None:
-        self.given = path
-        self.path = os.path.abspath(path)
-        self._lock = threading.Lock()
+        super().__init__(os.path.abspath(path))
         self._dirty = False
-        self._closed = threading.Event()
-        self.broken: str | None = None  # why records are no longer written
-        self.written = 0  # records appended in this run (UNITS ones)
         self._dir = self._open_dir()
         self.lease = Lease(self._dir, self.path, self._lost)
         try:
@@ -91,15 +83,12 @@ class Journal:
             os.close(self._dir)
             raise
         try:
-            self.recorded, self.seed, self._fd = self._open_file(program_name(), seed)
+            recorded, run_seed, self._fd = self._open_file(program_name(), seed)
         except BaseException:
             self.lease.release()
             os.close(self._dir)
             raise
-        self.replay = Replay(self.recorded)
-        self.replay_lock = threading.Lock()  # the caller's thread and imap's feeders ask it
-        self._syncer = threading.Thread(target=self._sync_loop, daemon=True, name="fiber-journal-sync")
-        self._syncer.start()
+        self._opened(recorded, run_seed)
 
     def _open_dir(self) -> int:
         try:
@@ -177,7 +166,7 @@ class Journal:
         return run_seed, fd
 
     def append(self, record: bytes) -> None:
-        """Write one record now (to the OS; made durable by the sync thread)."""
+        """Write one record now (to the OS; made durable by the next commit)."""
         with self._lock:
             if self.broken is not None or self._closed.is_set():
                 return  # (a result that arrives while the program exits: it runs again)
@@ -186,28 +175,11 @@ class Journal:
                 while view:
                     view = view[os.write(self._fd, view):]
             except OSError as e:
-                self._break(e)
+                self._stop(e.strerror or str(e))
                 return
             self._dirty = True
 
-    def _lost(self, holder: str) -> None:
-        """Another master took the lease: this one stops writing (one writer at a time)."""
-        with self._lock:
-            if self.broken is None:
-                self.broken = "its lease was taken"
-                log.error("fiber: the journal at %s: another master took its lease (%s): this one "
-                          "goes on without recording", self.path, holder)
-
-    def _break(self, e: OSError) -> None:
-        self.broken = e.strerror or str(e)
-        log.warning("fiber: the journal at %s cannot be written (%s): the run goes on without it; "
-                    "what it did not record runs again after a restart", self.path, self.broken)
-
-    def _sync_loop(self) -> None:
-        while not self._closed.wait(FSYNC_SECONDS):
-            self.sync()
-
-    def sync(self) -> None:
+    def commit(self) -> None:
         with self._lock:
             if not self._dirty or self.broken is not None:
                 return
@@ -215,16 +187,9 @@ class Journal:
             try:
                 os.fsync(self._fd)
             except OSError as e:
-                self._break(e)
+                self._stop(e.strerror or str(e))
 
-    def close(self) -> None:
-        """Sync what was written, and let the lease go (at the program's exit)."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._syncer.join()
-        self.sync()
-        self.lease.release()
+    def _release(self) -> None:
         os.close(self._fd)
         os.close(self._dir)
 

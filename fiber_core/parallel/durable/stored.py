@@ -13,14 +13,14 @@ an object of the store (:class:`~fiber_core.parallel.durable.lease.StoreLease`).
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 from fiber_core.base.log import log
 from fiber_core.contract.store import ObjectStore
 from fiber_core.parallel.durable import records
 from fiber_core.parallel.durable.lease import StoreLease
-from fiber_core.parallel.durable.replay import Recorded, Replay
+from fiber_core.parallel.durable.replay import Recorded
+from fiber_core.parallel.durable.writing import OpenJournal
 
 SEGMENT_SECONDS = 0.5
 """How often buffered records are written as a segment: a request per this long at most."""
@@ -40,28 +40,23 @@ def segment_number(name: str) -> int:
     return int(name[len(PREFIX):].split(".")[0])
 
 
-class StoredJournal:
+class StoredJournal(OpenJournal):
     """A journal in an :class:`ObjectStore`, open for this run (as :class:`Journal` is for a directory)."""
 
+    COMMIT_SECONDS = SEGMENT_SECONDS
+
     def __init__(self, store: ObjectStore, program: str, wait: float, seed: int | None) -> None:
-        self.path = store.where
+        super().__init__(store.where)
         self._store = store
-        self._lock = threading.Lock()
         self._buffer: list[bytes] = []
-        self._closed = threading.Event()
-        self.broken: str | None = None
-        self.written = 0
         self.lease = StoreLease(store, self._lost)
         self.lease.acquire(wait)
         try:
-            self.recorded, self.seed = self._open(program, seed)
+            recorded, run_seed = self._open(program, seed)
         except BaseException:
             self.lease.release()
             raise
-        self.replay = Replay(self.recorded)
-        self.replay_lock = threading.Lock()
-        self._writer = threading.Thread(target=self._write_loop, daemon=True, name="fiber-journal-sync")
-        self._writer.start()
+        self._opened(recorded, run_seed)
 
     def _open(self, program: str, seed: int | None) -> tuple[Recorded, int]:
         """Read the segments back; write them as one base (cut before a damaged record, or a new
@@ -108,11 +103,7 @@ class StoredJournal:
             if self.broken is None and not self._closed.is_set():
                 self._buffer.append(record)
 
-    def _write_loop(self) -> None:
-        while not self._closed.wait(SEGMENT_SECONDS):
-            self.sync()
-
-    def sync(self) -> None:
+    def commit(self) -> None:
         """Write what is buffered as the next segment."""
         with self._lock:
             if not self._buffer or self.broken is not None:
@@ -124,21 +115,7 @@ class StoredJournal:
             self._store.put(name, data)
         except OSError as e:
             with self._lock:
-                self.broken = str(e)
-            log.warning("fiber: the journal at %s cannot be written (%s): the run goes on without it; "
-                        "what it did not record runs again after a restart", self.path, e)
+                self._stop(str(e))
 
-    def _lost(self, holder: str) -> None:
-        with self._lock:
-            if self.broken is None:
-                self.broken = "its lease was taken"
-                log.error("fiber: the journal at %s: another master took its lease (%s): this one "
-                          "goes on without recording", self.path, holder)
-
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._writer.join()
-        self.sync()
-        self.lease.release()
+    def _release(self) -> None:
+        pass  # nothing is held open: each request stands alone
