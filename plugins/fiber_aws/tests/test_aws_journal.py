@@ -134,3 +134,21 @@ def test_a_damaged_segment_is_reported_and_what_it_held_runs_again_with_the_righ
     assert len(lines) == 1 and lines[0].startswith(f"fiber: the journal at {runs.url}: record ")
     assert lines[0].endswith("and their work runs again")
     assert 0 < runs.ran() < 19
+
+
+def test_a_killed_masters_s3_lease_is_taken_at_once_and_the_rerun_gives_the_undisturbed_results(
+        runs: Runs, tmp_path: Path) -> None:
+    expected = _results(subprocess.run([sys.executable, str(runs.program)], capture_output=True, text=True,
+                                       env={**runs.env(FIBER_SEED="3"), "FIBER_JOURNAL": ""},
+                                       cwd=runs.dir, timeout=T))
+    own = tmp_path / "tmp"  # what the killed master leaves (its run directory) stays here
+    own.mkdir()
+    first = subprocess.Popen([sys.executable, str(runs.program)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=runs.env(HOLD="1", FIBER_SEED="3", TMPDIR=str(own)), cwd=runs.dir)
+    assert first.stdout is not None and first.stdout.readline() == "holding\n"
+    first.kill()
+    first.communicate(timeout=T)
+    assert "lease" in S3Store(runs.url).names()  # it had no time to let it go
+    again = runs.run(FIBER_SEED="3", TMPDIR=str(own))
+    assert _results(again) == expected
