@@ -12,7 +12,9 @@ is opened on its first call), in an order that flips every repetition; a program
 with a journal starts on an empty directory (a journal that holds the run would
 replay it instead of running it). A program starts its pool, warms it up (a map until
 every worker answered), then times each case once. Figures are medians over the
-repetitions; the ratio is with / without.
+repetitions; the ratio is with / without. The parent's CPU time during each map (all its
+threads: the master's, the journal's) is given too: on a shared machine it varies less
+than the elapsed time.
 
 Usage::
 
@@ -56,13 +58,14 @@ if __name__ == "__main__":
         while len(seen) < %(workers)d:
             seen.update(pool.map(pid_after, [0.01] * %(workers)d * 2, 1))
         pool.map(noop, range(100), 1)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         pool.map(nap, range(%(sleeps)d))
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         out = pool.map(noop, range(%(noops)d), 1)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         assert out == list(range(%(noops)d))
-    print(json.dumps({"sleep_batch": t1 - t0, "noop_chunksize1": t2 - t1}))
+    print(json.dumps({"sleep_batch": t1 - t0, "noop_chunksize1": t2 - t1,
+                      "sleep_batch_cpu": c1 - c0, "noop_chunksize1_cpu": c2 - c1}))
 """
 
 
@@ -106,7 +109,9 @@ def main() -> None:
           f"({time.strftime('%Y-%m-%d')}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
     print(f"{'case':<34}{'without':>10}{'with':>10}{'ratio':>8}")
     names = {"sleep_batch": f"{SLEEP_TASKS} x {SLEEP_SECONDS * 1000:g} ms sleep, map",
-             "noop_chunksize1": f"{NOOP_TASKS} no-ops, map chunksize=1"}
+             "sleep_batch_cpu": "  the parent's CPU time",
+             "noop_chunksize1": f"{NOOP_TASKS} no-ops, map chunksize=1",
+             "noop_chunksize1_cpu": "  the parent's CPU time"}
     for case, name in names.items():
         without = statistics.median(times["without"][case])
         with_ = statistics.median(times["with"][case])

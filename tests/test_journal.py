@@ -316,16 +316,16 @@ def test_an_imap_whose_input_changes_half_way_takes_the_units_before_and_runs_th
     assert run([1, 2, 30, 4])[:2] == ([3, 6, 90, 12], [1, 2])  # what the changed run recorded
 
 
-def test_a_journal_in_object_storage_is_refused_at_the_first_call_saying_what_to_set(run_script) -> None:  # noqa: ANN001
+def test_a_journal_in_storage_no_plugin_serves_is_refused_at_the_first_call_saying_what_to_set(run_script) -> None:  # noqa: ANN001
     proc = run_script("""
         import fiber_core as mp
 
         if __name__ == "__main__":
             with mp.Pool(1) as pool:
                 pool.map(abs, [-1])
-    """, env={"FIBER_JOURNAL": "s3://bucket/run-1"})
+    """, env={"FIBER_JOURNAL": "gs://bucket/run-1"})
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        "fiber_core.base.errors.JournalError: journal='s3://bucket/run-1': a journal in object storage "
-        "is not supported yet; set journal to a local directory or one on a mounted volume that "
-        "outlives the master")
+        "fiber_core.base.errors.JournalError: journal='gs://bucket/run-1': no installed plugin serves "
+        "this kind of storage (s3:// needs fiber-aws: pip install fiber-aws); or set journal to a local "
+        "directory or one on a mounted volume that outlives the master")

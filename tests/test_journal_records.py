@@ -119,3 +119,38 @@ def test_a_lease_holds_until_it_runs_out_or_its_local_holder_has_ended() -> None
     assert "pid 42 of this host" in (holder_gone(lease, 99.0, "h1", alive=lambda pid: False) or "")
     assert holder_gone(lease, 99.0, "h2", alive=lambda pid: False) is None  # another host's pid
     assert holder_gone({}, 0.0, "h1") is not None  # half written: no expiry
+
+
+def test_a_holder_whose_lease_was_taken_is_told_when_it_renews_and_lets_the_new_holder_keep_it(tmp_path) -> None:  # noqa: ANN001
+    import json
+    import os
+
+    from fiber_core.parallel.durable.lease import Lease
+
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    lost: list[str] = []
+    try:
+        lease = Lease(fd, str(tmp_path), lost.append)
+        lease.acquire(0)
+        assert lease.renew() and lost == []
+        # It stalled past its lease and another master took it.
+        (tmp_path / "lease").write_text(json.dumps({"pid": 1, "host": "other", "token": "t",
+                                                    "expires": 4e9}))
+        assert not lease.renew()
+        assert lost == ["pid 1 on host other (its lease runs until 07:06:40 UTC)"]
+        lease.release()
+        assert json.loads((tmp_path / "lease").read_text())["token"] == "t"  # not removed
+    finally:
+        os.close(fd)
+
+
+def test_a_reader_of_segments_starts_at_the_newest_base_and_reads_the_rest_in_order() -> None:
+    from fiber_core.parallel.durable.stored import segment_order
+
+    names = ["journal/000000000010", "journal/000000000002", "journal/000000000003.base",
+             "journal/000000000001", "journal/000000000009", "lease", "set-aside-x"]
+    assert segment_order(names) == ["journal/000000000003.base", "journal/000000000009",
+                                    "journal/000000000010"]
+    assert segment_order(["journal/000000000001", "journal/000000000000"]) == [
+        "journal/000000000000", "journal/000000000001"]
+    assert segment_order([]) == []

@@ -69,6 +69,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         waiting_verdict,
         worker_cost,
     )
+    from fiber_core.contract.store import ObjectStore
 
 _EXPORTS = {
     "BackendError": "fiber_core.base.errors",
@@ -91,6 +92,7 @@ _EXPORTS = {
     "split_secrets": "fiber_core.contract.backend",
     "HOST_LOST_EXITCODE": "fiber_core.contract.jobs",
     "hookimpl": "fiber_core.contract.hookspecs",
+    "ObjectStore": "fiber_core.contract.store",
     "ENV_AUTHKEY": "fiber_core.contract.env",
     "ENV_HUB": "fiber_core.contract.env",
     "ENV_JOB_HOST": "fiber_core.contract.env",
@@ -130,7 +132,7 @@ __all__ = [
     "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_RUN_ID",
     "ENV_TOKEN", "EXTRA_ENV", "HOST_LOST_EXITCODE", "TIMEOUT_ALIAS",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
-    "BackendError", "ConfigError", "EndReason", "FiberError", "Job", "JobSpec", "JobState", "LogRing", "Option",
+    "BackendError", "ConfigError", "EndReason", "FiberError", "Job", "JobSpec", "JobState", "LogRing", "ObjectStore", "Option",
     "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",
     "parse_pairs", "remove_all", "split_secrets",
     "ENV_NODE", "ENV_RESOURCES", "RESOURCE_KEYS", "GpuChoice", "choice_text", "gpu_choices", "job_resources",

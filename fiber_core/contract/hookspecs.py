@@ -12,7 +12,7 @@ user picks, so calls on jobs never go through hooks: they are plain method calls
 on the :class:`fiber_core.contract.backend.Backend` instance.
 
 The hooks: :func:`fiber_register_backends` (what a backend plugin implements),
-:func:`fiber_add_commands` and :func:`fiber_detect_backend`. A function marked
+:func:`fiber_add_commands`, :func:`fiber_detect_backend` and :func:`fiber_journal_store`. A function marked
 with :data:`hookimpl` under any other name (``fiber_register_backend``) is a
 :class:`~fiber_core.base.errors.PluginError` when plugins load, naming the plugin
 and the hook; an unmarked function is not a hook and is never called.
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fiber_core.contract.backend import Backend
+    from fiber_core.contract.store import ObjectStore
 
 
 hookspec = pluggy.HookspecMarker("fiber")
@@ -96,4 +97,20 @@ def fiber_detect_backend() -> str | None:
     call a cluster. The Kubernetes plugin answers ``"kubernetes"`` inside a pod.
 
     :return: a backend name or alias, or ``None`` to leave the choice to others.
+    """
+
+
+@hookspec(firstresult=True)
+def fiber_journal_store(url: str) -> ObjectStore | None:
+    """Open the object storage that a ``journal`` setting names, such as ``s3://bucket/prefix``.
+
+    Called once per program, on its first Pool or executor call, when the setting has a
+    scheme (``://``). The first non-``None`` answer wins; with none, the program stops with
+    an error that names the setting. Do not reach the storage here (its first request is
+    the journal's): credentials and endpoints come from where the storage's own client
+    reads them. fiber-aws answers ``s3://``.
+
+    :param url: the setting as given.
+    :return: an :class:`~fiber_core.contract.store.ObjectStore`, or ``None`` for a scheme
+        this plugin does not serve.
     """

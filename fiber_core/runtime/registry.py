@@ -30,6 +30,7 @@ from fiber_core.base.install import (
 )
 from fiber_core.contract import hookspecs
 from fiber_core.contract.backend import Backend
+from fiber_core.contract.store import ObjectStore
 
 ENTRY_POINT_GROUP = "fiber"
 ENV_DISABLE_AUTOLOAD = "FIBER_DISABLE_PLUGIN_AUTOLOAD"
@@ -196,6 +197,11 @@ class Registry:
         """The backend a plugin says this process should use where it runs, if any."""
         self._load_plugins()
         return self.pm.hook.fiber_detect_backend()
+
+    def journal_store(self, url: str) -> ObjectStore | None:
+        """The object storage a plugin opens for a ``journal`` setting with a scheme, if any."""
+        self._load_plugins()
+        return self.pm.hook.fiber_journal_store(url=url)
 
     def register_plugin(self, plugin: object, name: str | None = None) -> None:
         """Register a plugin object by hand (tests, embedded backends), then reload.

@@ -2,6 +2,7 @@
 
 The parts: :mod:`.records` (the file format, pure), :mod:`.replay` (what a new run may
 take of what was recorded, pure), :mod:`.task` (a task's identity and seed, all a
-worker loads of this package), :mod:`.lease` (one master at a time) and
-:mod:`.journal` (the I/O: the file, its group commits, the calls' identities).
+worker loads of this package), :mod:`.lease` (one master at a time), :mod:`.writing`
+(what every open journal does), :mod:`.stored` (a journal in object storage) and
+:mod:`.journal` (a journal in a directory, and the program's sequence of calls).
 """

@@ -11,7 +11,7 @@ finished (:meth:`CallKey.finished`), one record per batch of results.
 Records reach the file with one ``write`` each, from the thread that made them (the
 master's, a caller's for a call's identity): a master killed at any moment loses only
 what it had not delivered yet, and a torn last record is cut off at the next start. A
-thread makes them durable on disk (``fsync``) at most every :data:`FSYNC_SECONDS`. A
+thread makes them durable on disk (``fsync``) every half second at most (a group commit). A
 write that fails (a full disk) stops the journal with one warning; the run goes on,
 and what it did not record runs again after a restart.
 """
@@ -35,14 +35,12 @@ from fiber_core.base.owned import NOFOLLOW, check
 from fiber_core.parallel.durable import records
 from fiber_core.parallel.durable.lease import Lease
 from fiber_core.parallel.durable.records import CallIdentity, digest
-from fiber_core.parallel.durable.replay import Recorded, Replay
-from fiber_core.runtime.config import config
+from fiber_core.parallel.durable.replay import Recorded
+from fiber_core.parallel.durable.stored import StoredJournal
+from fiber_core.parallel.durable.writing import OpenJournal
+from fiber_core.runtime.config import config, plugins
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.serialize import dumps, fingerprint
-
-FSYNC_SECONDS = 0.5
-"""How often written records are made durable (``fsync``): a group commit. A master
-killed loses nothing written; a machine that loses power, at most this much."""
 
 NAME = "journal"
 """The records' file in the journal's directory."""
@@ -71,35 +69,28 @@ def function_digest(func: Callable, func_bytes: bytes) -> bytes:
     return digest(func_bytes)
 
 
-class Journal:
+class Journal(OpenJournal):
     """A journal directory, open for this run: its lease held, its records read and appended to."""
 
     def __init__(self, path: str, wait: float, seed: int | None) -> None:
-        self.given = path
-        self.path = os.path.abspath(path)
-        self._lock = threading.Lock()
+        super().__init__(os.path.abspath(path))
         self._dirty = False
-        self._closed = threading.Event()
-        self.broken: str | None = None  # why records are no longer written
-        self.written = 0  # records appended in this run (UNITS ones)
         self._dir = self._open_dir()
-        self.lease = Lease(self._dir, self.path)
-        self.lease.acquire(wait)
+        self.lease = Lease(self._dir, self.path, self._lost)
         try:
-            self.recorded, self.seed, self._fd = self._open_file(program_name(), seed)
+            self.lease.acquire(wait)
+        except BaseException:
+            os.close(self._dir)
+            raise
+        try:
+            recorded, run_seed, self._fd = self._open_file(program_name(), seed)
         except BaseException:
             self.lease.release()
+            os.close(self._dir)
             raise
-        self.replay = Replay(self.recorded)
-        self.replay_lock = threading.Lock()  # the caller's thread and imap's feeders ask it
-        self._syncer = threading.Thread(target=self._sync_loop, daemon=True, name="fiber-journal-sync")
-        self._syncer.start()
+        self._opened(recorded, run_seed)
 
     def _open_dir(self) -> int:
-        if "://" in self.given:
-            raise JournalError(
-                f"journal={self.given!r}: a journal in object storage is not supported yet; set "
-                "journal to a local directory or one on a mounted volume that outlives the master")
         try:
             os.makedirs(self.path, 0o700, exist_ok=True)
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
@@ -122,15 +113,19 @@ class Journal:
             fd = os.open(NAME, os.O_RDWR | NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir)
         except FileNotFoundError:
             return recorded, *self._create(program, seed)
-        check(fd, f"the journal {self.path}/{NAME}", private=False)
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
+        try:
+            check(fd, f"the journal {self.path}/{NAME}", private=False)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+        except BaseException:
+            os.close(fd)
+            raise
         if not data:  # made by a run that could not write its header (a full disk): start again
             os.close(fd)
             os.unlink(NAME, dir_fd=self._dir)
             return recorded, *self._create(program, seed)
         scan = records.scan(data)
-        why = self._foreign(scan, program, seed)
+        why = records.foreign(scan, program, seed)
         if why is not None:
             os.close(fd)
             aside = f"{NAME}.set-aside-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}"
@@ -155,24 +150,6 @@ class Journal:
                  "while the program makes the same calls", self.path, calls, units)
         return recorded, run_seed, fd
 
-    @staticmethod
-    def _foreign(scan: records.Scan, program: str, seed: int | None) -> str | None:
-        """Why the journal read is not this run's (None: it is)."""
-        if not scan.records:
-            return f"cannot be read: {scan.problem}" if scan.problem else "is empty"
-        kind, payload = scan.records[0]
-        try:
-            fields = records.read_header(payload) if kind == records.HEADER else None
-        except ValueError:
-            fields = None
-        if fields is None:
-            return "has no header"
-        if fields["program"] != program:
-            return f"belongs to another program, {fields['program']}, not {program}"
-        if seed is not None and fields["seed"] != seed:
-            return f"was recorded with seed {fields['seed']}, this run's seed is {seed}"
-        return None
-
     def _create(self, program: str, seed: int | None) -> tuple[int, int]:
         run_seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         fd = os.open(NAME, os.O_RDWR | os.O_CREAT | os.O_EXCL | NOFOLLOW | os.O_CLOEXEC, 0o600,
@@ -189,7 +166,7 @@ class Journal:
         return run_seed, fd
 
     def append(self, record: bytes) -> None:
-        """Write one record now (to the OS; made durable by the sync thread)."""
+        """Write one record now (to the OS; made durable by the next commit)."""
         with self._lock:
             if self.broken is not None or self._closed.is_set():
                 return  # (a result that arrives while the program exits: it runs again)
@@ -198,20 +175,11 @@ class Journal:
                 while view:
                     view = view[os.write(self._fd, view):]
             except OSError as e:
-                self._break(e)
+                self._stop(e.strerror or str(e))
                 return
             self._dirty = True
 
-    def _break(self, e: OSError) -> None:
-        self.broken = e.strerror or str(e)
-        log.warning("fiber: the journal at %s cannot be written (%s): the run goes on without it; "
-                    "what it did not record runs again after a restart", self.path, self.broken)
-
-    def _sync_loop(self) -> None:
-        while not self._closed.wait(FSYNC_SECONDS):
-            self.sync()
-
-    def sync(self) -> None:
+    def commit(self) -> None:
         with self._lock:
             if not self._dirty or self.broken is not None:
                 return
@@ -219,18 +187,24 @@ class Journal:
             try:
                 os.fsync(self._fd)
             except OSError as e:
-                self._break(e)
+                self._stop(e.strerror or str(e))
 
-    def close(self) -> None:
-        """Sync what was written, and let the lease go (at the program's exit)."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        self._syncer.join()
-        self.sync()
-        self.lease.release()
+    def _release(self) -> None:
         os.close(self._fd)
         os.close(self._dir)
+
+
+def open_journal(path: str, wait: float, seed: int | None) -> Journal | StoredJournal:
+    """The journal the setting names: a directory, or object storage a plugin opens (``s3://``)."""
+    if "://" not in path:
+        return Journal(path, wait, seed)
+    store = plugins().journal_store(path)
+    if store is None:
+        raise JournalError(
+            f"journal={path!r}: no installed plugin serves this kind of storage (s3:// needs "
+            "fiber-aws: pip install fiber-aws); or set journal to a local directory or one on a "
+            "mounted volume that outlives the master")
+    return StoredJournal(store, program_name(), wait, seed)
 
 
 class CallKey:
@@ -239,7 +213,7 @@ class CallKey:
     __slots__ = ("ordinal", "seed", "identity", "journal", "digests", "replayed", "checked")
 
     def __init__(self, ordinal: int, seed: int, identity: CallIdentity | None = None,
-                 journal: Journal | None = None) -> None:
+                 journal: Journal | StoredJournal | None = None) -> None:
         self.ordinal = ordinal
         self.seed = seed  # the run's, sent with each batch (the task's seed comes from it)
         self.identity = identity
@@ -293,7 +267,7 @@ class Program:
         self._lock = threading.Lock()
         self._next = 0
         self._resolved = without_journal
-        self.journal: Journal | None = None
+        self.journal: Journal | StoredJournal | None = None
         self.seed = 0
 
     def _resolve(self) -> None:
@@ -304,7 +278,7 @@ class Program:
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         if path and not runtime().is_worker:  # a job's calls are its master's business
             try:
-                self.journal = Journal(path, config.get("journal_wait"), seed)
+                self.journal = open_journal(path, config.get("journal_wait"), seed)
             except OSError as e:
                 if isinstance(e, PermissionError):  # (ForeignObjectError, a directory not ours)
                     raise

@@ -143,3 +143,22 @@ def read_units(payload: bytes) -> tuple[int, list[tuple[int, bytes]], list[Any]]
 
 def read_truncate(payload: bytes) -> int:
     return int(payload)
+
+
+def foreign(scan: Scan, program: str, seed: int | None) -> str | None:
+    """Why a journal read back is not this run's (None: it is): not readable, no header,
+    another program's, or recorded with another ``seed`` setting."""
+    if not scan.records:
+        return f"cannot be read: {scan.problem}" if scan.problem else "is empty"
+    kind, payload = scan.records[0]
+    try:
+        fields = read_header(payload) if kind == HEADER else None
+    except ValueError:
+        fields = None
+    if fields is None:
+        return "has no header"
+    if fields["program"] != program:
+        return f"belongs to another program, {fields['program']}, not {program}"
+    if seed is not None and fields["seed"] != seed:
+        return f"was recorded with seed {fields['seed']}, this run's seed is {seed}"
+    return None

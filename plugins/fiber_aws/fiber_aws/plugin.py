@@ -1,4 +1,5 @@
-"""Registers the ``aws-batch`` backend (alias ``aws``); its settings live in ``[aws]``."""
+"""Registers the ``aws-batch`` backend (alias ``aws``), whose settings live in ``[aws]``, and
+journals in S3 (``journal = s3://bucket/prefix``)."""
 
 from __future__ import annotations
 
@@ -13,3 +14,12 @@ def fiber_register_backends(register: Any) -> None:
     from fiber_aws.backend import AwsBatchBackend
 
     register(AwsBatchBackend)
+
+
+@hookimpl
+def fiber_journal_store(url: str) -> Any:
+    if not url.startswith("s3://"):
+        return None
+    from fiber_aws.journal import S3Store  # (boto3 with it: only for a journal in S3)
+
+    return S3Store(url)
