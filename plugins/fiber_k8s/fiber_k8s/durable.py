@@ -23,6 +23,11 @@ from typing import Any, BinaryIO
 
 from fiber_core.contract import BackendError
 
+JOURNAL_WAIT = 60.0
+"""Seconds a start waits for the journal's lease (``journal_wait``; ``--env`` overrides it):
+a pod lost with its node could not give the lease back, and it expires 15 s after its last
+renewal."""
+
 IGNORE_DISRUPTIONS = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 

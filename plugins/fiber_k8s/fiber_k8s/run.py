@@ -176,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
     run_id = uuid.uuid4().hex[:12]
     # A durable run's every start is a run of its own (its pods, its key); the label ties them.
     own_id = {} if args.durable else {ENV_RUN_ID: run_id}
+    if args.durable:  # a start after a lost node waits for the lease its predecessor left
+        own_id["FIBER_JOURNAL_WAIT"] = str(durable.JOURNAL_WAIT)
     env = {**_forwarded_env(), "FIBER_BACKEND": KubernetesBackend.name, **own_id, **parse_pairs(args.env, "--env")}
     if settings.get("pod_template"):  # its file is on this machine: the parent pod gets its content
         env["FIBER_KUBERNETES_POD_TEMPLATE"] = json.dumps(load_pod_template(settings["pod_template"]),

@@ -277,6 +277,7 @@ import fiber_core as multiprocessing
 
 def slow_square(x):
     time.sleep(0.03)
+    print("ran", x, flush=True)
     return x * x
 
 
@@ -308,10 +309,15 @@ def test_a_durable_run_survives_its_pod_evicted_and_then_its_node_lost(
         tmp_path: Path, restore_config: None) -> None:
     """The program's pod is evicted mid-run (Eviction API), then the node of the pod that
     replaced it is lost: the Job starts the program a third time, which finishes; `fiber run`
-    shows all three starts' output and exits 0, with the same result as an undisturbed run."""
+    shows all three starts' output and exits 0, with the same result as an undisturbed run.
+    Its journal (on a volume every start mounts) makes each start run only what the ones
+    before it had not finished."""
     emu.admin("config", {"nodes": [{"name": "node-a"}, {"name": "node-b"}, {"name": "node-c"}]}, "PUT")
+    journal = tmp_path / "journal"
+    journal.mkdir()
     prog = subprocess.Popen([sys.executable, "-m", "fiber_core.cli", "run", "--durable", "--image", image,
-                             *pod_args, "python3", "-c", DURABLE_PROGRAM], env=env, cwd=tmp_path,
+                             *pod_args, "--volume", f"{journal}:{journal}", "--env", f"FIBER_JOURNAL={journal}",
+                             "python3", "-c", DURABLE_PROGRAM], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     errors: list[str] = []
     threading.Thread(target=lambda: errors.extend(prog.stderr), daemon=True).start()  # type: ignore[arg-type]
@@ -349,6 +355,11 @@ def test_a_durable_run_survives_its_pod_evicted_and_then_its_node_lost(
     assert [line.split() for line in lines if line.startswith("result")] == [
         ["result", str(sum(x * x for x in range(200)))]]
     assert sum(1 for line in lines if line.strip() == "start") == 3
+    runs, start = [0, 0, 0], -1
+    for line in lines:
+        start += line.strip() == "start"
+        runs[start] += " ran " in line  # a worker's line: "[PoolWorker-1] ran 17"
+    assert runs[2] < 200 and sum(runs) <= 200 + 40, runs  # each start went on from the last one's results
     said = "".join(errors)
     assert "was disrupted (EvictionByEvictionAPI" in said and "start 3" in said
     assert not v1.list_namespaced_pod(ns, label_selector="fiber.role=main,job-name").items or all(
