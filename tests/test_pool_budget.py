@@ -64,11 +64,18 @@ def test_a_capped_pool_runs_fewer_workers_says_why_once_and_grows_when_the_cap_r
                             "(Pool.set_max_hourly_cost) to grow it"]
             pool.resize(4)  # the same cap, asked again: said once already for this size
             assert len([r for r in caplog.records if "max_hourly_cost" in r.getMessage()]) == 1
+            assert pool.status_snapshot()["cost_per_hour"] == 3.0  # what the live view shows
             pool.set_max_hourly_cost(6.0)
             assert pool._processes == 4
             wait_until(lambda: _workers(pool) == 4, "four workers")
+            wait_until(lambda: pool.status_snapshot()["cost_per_hour"] == 6.0, "the cost of four")
             pool.set_max_hourly_cost(None)
             assert pool._processes == 4
+
+
+def test_a_pool_without_prices_shows_no_cost() -> None:
+    with fiber_core.Pool(1) as pool:
+        assert pool.status_snapshot()["cost_per_hour"] is None
 
 
 def test_a_cap_below_one_worker_or_without_a_price_is_an_error_at_once() -> None:

@@ -67,6 +67,16 @@ class CostCap:
                         allowed * self.cost, allowed)
         return allowed
 
+    def cost_per_hour(self, workers: int) -> float | None:
+        """What ``workers`` of this pool cost per hour at most, by the ``prices`` setting;
+        None where it names no price for them (the live view then shows none)."""
+        if not self.cost:
+            try:
+                self.cost, self.dearest = worker_cost(self._choices, parse_prices(config.get("prices") or []))
+            except ConfigError:
+                return None
+        return workers * self.cost
+
     @property
     def hourly_cost(self) -> float | None:
         """What the workers allowed cost per hour at most, when the pool has a cap."""

@@ -427,6 +427,9 @@ class Pool(Master):
                 self._retire(w)
         self._wake()
 
+    def _cost_per_hour(self, workers: int) -> float | None:
+        return self._budget.cost_per_hour(workers)
+
     def set_max_hourly_cost(self, cap: float | None) -> None:
         """Change the cost cap (Fiber extension; ``None``: none): the pool grows toward the
         size it was given as far as the new cap allows, or shrinks to fit it."""

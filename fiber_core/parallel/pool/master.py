@@ -216,6 +216,10 @@ class Master(Events):
                 ask.state = state
                 ask.ready.set()
 
+    def _cost_per_hour(self, workers: int) -> float | None:
+        """What ``workers`` cost per hour, where prices are known (the facade knows them)."""
+        return None
+
     def _snapshot_locked(self) -> dict[str, Any]:
         now = time.monotonic()
         queued = sum(map(_COUNT, self._queue))
@@ -275,5 +279,6 @@ class Master(Events):
             "last_loss": self._last_loss,
             "calls": [call.progress() for call in list(self._calls.values())],
             "workers": workers,
+            "cost_per_hour": self._cost_per_hour(sum(1 for w in workers if w["state"] != "lost")),
             **self._timeline.view(now),
         }
