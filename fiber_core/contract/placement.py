@@ -292,3 +292,18 @@ def capped_workers(wanted: int, cap: float | None, cost: float) -> int:
     if cap is None or cost <= 0:
         return wanted
     return min(wanted, int(cap // cost + 1e-9))
+
+
+def check_placement(gpu_type: Any, gpu: Any, capacity: Any) -> None:
+    """Raise the clear error of a malformed ``gpu_type`` (an empty list, a count below 1...)
+    or an unknown ``capacity``, as ``Process()`` and ``meta()`` do at once."""
+    gpu_choices(gpu_type, gpu if isinstance(gpu, int) else None)
+    capacity_kinds(capacity)
+
+
+def job_costs(choices: Sequence[Any], capacity: str | None, price_entries: Any) -> dict[Alternative, float]:
+    """What a job costs per hour on each place it may run, by the ``prices`` setting's
+    ``price_entries`` (a place they do not price is left out)."""
+    prices = parse_prices(price_entries)
+    places = alternatives(choices, capacity) or (Alternative(),)
+    return {a: cost for a in places if (cost := alternative_cost(a, prices)) is not None}

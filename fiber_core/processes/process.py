@@ -82,36 +82,6 @@ if TYPE_CHECKING:
 _RESOURCES = ("cpu", "memory", "gpu", "gpu_type", "capacity")
 
 
-def _check_placement(gpu_type: Any, gpu: Any, capacity: Any) -> None:
-    """Raise the clear error of a malformed ``gpu_type`` (an empty list, a count below 1...)
-    or an unknown ``capacity``."""
-    from fiber_core.contract.placement import (  # only a process that names them loads it
-        capacity_kinds,
-        gpu_choices,
-    )
-
-    gpu_choices(gpu_type, gpu if isinstance(gpu, int) else None)
-    capacity_kinds(capacity)
-
-
-def _costs(choices: Sequence[Any], capacity: str | None) -> dict[Any, float]:
-    """What a job costs per hour on each place it may run, by the ``prices`` setting (none
-    when it is not set; a place it does not price is left out)."""
-    entries = config.get("prices")
-    if not entries:
-        return {}
-    from fiber_core.contract.placement import (  # only a program that prices its jobs loads it here
-        Alternative,
-        alternative_cost,
-        alternatives,
-        parse_prices,
-    )
-
-    prices = parse_prices(entries)
-    places = alternatives(choices, capacity) or (Alternative(),)
-    return {a: cost for a in places if (cost := alternative_cost(a, prices)) is not None}
-
-
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
 
 
@@ -186,8 +156,10 @@ class Process(BaseProcess):
         self._backend_name = backend
         self._resources = {k: v for k, v in resources.items() if v is not None}
         if "gpu_type" in self._resources or "capacity" in self._resources:  # a bad one fails here, not at start
-            _check_placement(self._resources.get("gpu_type"), self._resources.get("gpu"),
-                             self._resources.get("capacity"))
+            from fiber_core.contract.placement import check_placement  # only when it names them
+
+            check_placement(self._resources.get("gpu_type"), self._resources.get("gpu"),
+                            self._resources.get("capacity"))
         self._parent_pid = os.getpid()
         self._run: _JobRun | None = None
         self._closed = False
@@ -458,7 +430,11 @@ class _JobRun:
         }
         if group is not None:  # the token also derives from these (an array job's children)
             env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
-        costs = _costs(choices, resources.get("capacity"))
+        costs = {}
+        if config.get("prices"):  # only a program that prices its jobs loads placement here
+            from fiber_core.contract.placement import job_costs
+
+            costs = job_costs(choices, resources.get("capacity"), config.get("prices"))
         # What a backend that honours the request gives; one that chooses or ignores it says so.
         if len(choices) <= 1:
             first = choices[0] if choices else None
