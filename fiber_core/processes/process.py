@@ -41,7 +41,10 @@ from fiber_core.contract.env import (
     ENV_PARENT_RUNDIR,
     ENV_RUN_ID,
     ENV_TOKEN,
+    JOB_ENV_KEYS,
+    check_job_env,
     group_token,
+    program_environment,
 )
 from fiber_core.processes import spares
 from fiber_core.processes.host import (
@@ -128,9 +131,11 @@ class Process(BaseProcess):
     """A process that runs as a job on the selected backend.
 
     Same constructor and methods as :class:`multiprocessing.Process`. Fiber adds
-    keyword-only options: ``backend`` (a backend name for this process only) and
+    keyword-only options: ``backend`` (a backend name for this process only),
     the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type``, which default
-    to what :func:`fiber_core.meta` put on the target, then to configuration.
+    to what :func:`fiber_core.meta` put on the target, then to configuration, and
+    the job's environment choices ``env``, ``env_pass``, ``env_exclude``, ``secret_env``
+    (as :func:`fiber_core.meta` takes them; they replace the target's).
     """
 
     _start_method = "fiber"
@@ -140,9 +145,10 @@ class Process(BaseProcess):
                  backend: str | None = None, **resources: Any) -> None:
         if group is not None:
             raise ValueError("group argument must be None for now")
-        unknown = set(resources) - set(_RESOURCES) - {"image"}
+        unknown = set(resources) - set(_RESOURCES) - {"image", *JOB_ENV_KEYS}
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+        resources.update(check_job_env({k: resources.pop(k) for k in JOB_ENV_KEYS if k in resources}, "Process"))
         parent = current_process()
         self._identity = parent._identity + (runtime().next_identity(),)
         self._name = name or f"{type(self).__name__}-{':'.join(map(str, self._identity))}"
@@ -371,7 +377,11 @@ class _JobRun:
         resources.update({k: v for k, v in target_meta.items() if v is not None})
         resources.update(p._resources)
         python = config.get("python")
+        passed, secret = program_environment(os.environ, backend.settings,
+                                             {k: resources[k] for k in JOB_ENV_KEYS if k in resources},
+                                             same_machine=backend.shares_this_machine)
         env = {
+            **passed,
             ENV_HUB: hub,
             ENV_TOKEN: token,
             ENV_RUN_ID: rt.run_id,
@@ -390,6 +400,7 @@ class _JobRun:
             memory=resources.get("memory"),
             gpu=resources.get("gpu"),
             gpu_type=resources.get("gpu_type"),
+            secret_env=secret,
             labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
         )
 

@@ -158,6 +158,16 @@ def group_spec(specs: Sequence[JobSpec]) -> JobSpec | None:
     return dataclasses.replace(base, command=command)
 
 
+def container_environment(env: Mapping[str, str], parameters: Mapping[str, str]) -> tuple[
+        list[dict[str, str]], list[dict[str, str]]]:
+    """(``environment``, ``secrets``) of a job's container: the variables of ``env`` in plain,
+    less those that ``parameters`` (variable: SSM parameter) gives by reference, which the
+    job definition's ``secrets`` name and the execution role injects."""
+    plain = [{"name": k, "value": v} for k, v in env.items() if k not in parameters]
+    hidden = [{"name": k, "valueFrom": parameters[k]} for k in sorted(parameters)]
+    return plain, hidden
+
+
 def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
     """Fail if anything that looks like an AWS credential reached fiber's configuration
     (``settings``, whose ``known`` option names are not suspect, and the environment)."""
@@ -166,7 +176,8 @@ def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
               "AWS_SECRET_ACCESS_KEY in the environment, an instance or task role)")
     prefixes = ("FIBER_AWS_", "FIBER_AWS-BATCH_")
     found = [f"environment variable {k}" for k in os.environ
-             if k.upper().startswith(prefixes) and _CREDENTIAL_WORDS.search(k.split("_", 2)[-1])]
+             if k.upper().startswith(prefixes) and _CREDENTIAL_WORDS.search(k.split("_", 2)[-1])
+             and k.split("_", 2)[-1].lower() not in known]
     found += [f"setting {k!r}" for k in settings
               if k not in known and _CREDENTIAL_WORDS.search(k)]
     for item in settings.get("extra_env") or []:

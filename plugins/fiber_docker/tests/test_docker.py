@@ -478,6 +478,35 @@ def test_the_runs_key_is_not_in_the_containers_config(docker_api: docker.APIClie
     assert p.exitcode == -signal.SIGTERM
 
 
+def test_the_programs_environment_reaches_a_job_less_what_is_denied_and_a_marked_secret_stays_hidden(
+        docker_api: docker.APIClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cr3t-" + secrets.token_hex(8)
+    monkeypatch.setenv("FIBERTEST_PASSED", "passed")
+    monkeypatch.setenv("FIBERTEST_EXCLUDED", "excluded")
+    monkeypatch.setenv("FIBERTEST_SECRET", secret)
+    monkeypatch.setenv("TERM", "fibertest-term")  # this machine's terminal: denied
+    names = ["FIBERTEST_PASSED", "FIBERTEST_EXCLUDED", "FIBERTEST_SECRET", "FIBERTEST_ADDED", "TERM"]
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=docker_tasks.report_environ, args=(q, names), backend="docker",
+                           env={"FIBERTEST_ADDED": "added"}, env_exclude=["FIBERTEST_EXCL*"],
+                           secret_env=["FIBERTEST_SECRET"])
+    p.start()
+    seen = q.get(timeout=WAIT)
+    assert seen["FIBERTEST_PASSED"] == "passed" and seen["FIBERTEST_ADDED"] == "added"
+    assert seen["FIBERTEST_SECRET"] == secret  # the task sees it...
+    assert seen["FIBERTEST_EXCLUDED"] is None and seen["TERM"] != "fibertest-term"
+    info = docker_api.inspect_container(p.job.id)
+    assert secret not in repr(info)  # ...docker inspect does not
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env["FIBERTEST_PASSED"] == "passed" and "FIBERTEST_SECRET" not in env and "TERM" not in env
+    p.terminate()
+    p.join(WAIT)
+    assert p.exitcode == -signal.SIGTERM
+
+    with fiber_core.Pool(1, backend="docker", env={"FIBERTEST_PASSED": "per pool"}) as pool:  # a job's own choice
+        assert pool.map(docker_tasks.getenv, ["FIBERTEST_PASSED", "FIBERTEST_EXCLUDED"]) == ["per pool", "excluded"]
+
+
 def test_queues() -> None:
     inbox, outbox = fiber_core.Queue(), fiber_core.Queue()
     p = fiber_core.Process(target=docker_tasks.echo_squares, args=(inbox, outbox), backend="docker")

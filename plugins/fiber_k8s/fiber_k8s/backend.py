@@ -37,7 +37,7 @@ from typing import Any
 
 from fiber_core.contract import (
     ENV_AUTHKEY,
-    EXTRA_ENV,
+    ENV_OPTIONS,
     Backend,
     BackendError,
     EndReason,
@@ -52,11 +52,13 @@ from fiber_k8s.cluster import Cluster, http_status, in_pod
 from fiber_k8s.spec import (
     CONTAINER,
     DEFAULT_GPU_LABEL,
+    SECRET_KEY,
     build_pod,
     build_secret,
     label_value,
     load_pod_template,
     pod_name,
+    secret_data,
     secret_name,
 )
 from fiber_k8s.status import (
@@ -84,7 +86,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("tolerations", list, [], "tolerations, as key[=value][:Effect] (key:Effect tolerates any value)"),
     Option("node_selector", list, [], "node labels every pod requires, as key=value: pool=ml,zone=a"),
     Option("volumes", list, [], "mounts as SOURCE:PATH[:ro]; SOURCE is a PersistentVolumeClaim name, or a host path if it starts with /"),
-    EXTRA_ENV,
+    *ENV_OPTIONS,
     Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs (amd.com/gpu)"),
     Option("gpu_label", str, DEFAULT_GPU_LABEL, "node label that gpu_type must equal (GKE: cloud.google.com/gke-accelerator)"),
     Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever)"),
@@ -128,7 +130,7 @@ class KubernetesBackend(Backend):
         self._parent_id = ""
         self._watch: _PodWatch | None = None  # made by the first create_job
         self._secret_name = secret_name(run_id)
-        self._secret_value: str | None = None  # the key in the Secret, once it is created
+        self._secret_data: dict[str, str] | None = None  # what the Secret holds, once it is created
         if self.settings.get("pod_template"):
             load_pod_template(self.settings["pod_template"])  # a bad template fails here, at once
 
@@ -185,24 +187,32 @@ class KubernetesBackend(Backend):
                          owner=self._owner(), secret=self._secret_name)
 
     def _ensure_secret(self, spec: JobSpec) -> None:
-        """Create, once, the Secret that holds the run's key for the pods."""
-        value = spec.env.get(ENV_AUTHKEY)
-        if value is None:
+        """Create, once, the Secret that holds the run's key for the pods; add to it the
+        variables ``spec`` marks secret that it lacks (or holds with another value)."""
+        wanted = secret_data(spec.env, spec.secret_env)
+        if SECRET_KEY not in wanted:
             return
         with self._lock:
-            if self._secret_value is not None:
-                if self._secret_value != value:
+            held = self._secret_data
+            if held is not None:
+                if held[SECRET_KEY] != wanted[SECRET_KEY]:
                     raise BackendError(f"{spec.name} carries another run's key than the Secret "
                                        f"{self._secret_name} of this backend: start it from a backend of its run")
-                return
+                if all(held.get(k) == v for k, v in wanted.items()):
+                    return
+            data = {**(held or {}), **wanted}
             labels = {"fiber.run": label_value(self.run_id), "fiber.parent": self._parent_id}
-            self.cluster.create_secret(build_secret(value, name=self._secret_name, namespace=self.namespace,
-                                                    labels=labels, owner=self._owner()))
-            self._secret_value = value
+            body = build_secret(data, name=self._secret_name, namespace=self.namespace, labels=labels,
+                                owner=self._owner())
+            if held is None:
+                self.cluster.create_secret(body)
+            else:
+                self.cluster.replace_secret(self._secret_name, body)
+            self._secret_data = data
 
     def _delete_secret(self) -> None:
         with self._lock:
-            created, self._secret_value = self._secret_value is not None, None
+            created, self._secret_data = self._secret_data is not None, None
         if not created:
             return
         try:

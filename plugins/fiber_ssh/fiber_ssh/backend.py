@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.contract import (
+    ENV_OPTIONS,
     HOST_LOST_EXITCODE,
     TIMEOUT_ALIAS,
     Backend,
@@ -108,6 +109,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("retry_lost", float, 60.0, "seconds before a lost host is tried again, in the background (0: never)"),
     Option("orphan_timeout", float, 30.0,
            "seconds a remote job lives on without a heartbeat from this process (0: forever)"),
+    *ENV_OPTIONS,  # the whole environment travels on the supervisor's stdin, secrets or not
 )
 
 class SshBackend(Backend):

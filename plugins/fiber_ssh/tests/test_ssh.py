@@ -703,6 +703,44 @@ def test_unreachable_or_missing_hosts_read_at_a_glance(tmp_path: Path) -> None:
         assert line.startswith(says), stderr
 
 
+def _report_environ(q: Any, names: list[str], release: Any) -> None:
+    q.put(({n: os.environ.get(n) for n in names}, socket.gethostname(), os.getpid()))
+    release.get(timeout=T)
+
+
+def _getenv(name: str) -> str | None:
+    return os.environ.get(name)  # (os.environ.get itself would be pickled with this process's environ)
+
+
+def test_the_programs_environment_reaches_a_job_and_a_marked_secret_is_in_no_command_line(
+        hosts: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    monkeypatch.setenv("FIBERTEST_PASSED", "passed")
+    monkeypatch.setenv("FIBERTEST_EXCLUDED", "excluded")
+    monkeypatch.setenv("FIBERTEST_SECRET", secret)
+    monkeypatch.setenv("TERM", "fibertest-term")  # this machine's terminal: denied
+    monkeypatch.setenv("HOME", "/nonexistent-fibertest-home")  # the host's own HOME is used
+    names = ["FIBERTEST_PASSED", "FIBERTEST_EXCLUDED", "FIBERTEST_SECRET", "FIBERTEST_ADDED", "TERM", "HOME"]
+    with fresh_runtime(ssh_env(hosts, secret_env="FIBERTEST_SECRET")):
+        q, release = fiber_core.Queue(), fiber_core.Queue()
+        p = fiber_core.Process(target=_report_environ, args=(q, names, release),
+                               env={"FIBERTEST_ADDED": "added"}, env_exclude=["FIBERTEST_EXCL*"])
+        p.start()
+        seen, host, pid = q.get(timeout=T)
+        assert seen["FIBERTEST_PASSED"] == "passed" and seen["FIBERTEST_ADDED"] == "added"
+        assert seen["FIBERTEST_SECRET"] == secret and seen["FIBERTEST_EXCLUDED"] is None
+        assert seen["TERM"] != "fibertest-term" and seen["HOME"] != "/nonexistent-fibertest-home"
+        shown = subprocess.run(["ip", "netns", "exec", host, "ps", "-eo", "pid,args"], capture_output=True,
+                               text=True, timeout=T).stdout
+        assert f"{pid} " in shown  # the job's own line is there...
+        assert secret not in shown  # ...and no command line on the host holds the secret
+        release.put(None)
+        p.join(T)
+        assert p.exitcode == 0
+        with fiber_core.Pool(2, env={"FIBERTEST_PASSED": "per pool"}) as pool:  # a job's own choice
+            assert pool.map(_getenv, ["FIBERTEST_PASSED", "FIBERTEST_SECRET"]) == ["per pool", secret]
+
+
 # -- failures -----------------------------------------------------------------------------------
 
 
