@@ -495,6 +495,17 @@ class Backend(ABC):
         """
         return job.state.log.text()
 
+    def crowded_jobs(self) -> list[Job]:
+        """Jobs that would better run elsewhere now: placed where they crowd a machine
+        (over its share, when every machine was full or one was lost) while another has room.
+
+        A Pool asks about once a second and lets such a worker go between its tasks, after
+        starting another, which the backend places where there is room: so the work moves
+        back onto a machine that came back. Fast, no I/O (it is asked under the pool's
+        lock). The default, none, suits platforms that place jobs themselves.
+        """
+        return []
+
     def get_listen_addr(self) -> str:
         """The host or IP address that jobs use to reach this process.
 

@@ -58,6 +58,11 @@ THROUGHPUT_SECONDS = 10
 IDLE_TIMEOUT = 60.0
 """Seconds a worker beyond an elastic pool's minimum may stay idle before it goes."""
 
+CROWDED_CHECK_SECONDS = 1.0
+"""How often the pool asks its backend which workers crowd a machine while another has
+room (``Backend.crowded_jobs``): such a worker goes between tasks, its replacement goes
+where there is room."""
+
 UNGRANTED_BACKOFF_SECONDS = 10.0
 """After the platform declined a worker (it never started while others run), seconds
 before the pool asks again."""
@@ -207,6 +212,8 @@ class WorkerTable:
         self._last_loss = ""
         # What the workers' backend reaches this process at (also put in pickled queues).
         workers_backend = runtime().get_backend(backend)
+        self._workers_backend = workers_backend
+        self._crowded_check_at = 0.0
         self._backend_name = workers_backend.name
         self._hub = runtime().addresses_for(workers_backend)
         # Workers that start on this machine's CPUs start a few at a time (see _top_up).
@@ -340,6 +347,26 @@ class WorkerTable:
             log.info("fiber: pool worker %s was idle for %.0f s: it goes (the pool keeps %d)",
                      w.process.name, now - w.last_work, self._min)
             self._retire(w)
+
+    def _leave_crowded(self) -> None:
+        """Let go, between tasks, the workers the backend placed where they crowd a machine
+        while another has room (``Backend.crowded_jobs``), and start their replacements,
+        which it places where there is room: a pool moves back onto a host that returned (lock held)."""
+        now = time.monotonic()
+        if now < self._crowded_check_at:
+            return
+        self._crowded_check_at = now + CROWDED_CHECK_SECONDS
+        crowded = {id(job) for job in self._workers_backend.crowded_jobs()}
+        if not crowded:
+            return
+        moving = [w for w in self._workers.values()
+                  if not w.retiring and not w.lost and id(w.process.job) in crowded]
+        for w in moving:
+            log.info("fiber: pool worker %s runs where another has room: it goes after its tasks, "
+                     "another starts there", w.process.name)
+            self._retire(w)
+        if moving:
+            self._top_up()
 
     def _retire(self, w: Worker) -> None:
         """Let a worker go: at once if idle, after its batches otherwise; one not yet
