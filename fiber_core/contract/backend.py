@@ -27,6 +27,11 @@ conformance suite (:mod:`fiber_core.testing`) checks:
   default, ``python3``, suits images and remote hosts; jobs on this machine use
   ``[sys.executable]``.
 
+Where the platform can tell, two more make a Pool behave better when it comes and goes:
+:meth:`~Backend.probe` (does the platform answer now? a Pool waiting to start workers after
+a refusal tries again the moment it does) and :meth:`~Backend.crowded_jobs` (jobs placed
+over a machine's share while another has room: a Pool moves those workers between tasks).
+
 Then register the class from a plugin module (:mod:`fiber_core.contract.hookspecs`)
 and run the suite on it. ``examples/backend_template/fiber_shell.py`` is a whole backend
 that runs each job as a process started through a shell, in one module, and passes the
@@ -505,6 +510,16 @@ class Backend(ABC):
         lock). The default, none, suits platforms that place jobs themselves.
         """
         return []
+
+    def probe(self) -> bool | None:
+        """Whether the platform answers now: one cheap call with a short timeout (a ping).
+
+        A Pool whose backend refused to start workers (a daemon restarting, an API away)
+        probes it a few times a second while it waits for its next try, and tries again
+        as soon as this returns True; False means not yet. The default, ``None`` (cannot
+        tell), leaves the Pool on its backoff schedule. Never raises.
+        """
+        return None
 
     def get_listen_addr(self) -> str:
         """The host or IP address that jobs use to reach this process.

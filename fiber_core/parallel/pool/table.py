@@ -58,6 +58,10 @@ THROUGHPUT_SECONDS = 10
 IDLE_TIMEOUT = 60.0
 """Seconds a worker beyond an elastic pool's minimum may stay idle before it goes."""
 
+PROBE_SECONDS = 0.2
+"""While its backend refuses to start workers, how often the pool asks it whether it answers
+again (``Backend.probe``): the next try comes as soon as it does, not at the end of the backoff."""
+
 CROWDED_CHECK_SECONDS = 1.0
 """How often the pool asks its backend which workers crowd a machine while another has
 room (``Backend.crowded_jobs``): such a worker goes between tasks, its replacement goes
@@ -174,6 +178,7 @@ class WorkerTable:
         self._start_retry_at: float | None = None  # starts are refused: the next try
         self._start_failing_since: float | None = None
         self._start_backoff = START_BACKOFF_SECONDS
+        self._prober: threading.Thread | None = None  # asks the backend whether it answers again
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._maxtasks = maxtasks
@@ -316,6 +321,9 @@ class WorkerTable:
             limit = out_of_descriptors(e)
             self._start_failed(limit or e, retry=not isinstance(e, RuntimeError) and limit is None)
             return
+        if self._start_failing_since is not None:
+            log.warning("fiber: the %s backend answers again: pool workers start (it refused for %.1f s)",
+                        self._backend_name, time.monotonic() - self._start_failing_since)
         self._start_retry_at = self._start_failing_since = None
 
     def _target(self, active: int) -> int:
@@ -399,6 +407,36 @@ class WorkerTable:
                     START_RETRY_SECONDS - failing, e)
         self._start_retry_at = now + self._start_backoff
         self._start_backoff = min(2 * self._start_backoff, START_BACKOFF_MAX_SECONDS)
+        if self._prober is None or not self._prober.is_alive():
+            self._prober = threading.Thread(target=self._probe_until_retry, daemon=True, name="fiber-pool-probe")
+            try:
+                self._prober.start()
+            except RuntimeError:  # no thread while the interpreter exits: the backoff decides
+                self._prober = None
+
+    def _probe_until_retry(self) -> None:
+        """Until the next try to start workers, ask the backend every :data:`PROBE_SECONDS`
+        whether it answers (``Backend.probe``); as soon as it does, the try comes. A backend
+        that cannot tell (``None``) leaves the try to the backoff."""
+        pause = threading.Event()
+        while True:
+            with self._lock:
+                at = self._start_retry_at
+                if at is None or self._state == "TERMINATE" or time.monotonic() >= at:
+                    return
+            try:
+                answers = self._workers_backend.probe()
+            except Exception:
+                answers = False
+            if answers is None:
+                return
+            if answers:
+                with self._lock:
+                    if self._start_retry_at is not None:
+                        self._start_retry_at = time.monotonic()
+                self._wake()
+                return
+            pause.wait(PROBE_SECONDS)
 
     def _retire_all(self) -> None:
         for w in self._workers.values():

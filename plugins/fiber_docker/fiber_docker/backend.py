@@ -173,6 +173,17 @@ class DockerBackend(Backend):
                 self._api, self._stream_api, self._where = api, streams, where
             return self._api
 
+    def probe(self) -> bool | None:
+        """Whether the daemon answers a ping (a restarting one refuses the connection at once);
+        ``None`` before this backend ever reached it."""
+        api = self._api
+        if api is None:
+            return None
+        try:
+            return bool(api.ping())
+        except Exception:
+            return False
+
     @property
     def in_container(self) -> bool:
         """Whether this process runs in a container of the daemon the jobs go to."""

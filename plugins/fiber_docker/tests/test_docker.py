@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import os
 import secrets
 import select
@@ -348,6 +349,41 @@ def test_end_host_lost(tmp_path: Path, docker_host: str, docker_api: docker.APIC
         b.cleanup()  # cannot reach the daemon any more: the container is removed here
         for c in containers(docker_api, f"{LABEL_OWNER}={b.owner}"):
             docker_api.remove_container(c["Id"], force=True)
+
+
+def test_a_pool_starts_workers_as_soon_as_the_daemon_answers_again_and_says_so(
+        tmp_path: Path, docker_host: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The daemon goes away (a Unix socket in front of it refuses connections, as a restarting
+    # dockerd's does) while a pool needs new workers: each worker takes one task.
+    from fiber_core.runtime.config import config
+
+    path = tmp_path / "docker.sock"
+    relay = Relay(str(path), docker_host.removeprefix("unix://"))
+    fiber_core.init(docker_base_url=f"unix://{path}")
+    try:
+        with caplog.at_level(logging.INFO, logger="fiber"), \
+                fiber_core.Pool(2, backend="docker", maxtasksperchild=1) as pool:
+            assert pool.map(docker_tasks.square, range(2), chunksize=1) == [0, 1]
+            relay.cut()
+            results = pool.imap(docker_tasks.square, range(6), chunksize=1)
+            refusals = "cannot start a pool worker, waiting for the backend"
+            deadline = time.monotonic() + WAIT
+            while caplog.text.count(refusals) < 4:  # the backoff has grown to seconds
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.05)
+            with pool._lock:
+                slot = pool._start_retry_at  # the next try, as the backoff would have it
+                assert slot is not None
+            slot_wall = time.time() + (slot - time.monotonic())
+            path.unlink()
+            relay = Relay(str(path), docker_host.removeprefix("unix://"))  # the daemon answers again
+            assert [results.next(WAIT) for _ in range(6)] == [x * x for x in range(6)]
+        back = [r for r in caplog.records if "backend answers again: pool workers start" in r.getMessage()]
+        assert len(back) == 1, caplog.text
+        assert "(it refused for " in back[0].getMessage()
+        assert back[0].created < slot_wall  # the probe found it answering before the backoff's next try
+    finally:
+        config.reset()  # (the relay stays up: the backend made for it cleans up through it at exit)
 
 
 # -- errors that say what to do --------------------------------------------------------------------
