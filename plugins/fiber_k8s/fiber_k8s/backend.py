@@ -130,7 +130,7 @@ class KubernetesBackend(Backend):
         self._parent_id = ""
         self._watch: _PodWatch | None = None  # made by the first create_job
         self._secret_name = secret_name(run_id)
-        self._secret_data: dict[str, str] | None = None  # what the Secret holds, once it is created
+        self._secrets: dict[str, dict[str, str]] = {}  # the Secrets made, by name: what each holds
         if self.settings.get("pod_template"):
             load_pod_template(self.settings["pod_template"])  # a bad template fails here, at once
 
@@ -180,48 +180,47 @@ class KubernetesBackend(Backend):
             owner = None  # an ownerReference cannot cross namespaces
         return owner
 
-    def manifest(self, spec: JobSpec, name: str | None = None) -> dict[str, Any]:
-        """The pod that :meth:`create_job` would create for ``spec`` (``fiber run --dry-run``)."""
+    def manifest(self, spec: JobSpec, name: str | None = None, secret: str | None = None) -> dict[str, Any]:
+        """The pod that :meth:`create_job` would create for ``spec`` (``fiber run --dry-run``),
+        taking the key and the variables marked secret from the Secret ``secret`` (by default
+        the backend's first)."""
         return build_pod(spec, self.settings, name=name or pod_name(spec.name, self.run_id),
                          namespace=self.namespace, image=self._image(spec), labels=self._labels(spec),
-                         owner=self._owner(), secret=self._secret_name)
+                         owner=self._owner(), secret=secret or self._secret_name)
 
-    def _ensure_secret(self, spec: JobSpec) -> None:
-        """Create, once, the Secret that holds the run's key for the pods; add to it the
-        variables ``spec`` marks secret that it lacks (or holds with another value)."""
+    def _ensure_secret(self, spec: JobSpec) -> str:
+        """The Secret that gives the pod of ``spec`` the run's key and the variables it marks
+        secret: one this backend made that holds them all, or a new one (the first is
+        :attr:`_secret_name`; a job marking other variables or values gets another, so a
+        Secret is never changed under a pod that reads it)."""
         wanted = secret_data(spec.env, spec.secret_env)
         if SECRET_KEY not in wanted:
-            return
+            return self._secret_name
         with self._lock:
-            held = self._secret_data
-            if held is not None:
+            for name, held in self._secrets.items():
                 if held[SECRET_KEY] != wanted[SECRET_KEY]:
                     raise BackendError(f"{spec.name} carries another run's key than the Secret "
-                                       f"{self._secret_name} of this backend: start it from a backend of its run")
+                                       f"{name} of this backend: start it from a backend of its run")
                 if all(held.get(k) == v for k, v in wanted.items()):
-                    return
-            data = {**(held or {}), **wanted}
+                    return name
+            name = secret_name(self.run_id) if self._secrets else self._secret_name
             labels = {"fiber.run": label_value(self.run_id), "fiber.parent": self._parent_id}
-            body = build_secret(data, name=self._secret_name, namespace=self.namespace, labels=labels,
-                                owner=self._owner())
-            if held is None:
-                self.cluster.create_secret(body)
-            else:
-                self.cluster.replace_secret(self._secret_name, body)
-            self._secret_data = data
+            self.cluster.create_secret(build_secret(wanted, name=name, namespace=self.namespace,
+                                                    labels=labels, owner=self._owner()))
+            self._secrets[name] = wanted
+            return name
 
     def _delete_secret(self) -> None:
         with self._lock:
-            created, self._secret_data = self._secret_data is not None, None
-        if not created:
-            return
-        try:
-            self.cluster.delete_secret(self._secret_name)
-        except BackendError as e:
-            if http_status(e) != 404:
-                log.warning("fiber: could not delete Secret %s of run %s: %s (remove it with `fiber clean "
-                            "--backend kubernetes --run %s`, or kubectl delete secret %s)", self._secret_name,
-                            self.run_id, e, self.run_id, self._secret_name)
+            names, self._secrets = list(self._secrets), {}
+        for name in names:
+            try:
+                self.cluster.delete_secret(name)
+            except BackendError as e:
+                if http_status(e) != 404:
+                    log.warning("fiber: could not delete Secret %s of run %s: %s (remove it with `fiber clean "
+                                "--backend kubernetes --run %s`, or kubectl delete secret %s)", name,
+                                self.run_id, e, self.run_id, name)
 
     def get_listen_addr(self) -> str:
         """In a pod, the pod's IP; else an error saying what to set.
@@ -251,9 +250,9 @@ class KubernetesBackend(Backend):
     def create_job(self, spec: JobSpec) -> Job:
         cluster = self.cluster
         self._ensure_watch()
-        self._ensure_secret(spec)
+        secret = self._ensure_secret(spec)
         for _ in range(3):
-            body = self.manifest(spec)
+            body = self.manifest(spec, secret=secret)
             name = body["metadata"]["name"]
             job = self.track_job(Job(id=name, spec=spec, handle=_Pod(time.monotonic())))  # its first events
             try:  # may come before create_pod returns

@@ -176,9 +176,6 @@ class Cluster:
     def create_secret(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.request("create", "secrets", "POST", "/secrets", None, body)
 
-    def replace_secret(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self.request("replace", "secrets", "PUT", f"/secrets/{name}", None, body)
-
     def delete_secret(self, name: str) -> dict[str, Any]:
         return self.request("delete", "secrets", "DELETE", f"/secrets/{name}")
 
