@@ -128,3 +128,23 @@ def test_a_backend_with_bad_environment_settings_is_not_made(settings: dict, say
 def test_marked_names_are_split_out_with_the_run_secrets() -> None:
     public, secret = split_secrets({ENV_AUTHKEY: "k", "WANDB_API_KEY": "w", "A": "1"}, ("WANDB_API_KEY",))
     assert public == {"A": "1"} and secret == {ENV_AUTHKEY: "k", "WANDB_API_KEY": "w"}
+
+
+def _report(q, names) -> None:  # noqa: ANN001
+    import os
+
+    q.put({n: os.environ.get(n) for n in names})
+
+
+def test_a_local_job_inherits_the_environment_whole_and_gets_what_a_job_adds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBERTEST_LOCAL", "set in the program")
+    monkeypatch.setenv("TERM", "fibertest-term")  # the same machine: nothing is denied
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_report, args=(q, ["FIBERTEST_LOCAL", "TERM", "FIBERTEST_ADDED"]),
+                           env={"FIBERTEST_ADDED": "added"})
+    p.start()
+    assert q.get(timeout=60) == {"FIBERTEST_LOCAL": "set in the program", "TERM": "fibertest-term",
+                                 "FIBERTEST_ADDED": "added"}
+    p.join(60)
+    assert p.exitcode == 0
