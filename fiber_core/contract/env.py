@@ -114,12 +114,30 @@ _PATTERN = r"[A-Za-z0-9_*?\[\]!-]+"
 def denied(name: str) -> bool:
     """Whether the program's variable ``name`` stays on this machine (:data:`DENIED_VARIABLES`,
     :data:`DENIED_PATTERNS`, or a name that is not an identifier, which some platforms refuse)."""
-    import fnmatch
-    import re
+    return name in DENIED_VARIABLES or not _matcher(DENIED_PATTERNS, _NAME)(name)
 
-    if name in DENIED_VARIABLES or not re.fullmatch(_NAME, name):
-        return True
-    return any(fnmatch.fnmatchcase(name, p) for p in DENIED_PATTERNS)
+
+_matchers: dict[tuple[tuple[str, ...], str | None], Any] = {}
+
+
+def _matcher(patterns: tuple[str, ...], shape: str | None = None) -> Any:
+    """A function telling whether a name matches one of ``patterns`` (``fnmatch``, case
+    sensitive), or, given ``shape``, whether it has that shape and matches none: one regular
+    expression, compiled once."""
+    key = (patterns, shape)
+    found = _matchers.get(key)
+    if found is None:
+        import fnmatch
+        import re
+
+        alternatives = "|".join(fnmatch.translate(p) for p in patterns) or "(?!)"
+        if shape is None:
+            found = re.compile(f"(?:{alternatives})").match
+        else:
+            found = re.compile(f"(?!(?:{alternatives}))(?:{shape})\\Z").match
+        if len(_matchers) < 64:
+            _matchers[key] = found
+    return found
 
 
 def check_name(name: object, what: str) -> str:
@@ -219,8 +237,6 @@ def program_environment(environ: Mapping[str, str], settings: Mapping[str, Any],
     listed in the second part. With ``same_machine`` (a job on this machine, which inherits
     the environment whole), only what is added or marked is returned.
     """
-    import fnmatch
-
     from fiber_core.base.options import parse_pairs
 
     job = job or {}
@@ -230,8 +246,10 @@ def program_environment(environ: Mapping[str, str], settings: Mapping[str, Any],
     exclude = (*(settings.get("env_exclude") or ()), *job.get("env_exclude", ()))
     out: dict[str, str] = {}
     if passing and not same_machine:
-        out = {k: v for k, v in environ.items()
-               if not denied(k) and not any(fnmatch.fnmatchcase(k, p) for p in exclude)}
+        out = {k: v for k, v in environ.items() if not denied(k)}
+        if exclude:
+            excluded = _matcher(tuple(exclude))
+            out = {k: v for k, v in out.items() if not excluded(k)}
     added = {**parse_pairs(settings.get("extra_env") or (), "extra_env"), **job.get("env", {})}
     out.update(added)
     secret = sorted({*(settings.get("secret_env") or ()), *job.get("secret_env", ())})
