@@ -89,6 +89,8 @@ def test_the_environment_is_plain_and_the_secrets_only_by_reference() -> None:
     assert "wandb-secret" not in repr((plain, secrets)) and "the-key" not in repr((plain, secrets))
     # key_from = environment: no parameters, everything in plain (as the key goes then)
     assert container_environment(env, {})[1] == [] and len(container_environment(env, {})[0]) == 3
+    with pytest.raises(BackendError, match="the biggest: BIG, .*env_exclude"):
+        container_environment({**env, "BIG": "x" * 30_000}, params)
 
 
 def test_a_secret_env_setting_is_not_taken_for_a_credential(monkeypatch: pytest.MonkeyPatch) -> None:
