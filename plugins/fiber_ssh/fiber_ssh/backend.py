@@ -104,8 +104,9 @@ OPTIONS: tuple[Option, ...] = (
            "seconds to connect, log in and run the first command on a host before it counts as unreachable"),
     TIMEOUT_ALIAS,
     Option("keepalive", float, 1.0, "seconds between keepalives on each connection, and heartbeats to each job"),
-    Option("keepalive_count", int, 3, "keepalive intervals without an answer before a host is lost (the global "
-           "peer_timeout, if shorter, wins)"),
+    Option("keepalive_count", int, 3, "a host whose connection stays unanswered for keepalive x (1 + "
+           "keepalive_count) seconds is lost: about 5 s after a cut by default (the global peer_timeout, if "
+           "shorter, wins)"),
     Option("retry_lost", float, 60.0, "a lost host is probed every keepalive seconds (a TCP connection to its "
            "sshd) and logged into as soon as it answers; after a failed login, not again for this many "
            "seconds (0: a lost host is never tried again)"),
