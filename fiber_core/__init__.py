@@ -16,6 +16,7 @@ from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessE
 from fiber_core.base.log import get_logger, log_to_stderr
 from fiber_core.base.options import Option
 from fiber_core.parallel.context import FiberContext, get_context, register_start_method
+from fiber_core.parallel.durable.task import Task, current_task
 from fiber_core.parallel.queues import JoinableQueue, Queue, SimpleQueue
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import (
@@ -157,7 +158,7 @@ def set_start_method(method: str | None, force: bool = False) -> None:
 
 
 def get_start_method(allow_none: bool = False) -> str | None:
-    return _context._default_start_method(allow_none)
+    return _context._default_start_method(allow_none)  # noqa: SLF001 - the stdlib context's own choice of default, which it keeps private
 
 
 def get_all_start_methods() -> list[str]:
@@ -178,7 +179,7 @@ __all__ = [
     "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Option",
     "Pipe", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
     "SimpleQueue", "Value",
-    "TimeoutError", "active_children", "allow_connection_pickling", "broadcast", "cpu_count", "current_process", "freeze_support",
+    "TimeoutError", "active_children", "allow_connection_pickling", "broadcast", "cpu_count", "current_process", "current_task", "Task", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
     "log_to_stderr", "meta", "parent_process", "reducer", "set_executable",
     "serve_status", "set_forkserver_preload", "set_start_method",

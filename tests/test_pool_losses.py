@@ -570,7 +570,7 @@ def test_closing_an_imap_unordered_starts_none_of_its_other_tasks(chunksize: int
         bound = ended + 2 * chunksize
         with pytest.raises(StopIteration):
             next(it)
-        assert it.call_id not in pool._jobs  # the pool is free
+        assert it.call_id not in pool._calls  # the pool is free
         assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
         wait_until(lambda: _count(where, ".start") == _count(where, ".end"), "running tasks end")
         assert _count(where, ".start") <= bound < n

@@ -164,6 +164,18 @@ def test_close() -> None:
             use()
 
 
+def test_the_process_says_whether_it_connected_and_can_be_joined_and_what_its_log_ends_with() -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_get_one, args=(q,))
+    assert (p.connected(), p.joinable(), p.log_tail(), p.job_logs()) == (False, False, "", "")
+    p.start()
+    q.put("go")
+    p.join(T)
+    assert p.exitcode == 0 and p.connected() and p.joinable()
+    p.close()
+    assert not p.joinable()
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 

@@ -179,7 +179,7 @@ def _exit_children() -> None:
         if (p.daemon or rt.terminating) and p.is_alive():
             p.terminate()
     for p in children:
-        if p._run is not None and not p._closed:
+        if p.joinable():
             p.join()
 
 
@@ -217,7 +217,7 @@ def _forward_sigint() -> None:
         return
 
     def on_sigint(signum: int, frame: Any) -> None:
-        children = [p._run for p in list(runtime().children) if p._run is not None]
+        children = [p._run for p in list(runtime().children) if p._run is not None]  # noqa: SLF001 - the SIGINT handler needs the run's non-blocking interrupt, which Process does not offer
         left = [run for run in children if not run.interrupt(wait=False)]
         if left:  # those that would block: not in the handler
             threading.Thread(target=lambda: [run.interrupt() for run in left], daemon=True,

@@ -150,7 +150,7 @@ class Process(BaseProcess):
             raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
         resources.update(check_job_env({k: resources.pop(k) for k in JOB_ENV_KEYS if k in resources}, "Process"))
         parent = current_process()
-        self._identity = parent._identity + (runtime().next_identity(),)
+        self._identity = parent._identity + (runtime().next_identity(),)  # noqa: SLF001 - the stdlib's process identity, kept as its own attribute for compatibility
         self._name = name or f"{type(self).__name__}-{':'.join(map(str, self._identity))}"
         self._daemon = parent.daemon if daemon is None else bool(daemon)
         self._target = target
@@ -287,6 +287,24 @@ class Process(BaseProcess):
         """The backend's :class:`~fiber_core.contract.backend.Job` (Fiber extension)."""
         return None if self._run is None else self._run.job
 
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the job's log (Fiber extension): what Fiber noted about the job, else
+        what its backend kept; "" for a process not started."""
+        return "" if self._run is None else self._run.log_tail(lines)
+
+    def job_logs(self) -> str:
+        """What Fiber noted about the job so far, whole (Fiber extension; "" if nothing)."""
+        return "" if self._run is None else self._run.logs
+
+    def connected(self) -> bool:
+        """Whether the job has reached its parent (Fiber extension): started, connected and
+        sent for its process object."""
+        return self._run is not None and self._run.connected.is_set()
+
+    def joinable(self) -> bool:
+        """Whether :meth:`join` may be called: started here and not closed."""
+        return self._run is not None and not self._closed
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_run"] = None
@@ -372,10 +390,10 @@ class _JobRun:
 
         p = self.process
         rt = runtime()
-        target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}
+        target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         resources = {k: config.get(k) for k in _RESOURCES}
         resources.update({k: v for k, v in target_meta.items() if v is not None})
-        resources.update(p._resources)
+        resources.update(p._resources)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         python = config.get("python")
         passed, secret = program_environment(os.environ, backend.settings,
                                              {k: resources[k] for k in JOB_ENV_KEYS if k in resources},
@@ -454,7 +472,7 @@ class _JobRun:
         ``group``: the group's secret and this job's place in it, when started in a group."""
         rt = runtime()
         p = self.process
-        self.backend = backend = rt.get_backend(p._backend_name)
+        self.backend = backend = rt.get_backend(p._backend_name)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         token = group_token(*group) if group is not None else os.urandom(16).hex()
         # Two frames: a prelude of plain data the job applies first (sys.path, the
         # main module), then the process object, which may need both to unpickle.
@@ -726,18 +744,18 @@ def start_processes(processes: Sequence[Process]) -> None:
     it raises, none of ``processes`` is started.
     """
     for p in processes:
-        p._check_startable()
+        p._check_startable()  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
     if len({id(p) for p in processes}) != len(processes):
         raise ValueError("start_processes: a process is given twice")
     active_children()
     groups: dict[str | None, list[_JobRun]] = {}
     for p in processes:
-        groups.setdefault(p._backend_name, []).append(_JobRun(p))
+        groups.setdefault(p._backend_name, []).append(_JobRun(p))  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
     done: list[_Started] = []
     try:
         for runs in groups.values():
             # Ready spares of the backend (a Process started before) become workers of the group.
-            backend = runtime().get_backend(runs[0].process._backend_name)
+            backend = runtime().get_backend(runs[0].process._backend_name)  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
             rest = _take_spares(backend, runs, done)
             if rest:
                 done += _start_group(backend, rest)
@@ -746,4 +764,4 @@ def start_processes(processes: Sequence[Process]) -> None:
         raise
     for run, job, to_send in done:
         run.launched(job, to_send)
-        run.process._started(run)
+        run.process._started(run)  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module

@@ -48,6 +48,9 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("spare_jobs", int, None, "jobs started ahead and kept ready per kind of job, so that a Process.start() lands on one already running (default: the backend's choice, 1 on docker and ssh, 0 elsewhere; 0: none)"),
     Option("spare_timeout", float, 60.0, "seconds a spare job waits to be used before it is let go"),
     Option("status", bool, False, "show the program's state (pools, workers, tasks) to fiber top in another terminal of the same user; nothing is shown unless this or status_port is set"),
+    Option("journal", str, None, "directory of the journal of a durable run: every finished Pool and executor call is recorded there, and a rerun of the program replays what it finds (docs/durable.md); unset: no journal"),
+    Option("journal_wait", float, 0.0, "seconds a master waits for the journal's lease while another master of the program holds it, before it refuses to start (0: refuse at once)"),
+    Option("seed", int, None, "the run's seed, from which each task's seed is derived (fiber_core.current_task); unset: random, kept in the journal when there is one"),
     Option("status_port", int, None, "also serve the status page on 127.0.0.1 at this port (0: any free port); its address, with the token that opens it, is printed to stderr"),
 )
 

@@ -44,12 +44,12 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `!` | PROCESS_INTERRUPT | parent → job | — | the parent got SIGINT (Ctrl-C): the job gets it too, as from the terminal |
 | `H` | POOL_HELLO | worker → pool | worker:Q | a new worker's first frame: which worker it is |
 | `W` | POOL_READY | worker → pool | — | its initializer ran: it wants work |
-| `T` | POOL_TASKS | pool → worker | pickle of (batch, job, func or None, kind, units, watch) | a batch to run; func is sent once per job and worker; with watch, POOL_RUNNING before each item |
+| `T` | POOL_TASKS | pool → worker | pickle of (batch, call, func or None, kind, units, watch, task) | a batch to run; func is sent once per call and worker; with watch, POOL_RUNNING before each item; task: (the call's ordinal, the run's seed, each unit's first item, each unit's attempt), what a task's identity and seed come from |
 | `D` | POOL_RESULTS | worker → pool | pickle of (batch, seconds, [(ok, value or (exc, tb))]) | a batch's results, in its order, and its run time |
 | `Q` | POOL_QUIT | pool → worker | — | exit once the batches already sent are done |
 | `G` | POOL_RUNNING | worker → pool | batch:Q item:I | the item of a watched batch that starts now |
 | `M` | POOL_DRAIN | worker → pool | batch:q | the worker is told to stop: it finishes batch (-1: none), runs no other, and waits for POOL_QUIT |
-| `B` | POOL_CANCEL | pool → worker | job:Q | the job was cancelled: skip its batches not started yet (answered with empty POOL_RESULTS) |
+| `B` | POOL_CANCEL | pool → worker | call:Q | the call was cancelled: skip its batches not started yet (answered with empty POOL_RESULTS) |
 | `p` | QUEUE_PUT | handle → owner | block:? timeout:d, item | put; answered by QUEUE_OK or QUEUE_FULL only if the queue is bounded |
 | `g` | QUEUE_GET | handle → owner | block:? timeout:d [window:I] | get one item (QUEUE_ITEM or QUEUE_EMPTY); with a window, on a loan, up to window (QUEUE_BATCH) |
 | `a` | QUEUE_GOT | handle → owner | — | the item of a plain get arrived (else it goes back in front) |
@@ -181,9 +181,10 @@ POOL_HELLO = _kind(b"H", "POOL_HELLO", "worker", "pool", "worker:Q", "",
 POOL_READY = _kind(b"W", "POOL_READY", "worker", "pool", "", "",
                    "its initializer ran: it wants work")
 POOL_TASKS = _kind(b"T", "POOL_TASKS", "pool", "worker", "",
-                   "pickle of (batch, job, func or None, kind, units, watch)",
-                   "a batch to run; func is sent once per job and worker; with watch, "
-                   "POOL_RUNNING before each item")
+                   "pickle of (batch, call, func or None, kind, units, watch, task)",
+                   "a batch to run; func is sent once per call and worker; with watch, "
+                   "POOL_RUNNING before each item; task: (the call's ordinal, the run's seed, each "
+                   "unit's first item, each unit's attempt), what a task's identity and seed come from")
 POOL_RESULTS = _kind(b"D", "POOL_RESULTS", "worker", "pool", "",
                      "pickle of (batch, seconds, [(ok, value or (exc, tb))])",
                      "a batch's results, in its order, and its run time")
@@ -194,8 +195,8 @@ POOL_RUNNING = _kind(b"G", "POOL_RUNNING", "worker", "pool", "batch:Q item:I", "
 POOL_DRAIN = _kind(b"M", "POOL_DRAIN", "worker", "pool", "batch:q", "",
                    "the worker is told to stop: it finishes batch (-1: none), runs no other, "
                    "and waits for POOL_QUIT")
-POOL_CANCEL = _kind(b"B", "POOL_CANCEL", "pool", "worker", "job:Q", "",
-                    "the job was cancelled: skip its batches not started yet "
+POOL_CANCEL = _kind(b"B", "POOL_CANCEL", "pool", "worker", "call:Q", "",
+                    "the call was cancelled: skip its batches not started yet "
                     "(answered with empty POOL_RESULTS)")
 
 # -- queue: a handle in another process and the queue's owner --------------------------
@@ -443,14 +444,21 @@ def decode_pool_hello(frame: bytes | bytearray) -> int:
     return _POOL_HELLO.unpack(frame)[1]
 
 
-def encode_pool_tasks(batch: int, job: int, func: bytes | None, kind: int,
-                      units: list[bytes], watch: bool = False) -> bytes:
+TaskField = tuple[int, int, list[int], list[int]]
+"""POOL_TASKS's task: the call's ordinal, the run's seed, and per unit its first item's
+position in the call's input, and per unit its attempt."""
+
+
+def encode_pool_tasks(batch: int, call: int, func: bytes | None, kind: int,
+                      units: list[bytes], watch: bool = False,
+                      task: TaskField = (-1, 0, [], [])) -> bytes:
     """The body of a POOL_TASKS frame: ``func`` and each unit are already pickled."""
-    return pickle.dumps((batch, job, func, kind, units, watch), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((batch, call, func, kind, units, watch, task), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_pool_tasks(frame: bytes | bytearray) -> tuple[int, int, bytes | None, int, list[bytes], bool]:
-    """(batch, job, func or None, kind, units, watch) of a POOL_TASKS frame."""
+def decode_pool_tasks(frame: bytes | bytearray) -> tuple[int, int, bytes | None, int, list[bytes], bool,
+                                                         TaskField]:
+    """(batch, call, func or None, kind, units, watch, task) of a POOL_TASKS frame."""
     return loads(body(frame))
 
 
@@ -474,12 +482,12 @@ def decode_pool_running(frame: bytes | bytearray) -> tuple[int, int]:
 _POOL_CANCEL = BY_CODE[POOL_CANCEL].struct()
 
 
-def encode_pool_cancel(job: int) -> bytes:
-    return _POOL_CANCEL.pack(POOL_CANCEL, job)
+def encode_pool_cancel(call: int) -> bytes:
+    return _POOL_CANCEL.pack(POOL_CANCEL, call)
 
 
 def decode_pool_cancel(frame: bytes | bytearray) -> int:
-    """The cancelled job of a POOL_CANCEL frame."""
+    """The cancelled call of a POOL_CANCEL frame."""
     _expect(POOL_CANCEL, frame)
     if len(frame) != _POOL_CANCEL.size:
         raise _truncated(POOL_CANCEL, frame, f"{_POOL_CANCEL.size} bytes")

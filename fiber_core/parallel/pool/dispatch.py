@@ -6,6 +6,7 @@ applies them to the workers of the table and sends the batches.
 
 from __future__ import annotations
 
+import operator
 import time
 
 from fiber_core.base.log import log
@@ -13,7 +14,7 @@ from fiber_core.parallel.pool import planner
 from fiber_core.parallel.pool.results import MapResult, job_counter
 from fiber_core.parallel.pool.table import Unit, Worker, WorkerTable
 from fiber_core.parallel.pool.worker import FUNC_CACHE
-from fiber_core.wire.messages import POOL_TASKS, encode_pool_tasks
+from fiber_core.wire.messages import POOL_TASKS, TaskField, encode_pool_tasks
 
 BACKUP_FACTOR = 3.0
 """``backup=True``: a batch is late once it has run this many times its call's measured time."""
@@ -23,6 +24,18 @@ BACKUP_CHECK_SECONDS = 0.02
 
 BACKUP_MIN_SECONDS = 0.01
 """No batch younger than this is late, however short its measured time."""
+
+
+_START, _ATTEMPT = operator.attrgetter("start"), operator.attrgetter("attempt")
+
+
+def task_field(units: list[Unit]) -> TaskField:
+    """What a batch's tasks learn of their identity (``fiber_core.current_task``): the call's
+    ordinal, the run's seed, each unit's first item and attempt."""
+    key = units[0].call.durable
+    if key is None:
+        return -1, 0, [], []
+    return key.ordinal, key.seed, list(map(_START, units)), list(map(_ATTEMPT, units))
 
 
 class Dispatcher(WorkerTable):
@@ -56,7 +69,7 @@ class Dispatcher(WorkerTable):
         else:
             est = max(est, 1e-7)
             queued = len(self._queue)
-            is_map = type(front.job) is MapResult
+            is_map = type(front.call) is MapResult
             size = planner.batch_size(est, measured, queued, sharers, is_map)
             if level and (self._prefetch_too_big(w, front) or self._running_long(w)
                           or not planner.prefetch_wanted(est, size, queued, sharers, is_map)):
@@ -68,7 +81,7 @@ class Dispatcher(WorkerTable):
     def _start_backups(self) -> None:
         """Idle workers and nothing queued: run again the batches that take far too long.
 
-        A batch is late when it has run ``backup`` times as long as its job's
+        A batch is late when it has run ``backup`` times as long as its call's
         measured time for that many units. Its copy goes to an idle worker; the
         first result is delivered, the other dropped. Called with the lock held.
         """
@@ -81,8 +94,8 @@ class Dispatcher(WorkerTable):
         assert self._backup is not None
         for w in self._workers.values():
             for batch_id, units in w.pending.items():
-                est = self._unit_seconds.get(units[0].func_id)
-                if est is None or units[0].watch or any(u.copies > 1 or u.done for u in units):
+                est = self._unit_seconds.get(units[0].call_id)
+                if est is None or units[0].watch or any(u.copies > 1 or u.delivered for u in units):
                     continue
                 age = now - w.sent.get(batch_id, now)
                 if age > max(BACKUP_MIN_SECONDS, self._backup * est * len(units)):
@@ -96,7 +109,7 @@ class Dispatcher(WorkerTable):
 
     def _estimate(self, unit: Unit) -> tuple[float | None, bool]:
         """Seconds ``unit`` should take, and whether its call measured that (:func:`planner.estimate`)."""
-        return planner.estimate(self._unit_seconds.get(unit.func_id),
+        return planner.estimate(self._unit_seconds.get(unit.call_id),
                                 self._item_seconds.get(hash(unit.func_bytes)), unit.count)
 
     def _running_long(self, w: Worker) -> bool:
@@ -110,7 +123,7 @@ class Dispatcher(WorkerTable):
     def _prefetch_too_big(self, w: Worker, front: Unit) -> bool:
         """A prefetch waits in the socket until the worker is done: it must fit there."""
         size = len(front.data)
-        if front.func_id not in w.funcs:
+        if front.call_id not in w.funcs:
             size += len(front.func_bytes)
         return size > planner.PREFETCH_MAX_BYTES
 
@@ -120,7 +133,7 @@ class Dispatcher(WorkerTable):
         nbytes = 0
         while self._queue and len(units) < n:
             u = self._queue[0]
-            if u.func_id != first.func_id:
+            if u.call_id != first.call_id:
                 break
             if units and (u.watch or first.watch):
                 break  # a unit that may have killed its worker goes alone, watched
@@ -137,17 +150,17 @@ class Dispatcher(WorkerTable):
             for u in units:
                 u.copies += 1
             w.sent[batch_id] = time.monotonic()
-        send_func = first.func_id not in w.funcs
+        send_func = first.call_id not in w.funcs
         if send_func:
-            # A finished job's function is not sent again: no entry outlives its map (each
+            # A finished call's function is not sent again: no entry outlives its map (each
             # would hold on to a block of memory that the map's objects had filled).
-            for fid in [f for f in w.funcs if f not in self._jobs]:
+            for fid in [f for f in w.funcs if f not in self._calls]:
                 del w.funcs[fid]
-            w.funcs[first.func_id] = None
+            w.funcs[first.call_id] = None
             if len(w.funcs) > FUNC_CACHE:
                 w.funcs.popitem(last=False)
-        payload = encode_pool_tasks(batch_id, first.func_id, first.func_bytes if send_func else None,
-                                    first.kind, [u.data for u in units], first.watch)
+        payload = encode_pool_tasks(batch_id, first.call_id, first.func_bytes if send_func else None,
+                                    first.kind, [u.data for u in units], first.watch, task_field(units))
         now = time.monotonic()
         if not w.pending:
             w.since = now

@@ -8,6 +8,7 @@ each worker's exit. What a loss costs whom is the ledger's
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fiber_core.base.errors import FiberError, JobStartError, TaskLostError
 from fiber_core.base.log import log
@@ -86,12 +87,12 @@ class Events(Dispatcher):
                 unit.copies -= 1
             self._retire_if_done(w)
             return
-        if units[0].func_id in self._jobs:
+        if units[0].call_id in self._calls:
             self._timed(units, elapsed)
         w.running = None
         done = self._deliver(units, results)
         if done:  # the live view's counters: a few operations per batch
-            w.done += done
+            w.items_done += done
             self._tasks_done += done
             second = int(now)
             per_second = self._done_per_second
@@ -108,16 +109,16 @@ class Events(Dispatcher):
         for unit in w.pending.pop(next(iter(w.pending))):
             if self._backup is not None:
                 unit.copies -= 1
-                unit.done = True
-            unit.job.set_unit(unit.index, False, err)
+                unit.delivered = True
+            unit.call.set_unit(unit.index, False, err)
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
         self._retire_if_done(w)
 
     def _timed(self, units: list[Unit], elapsed: float) -> None:
         """A batch of ``units`` took ``elapsed`` seconds: the call's estimate and the function's."""
-        job_id = units[0].func_id
-        self._unit_seconds[job_id] = planner.updated(self._unit_seconds.get(job_id), elapsed / len(units))
+        call_id = units[0].call_id
+        self._unit_seconds[call_id] = planner.updated(self._unit_seconds.get(call_id), elapsed / len(units))
         key = hash(units[0].func_bytes)
         self._item_seconds[key] = elapsed / max(1, sum(u.count for u in units))
         self._item_seconds.move_to_end(key)
@@ -129,10 +130,13 @@ class Events(Dispatcher):
         return the items delivered."""
         backup = self._backup is not None
         done = 0
+        key = units[0].call.durable
+        journalled = key is not None and key.journal is not None
+        delivered: list[tuple[Unit, bool, Any]] = []  # with a journal: delivered once recorded
         for unit, (ok, value) in zip(units, results):
             if backup:
                 unit.copies -= 1
-                if unit.done:
+                if unit.delivered:
                     continue  # a backup copy's result came first
             if not ok:
                 if unit.retries > 0:  # the caller opted in: run it again
@@ -143,9 +147,16 @@ class Events(Dispatcher):
                 ok = False
                 self._tasks_failed += unit.count
             if backup:
-                unit.done = True
-            unit.job.set_unit(unit.index, ok, value)
+                unit.delivered = True
+            if journalled:
+                delivered.append((unit, ok, value))
+            else:
+                unit.call.set_unit(unit.index, ok, value)
             done += unit.count
+        if delivered:  # recorded before the caller has them (it may change them)
+            key.finished([(unit.index, value) for unit, ok, value in delivered if ok])
+            for unit, ok, value in delivered:
+                unit.call.set_unit(unit.index, ok, value)
         return done
 
     def _on_drain(self, w: Worker, keep: int) -> None:
@@ -222,7 +233,7 @@ class Events(Dispatcher):
         w.process.join()
         code, reason, detail = end_of(w)
         culprit, w.culprit = w.culprit, None
-        if culprit is not None and culprit[0].done:
+        if culprit is not None and culprit[0].delivered:
             culprit = None  # a backup copy delivered it
         with self._lock:
             self._workers.pop(w.id, None)
@@ -238,7 +249,7 @@ class Events(Dispatcher):
                 # (a worker that did its maxtasksperchild and left is replaced, not lost)
                 self._losses_by[reason.value if reason is not None else "unknown"] += 1
                 self._last_loss = what
-            if self._state == "CLOSE" and not self._queue and not self._jobs:
+            if self._state == "CLOSE" and not self._queue and not self._calls:
                 return  # closing, and nothing is left to do
             if not self._after_loss(w, code, reason, fault, culprit is not None, what):
                 self._top_up()
@@ -252,7 +263,7 @@ class Events(Dispatcher):
             unit.charges = {}
         count, fails = charge(unit.charges, item, fault, self._task_losses)
         if fails:
-            unit.job.set_unit(unit.index, False, TaskLostError(lost_message(unit.name(item), count, fault, what)))
+            unit.call.set_unit(unit.index, False, TaskLostError(lost_message(unit.name(item), count, fault, what)))
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
         else:
@@ -292,10 +303,9 @@ class Events(Dispatcher):
             return self._count_loss(what + ", while starting")
         if verdict is Start.AGAIN:
             return False
-        run = w.process._run
-        tail = run.log_tail() if run else ""
+        tail = w.process.log_tail()
         self._fail_pool(JobStartError(
             f"pool workers die before they are ready ({self._streak.length} in a row); the last, {what}"
             + (f"; the end of its log:\n{tail}" if tail else ""),
-            exitcode=code, logs=run.logs if run else ""))
+            exitcode=code, logs=w.process.job_logs()))
         return True

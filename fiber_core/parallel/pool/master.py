@@ -75,7 +75,7 @@ class Master(Events):
         # A result or a ready message gives room to its worker only: dispatching to
         # it alone keeps a message's cost independent of the pool's size. Anything
         # else (new work, re-queued work, a resize, a quiet second) looks at all.
-        timeout = BACKUP_CHECK_SECONDS if self._backup is not None and self._jobs else 1.0
+        timeout = BACKUP_CHECK_SECONDS if self._backup is not None and self._calls else 1.0
         if self._deadlines:
             with self._lock:
                 left = self._expire_deadlines()
@@ -125,30 +125,30 @@ class Master(Events):
             self._leave_crowded()
         if self._backup is not None and not self._queue:
             self._start_backups()
-        if self._state == "CLOSE" and not self._jobs and not self._queue:
+        if self._state == "CLOSE" and not self._calls and not self._queue:
             self._retire_all()
             if not self._workers:
                 return False
         return True
 
-    def _set_deadline(self, job: Any, deadline: float | None) -> None:
+    def _set_deadline(self, call: Any, deadline: float | None) -> None:
         if deadline is None:
             return
         with self._lock:
-            heapq.heappush(self._deadlines, (time.monotonic() + deadline, job.call_id, deadline, job))
+            heapq.heappush(self._deadlines, (time.monotonic() + deadline, call.call_id, deadline, call))
         self._wake()
 
     def _expire_deadlines(self) -> float | None:
         """Fail the calls whose deadline passed; return the seconds to the next one. Lock held."""
         now = time.monotonic()
         while self._deadlines:
-            at, job_id, seconds, job = self._deadlines[0]
+            at, call_id, seconds, call = self._deadlines[0]
             if at > now:
                 return at - now
             heapq.heappop(self._deadlines)
-            if job_id in self._jobs:
-                self.cancel_call(job)
-                job.expire(seconds)
+            if call_id in self._calls:
+                self.cancel_call(call)
+                call.expire(seconds)
         return None
 
     def status_snapshot(self) -> dict[str, Any]:
@@ -205,7 +205,7 @@ class Master(Events):
                 "host": job.host if job is not None else None,
                 "state": worker_state(w),
                 "for_seconds": round(now - w.since, 3),
-                "done": w.done,
+                "done": w.items_done,
                 "in_flight": in_flight,
             })
         window_start = max(self._created, now - THROUGHPUT_SECONDS)
@@ -226,6 +226,6 @@ class Master(Events):
             "throughput_seconds": THROUGHPUT_SECONDS,
             "losses": dict(self._losses_by),
             "last_loss": self._last_loss,
-            "calls": [job.progress() for job in list(self._jobs.values())],
+            "calls": [call.progress() for call in list(self._calls.values())],
             "workers": workers,
         }

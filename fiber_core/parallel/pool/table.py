@@ -102,27 +102,28 @@ def out_of_descriptors(e: BaseException | None) -> OSError | None:
 
 
 class Unit:
-    __slots__ = ("job", "index", "data", "charges", "func_id", "func_bytes", "kind", "count",
-                 "start", "watch", "retries", "done", "copies")
+    __slots__ = ("call", "index", "data", "charges", "call_id", "func_bytes", "kind", "count",
+                 "start", "watch", "retries", "delivered", "copies", "attempt")
 
-    def __init__(self, job: Any, index: int, data: bytes, func_id: int, func_bytes: bytes,
+    def __init__(self, call: Any, index: int, data: bytes, call_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
-        self.job, self.index, self.data = job, index, data
-        self.func_id, self.func_bytes, self.kind = func_id, func_bytes, kind
+        self.call, self.index, self.data = call, index, data
+        self.call_id, self.func_bytes, self.kind = call_id, func_bytes, kind
         self.count = count  # items in the unit
         self.start = start  # the input position of its first item
         self.charges: dict[tuple[int, Fault], int] | None = None  # deaths charged, per item and kind
         self.watch = False  # a worker died while it may have run: it runs alone, watched
         self.retries = retries  # runs left after it raised (an opt-in)
-        self.done = False  # its result was delivered: another copy's is dropped
+        self.delivered = False  # its result was delivered: another copy's is dropped
         self.copies = 0  # workers that hold it (two while a backup copy runs)
-        # (done and copies are kept only in a pool with backup tasks: elsewhere a unit is
+        self.attempt = 0  # times it went back to the queue (its tasks' attempt, current_task)
+        # (delivered and copies are kept only in a pool with backup tasks: elsewhere a unit is
         # never in two places, and the pool's hot path does not pay for them)
 
     def name(self, item: int | None = None) -> str:
         """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
-        call = getattr(self.job, "_call", "a task")
-        if type(self.job) is ApplyResult:
+        call = getattr(self.call, "call_name", "a task")
+        if type(self.call) is ApplyResult:
             try:  # only for an error: the arguments are shown from this process's own pickle
                 args = loads(self.data)[0][0]
             except Exception:
@@ -154,7 +155,7 @@ class Worker:
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.last_work = time.monotonic()  # when it was last given work or answered
         self.since = self.last_work  # when its state (as the live view shows it) last changed
-        self.done = 0  # tasks (items) whose results it delivered
+        self.items_done = 0  # tasks (items) whose results it delivered
 
 
 class WorkerTable:
@@ -173,7 +174,7 @@ class WorkerTable:
         self._loss_limit = loss_limit
         self._backup = backup
         self._losses = LossWindow(LOSS_LIMIT, LOSS_WINDOW)  # workers lost to nobody's fault
-        self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, job id, s, job)
+        self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, call id, s, call)
         self._started = False  # the first workers started: later start errors are retried
         self._start_retry_at: float | None = None  # starts are refused: the next try
         self._start_failing_since: float | None = None
@@ -186,17 +187,18 @@ class WorkerTable:
         meta = getattr(initializer, "__fiber_meta__", None) or {}
         self._resources = {k: v for k, v in {**meta, **resources}.items() if v is not None}
         self._processes = processes
+        self._worker_name = "PoolWorker"  # a role's workers: PoolWorker-<role> (facade.py)
         self._id = os.urandom(16).hex()
         self._lock = threading.RLock()  # callbacks may call back into the pool
         self._queue: collections.deque[Unit] = collections.deque()
         self._workers: dict[int, Worker] = {}
         self._wid = itertools.count(1)
-        self._jobs: dict[int, Any] = {}
+        self._calls: dict[int, Any] = {}
         self._state = "RUN"
         self._error: BaseException | None = None
         self._streak = StartStreak()  # workers in a row that died before they were ready
-        self._unit_seconds: dict[int, float] = {}  # per job: running mean of one unit's time
-        # per pickled function: the last job's mean time per item, to size a new job's first batches
+        self._unit_seconds: dict[int, float] = {}  # per call: running mean of one unit's time
+        # per pickled function: the last call's mean time per item, to size a new call's first batches
         # (keyed by the hash of the pickle: no big closure is kept alive for this)
         self._item_seconds: collections.OrderedDict[int, float] = collections.OrderedDict()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -230,7 +232,7 @@ class WorkerTable:
         for _ in range(n):
             wid = next(self._wid)
             made.append((wid, Process(
-                target=worker_main, name=f"PoolWorker-{wid}", daemon=True, backend=self._backend,
+                target=worker_main, name=f"{self._worker_name}-{wid}", daemon=True, backend=self._backend,
                 args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks),
                 **self._resources)))
         start_processes([p for _, p in made])
@@ -478,8 +480,8 @@ class WorkerTable:
 
     def _fail_all_locked(self, exc: BaseException) -> None:
         self._queue.clear()
-        for job in list(self._jobs.values()):
-            job.fail(exc)
+        for call in list(self._calls.values()):
+            call.fail(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
@@ -488,43 +490,45 @@ class WorkerTable:
     def _requeue(self, units: list[Unit]) -> None:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
-            live = [u for u in units if u.func_id in self._jobs and not u.done and not u.copies]
+            live = [u for u in units if u.call_id in self._calls and not u.delivered and not u.copies]
+            for u in live:
+                u.attempt += 1
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True
 
     # -- what a call's result asks of its pool (results.py) --------------------------------
 
-    def cancel_call(self, job: Any, settle: Callable[[], bool] | None = None) -> bool:
+    def cancel_call(self, call: Any, settle: Callable[[], bool] | None = None) -> bool:
         """Drop a call's queued tasks and tell the workers that hold some to skip them; then
         run ``settle`` under the pool's lock (the master thread cannot finish the call
         meanwhile) and return its answer (False without one)."""
-        self._drop_call(job)
+        self._drop_call(call)
         if settle is None:
             return False
         with self._lock:
             return settle()
 
-    def _drop_call(self, job: Any) -> None:
-        job_id = job.call_id
+    def _drop_call(self, call: Any) -> None:
+        call_id = call.call_id
         with self._lock:
-            if self._jobs.pop(job_id, None) is None:
+            if self._calls.pop(call_id, None) is None:
                 return
-            self._unit_seconds.pop(job_id, None)
-            if any(u.job is job for u in self._queue):
-                self._queue = collections.deque(u for u in self._queue if u.job is not job)
+            self._unit_seconds.pop(call_id, None)
+            if any(u.call is call for u in self._queue):
+                self._queue = collections.deque(u for u in self._queue if u.call is not call)
             for w in self._workers.values():
                 if w.conn is None or w.lost:
                     continue
-                if any(units[0].job is job for units in w.pending.values()):
+                if any(units[0].call is call for units in w.pending.values()):
                     try:
-                        w.conn.send_frame(encode_pool_cancel(job_id))
+                        w.conn.send_frame(encode_pool_cancel(call_id))
                     except OSError:
                         pass
         self._wake()
 
-    def end_call(self, job: Any) -> None:
+    def end_call(self, call: Any) -> None:
         """The call is done (its result is ready, or its iterator gave everything)."""
-        job_id = job.call_id
-        self._jobs.pop(job_id, None)
-        self._unit_seconds.pop(job_id, None)
+        call_id = call.call_id
+        self._calls.pop(call_id, None)
+        self._unit_seconds.pop(call_id, None)

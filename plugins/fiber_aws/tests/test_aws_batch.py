@@ -420,6 +420,81 @@ def test_program_runs_cpu_and_gpu_pools_on_their_queues(batch, tmp_path: Path) -
         (d["jobName"], d["jobQueue"], d["status"], d.get("arrayProperties")) for d in described])
 
 
+OUTAGE_PROGRAM = textwrap.dedent("""
+    import json, sys, time
+    import fiber_core as multiprocessing
+
+
+    def square(x):
+        return x * x
+
+
+    if __name__ == "__main__":
+        with multiprocessing.Pool(2) as pool:
+            first = pool.map(square, range(10))
+            started = [p.job.id for p in pool._pool]
+            print(json.dumps(started), flush=True)
+            sys.stdin.readline()  # the API goes away and a worker is terminated meanwhile
+            rest = pool.map(square, range(10, 400), chunksize=1)
+            assert first + rest == [x * x for x in range(400)]
+            print("exact", flush=True)
+            sys.stdin.readline()  # the API is back: the lost worker's replacement starts
+            deadline = time.monotonic() + 120
+            new = []
+            while not new and time.monotonic() < deadline:
+                new = [p.job.id for p in pool._pool if p.job is not None and p.job.id not in started]
+                time.sleep(0.05)
+            print(json.dumps(new), flush=True)
+            print(sum(pool.map(square, range(20))), flush=True)
+""")
+
+
+@pytest.mark.timeout(400)
+def test_a_program_rides_out_the_batch_api_going_away_and_coming_back(batch, tmp_path: Path) -> None:  # noqa: ANN001
+    """The Batch endpoint goes away mid-run (every connection reset, new ones refused), and a
+    worker's job is terminated meanwhile: the surviving worker finishes the map exactly, the
+    terminated one is seen when the API answers again, a new worker is submitted then, and
+    the program ends normally."""
+    from urllib.parse import urlsplit
+
+    from fiber_core.testing.outage import Outage
+
+    target = urlsplit(os.environ["FIBER_AWS_ENDPOINT_URL"])
+    assert target.hostname is not None and target.port is not None
+    (tmp_path / "app.py").write_text(OUTAGE_PROGRAM)
+    with Outage(target.hostname, target.port) as api:
+        env = {**os.environ, "FIBER_BACKEND": "aws-batch", "FIBER_AWS_ENDPOINT_URL": api.url,
+               "FIBER_AWS_API_TIMEOUT": "3"}
+        prog = subprocess.Popen([sys.executable, "app.py"], cwd=tmp_path, env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert prog.stdout is not None and prog.stdin is not None
+            jobs = json.loads(prog.stdout.readline() or "null")
+            assert jobs and len(jobs) == 2, prog.stderr.read() if prog.stderr else ""
+            api.cut()
+            batch.terminate_job(jobId=jobs[0], reason="host reclaimed while the API was away")
+            prog.stdin.write("\n")
+            prog.stdin.flush()
+            assert prog.stdout.readline().strip() == "exact"
+            threading.Event().wait(3.0)  # the rest of the outage, not a synchronisation
+            api.restore()
+            prog.stdin.write("\n")
+            prog.stdin.flush()
+            replaced = json.loads(prog.stdout.readline() or "null")
+            assert replaced, "no worker replaced the one lost while the API was away"
+            assert prog.stdout.readline().strip() == str(sum(x * x for x in range(20)))
+            _, err = prog.communicate(timeout=WAIT)
+        finally:
+            if prog.poll() is None:
+                prog.kill()
+                prog.communicate()
+        assert prog.returncode == 0, err
+        assert api.accepted > 0
+    described = batch.describe_jobs(jobs=[jobs[0], *replaced])["jobs"]
+    assert [d["status"] for d in described][0] == "FAILED"
+    assert "host reclaimed while the API was away" in described[0]["statusReason"]
+
+
 # -- failures that Batch reports, and fiber's own ---------------------------------------
 
 

@@ -498,8 +498,8 @@ class _PodWatch:
         started = time.monotonic()
         listed = self.cluster.list_pods(self.selector)
         for pod in listed.get("items") or []:
-            self.backend._on_event("MODIFIED", pod)
-        self.backend._on_relist({p["metadata"]["name"] for p in listed.get("items") or []}, started)
+            self.backend._on_event("MODIFIED", pod)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
+        self.backend._on_relist({p["metadata"]["name"] for p in listed.get("items") or []}, started)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
         self.rv = listed["metadata"]["resourceVersion"]
         self.resp = self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
 
@@ -525,7 +525,7 @@ class _PodWatch:
                     break
                 self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
                 if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                    self.backend._on_event(event["type"], obj)
+                    self.backend._on_event(event["type"], obj)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
             return 0.0
         except Exception as e:
             if not self.closed:

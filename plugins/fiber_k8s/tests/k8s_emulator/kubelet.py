@@ -494,6 +494,38 @@ class Kubelet:
         self.store.wakeup.set()
         return self.store.get_pod(meta["namespace"], meta["name"])
 
+    def lose_node(self, name: str) -> dict[str, Any]:
+        """A node that is gone for good, as the cluster sees it once it has given up on it.
+
+        The node leaves the config (nothing is scheduled there again); its containers die
+        with it (killed, nothing sent first); then, as PodGC does for pods of a node that no
+        longer exists (Kubernetes >= 1.26), each of its pods becomes ``Failed`` with the
+        condition ``DisruptionTarget`` (reason ``DeletionByPodGC``) and is deleted at once.
+        """
+        with self.store.cond:
+            nodes = self.store.config["nodes"]
+            if not any(n["name"] == name for n in nodes):
+                raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+            self.store.config["nodes"] = [n for n in nodes if n["name"] != name]
+            pods = [copy.deepcopy(p) for p in self.store.pods.values() if p["spec"].get("nodeName") == name]
+        for pod in pods:
+            rt = self.runtime.get(pod["metadata"]["uid"])
+            for cid in (rt.containers.values() if rt and self.docker else ()):
+                try:
+                    self.docker.kill(cid)  # type: ignore[union-attr]
+                except DockerError:
+                    pass
+
+            def mark(p: dict[str, Any]) -> None:
+                p["status"].update(phase="Failed")
+                set_condition(p["status"], "DisruptionTarget", "True", "DeletionByPodGC",
+                              "PodGC: node no longer exists")
+            self._update(pod, mark)
+            m = pod["metadata"]
+            self.store.remove_pod(m["namespace"], m["name"], m["uid"])
+        self.store.wakeup.set()
+        return {"node": name, "pods": [p["metadata"]["name"] for p in pods]}
+
     def _finalize(self, pod: dict[str, Any], rt: Runtime) -> None:
         """End of a graceful delete: kill what still runs, record it, remove containers and the pod."""
         if rt.containers and self.docker is not None:
