@@ -28,6 +28,7 @@ import fiber_core
 from fiber_core.backends.local import LocalBackend
 from fiber_core.base.options import Option
 from fiber_core.runtime.config import config, plugins
+from fiber_core.testing.faults import SEED_VARIABLE
 
 T = 30.0
 """Upper bound of any single wait in the tests."""
@@ -136,9 +137,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """No FIBER_* variable or .fiberconfig leaks in; no child outlives its test."""
+    """No FIBER_* variable (but the chaos tests' seed) or .fiberconfig leaks in; no child
+    outlives its test."""
     for key in list(os.environ):
-        if key.startswith("FIBER_"):
+        if key.startswith("FIBER_") and key != SEED_VARIABLE:
             monkeypatch.delenv(key)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.chdir(tmp_path)

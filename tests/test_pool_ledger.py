@@ -12,6 +12,7 @@ from fiber_core.parallel.pool.ledger import (
     MAX_START_FAILURES,
     MAX_START_KILLS,
     MAX_TASK_ATTEMPTS,
+    MAX_TASK_FREEZES,
     MAX_TASK_KILLS,
     Fault,
     LossWindow,
@@ -48,6 +49,8 @@ def unit(watch: bool) -> SimpleNamespace:
     (KILL, EndReason.STOPPED, False, Fault.NONE),
     (KILL, EndReason.KILLED, True, Fault.NONE),  # it had said it was draining
     (KILL, EndReason.OOM, True, Fault.NONE),
+    (KILL, EndReason.UNRESPONSIVE, False, Fault.FROZE),  # no heartbeat: the master stopped it
+    (KILL, EndReason.UNRESPONSIVE, True, Fault.NONE),  # frozen while it drained
 ])
 def test_the_end_of_a_worker_says_what_it_may_cost(code: int, reason: EndReason | None,
                                                     draining: bool, fault: Fault) -> None:
@@ -59,6 +62,16 @@ def test_budgets_fail_an_oom_at_once_and_outside_kills_last() -> None:
     assert budget(Fault.TASK, 3) == 3 == MAX_TASK_ATTEMPTS
     assert budget(Fault.TASK, 7) == 7
     assert budget(Fault.KILLED, 3) == MAX_TASK_KILLS > MAX_TASK_ATTEMPTS
+    assert budget(Fault.FROZE, 7) == MAX_TASK_FREEZES
+
+
+def test_one_freeze_is_not_the_items_fault_and_a_task_that_freezes_every_time_fails() -> None:
+    charges: dict = {}
+    assert charge(charges, 4, Fault.FROZE, 3) == (1, False)  # stopped from outside: it runs again
+    for n in range(2, MAX_TASK_FREEZES):
+        assert charge(charges, 4, Fault.FROZE, 3) == (n, False)
+    assert charge(charges, 4, Fault.TASK, 3) == (1, False)  # the other budgets are untouched
+    assert charge(charges, 4, Fault.FROZE, 3) == (MAX_TASK_FREEZES, True)
 
 
 # -- which item was running ---------------------------------------------------------------
@@ -116,6 +129,8 @@ def test_the_lost_message_names_the_item_and_why() -> None:
     assert "died once" in lost_message("item 1 of map(f)", 1, Fault.OOM, "x")
     killed = lost_message("item 2 of map(f)", 10, Fault.KILLED, "x")
     assert "killed by SIGKILL 10 times" in killed and "own process" in killed
+    froze = lost_message("item 3 of map(f)", 3, Fault.FROZE, "x")
+    assert "stopped answering 3 times" in froze and "heartbeat_timeout" in froze
 
 
 def test_an_end_is_described_for_people() -> None:
@@ -128,6 +143,8 @@ def test_an_end_is_described_for_people() -> None:
     assert describe_end("W", 3, EndReason.EXITED, "log said x") == "W exited with code 3 (log said x)"
     assert describe_end("W", None, None) == "W was lost"
     assert describe_end("W", KILL, EndReason.PREEMPTED, "spot") == "W was preempted or evicted (spot)"
+    assert describe_end("W", KILL, EndReason.UNRESPONSIVE, "no heartbeat for 15.2 s") == \
+        "W stopped answering and was stopped (no heartbeat for 15.2 s)"
 
 
 # -- the pool-wide bounds -----------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import random
 import signal
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from concurrent.futures import CancelledError
 from pathlib import Path
 
 import pytest
+from chaos import Chaos
 from procs import wait_gone, wait_until
 
 import fiber_core
@@ -35,6 +35,7 @@ from fiber_core.base.errors import (
 from fiber_core.base.oom import oom_kills
 from fiber_core.parallel.pool import MAX_TASK_ATTEMPTS, Pool
 from fiber_core.parallel.pool.ledger import MAX_TASK_KILLS
+from fiber_core.testing.faults import FaultSchedule, chaos_seed
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -418,45 +419,25 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _signal_at_random(stop: threading.Event, seed: int, sig: int,
-                      candidates: Callable[[], list[int]], sent: list[int]) -> None:
-    """Every 0.1-0.3 s until ``stop``, send ``sig`` to one of ``candidates()``; note it in ``sent``."""
-    rng = random.Random(seed)
-    while not stop.wait(rng.uniform(0.1, 0.3)):
-        pids = candidates()
-        if pids:
-            pid = rng.choice(pids)
-            try:
-                os.kill(pid, sig)
-                sent.append(pid)
-            except ProcessLookupError:
-                pass
-
-
-def _sigterm_chaos(pool: Pool, stop: threading.Event, seed: int, stops: list[int]) -> None:
-    def serving() -> list[int]:
+def _not_draining(pool: Pool) -> Callable[[], list[int]]:
+    def pids() -> list[int]:
         with pool._lock:
-            return [w.process.pid for w in pool._workers.values()
+            return [w.process.pid for _, w in sorted(pool._workers.items())
                     if not w.lost and not w.draining and w.process.pid is not None]
-    _signal_at_random(stop, seed, signal.SIGTERM, serving, stops)
+    return pids
 
 
 @pytest.mark.timeout(300)
 def test_sigterm_chaos_charges_no_task_and_runs_each_once() -> None:
-    """A random worker of Pool(8) sent SIGTERM every 0.1-0.3 s: every result exactly once."""
+    """A worker of Pool(8) sent SIGTERM at 40 points of the run that a seed draws
+    (FIBER_CHAOS_SEED replays them): every result exactly once."""
     n = 10_000
-    stop = threading.Event()
-    stops: list[int] = []
+    schedule = FaultSchedule.spread(chaos_seed(), results=n, count=40, kinds=("term",))
     with Pool(8, task_losses=1) as pool:  # a single charged death would fail the run
-        thread = threading.Thread(target=_sigterm_chaos, args=(pool, stop, 11, stops), daemon=True)
-        thread.start()
-        try:
+        with Chaos(pool, schedule, _not_draining(pool)) as chaos:
             out = sorted(pool.imap_unordered(ms_task, range(n), chunksize=4))
-        finally:
-            stop.set()
-            thread.join(T)
-        assert out == list(range(n))  # a batch handed back and also run would show twice
-        assert stops
+        assert out == list(range(n)), chaos  # a batch handed back and also run would show twice
+        assert chaos.struck, chaos
 
 
 # -- a backend that refuses new jobs for a while ----------------------------------------
@@ -597,33 +578,17 @@ def test_cancelling_an_async_result_starts_none_of_its_other_tasks() -> None:
 # -- chaos: a random worker SIGKILLed every 0.1-0.3 s --------------------------------
 
 
-def _chaos(pool: Pool, stop: threading.Event, seed: int, kills: list[int]) -> None:
-    rng = random.Random(seed)
-    while not stop.wait(rng.uniform(0.1, 0.3)):
-        with pool._lock:
-            pids = [w.process.pid for w in pool._workers.values()
-                    if not w.lost and w.process.pid is not None]
-        if pids:
-            pid = rng.choice(pids)
-            try:
-                os.kill(pid, signal.SIGKILL)
-                kills.append(pid)
-            except ProcessLookupError:
-                pass
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("api", ["map", "imap", "imap_unordered", "apply_async"])
 def test_chaos_every_result_exactly_once(api: str) -> None:
-    """A random worker of Pool(8) SIGKILLed every 0.1-0.3 s while 1-5 ms tasks run."""
+    """A worker of Pool(8) SIGKILLed at 60 points of a run of 1-5 ms tasks that a seed draws
+    (FIBER_CHAOS_SEED replays them)."""
     n = 10_000
-    stop = threading.Event()
-    kills: list[int] = []
     with Pool(8) as pool:
         assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
-        thread = threading.Thread(target=_chaos, args=(pool, stop, 7, kills), daemon=True)
-        thread.start()
-        try:
+        schedule = FaultSchedule.spread(chaos_seed(), results=n, count=60, kinds=("kill",),
+                                        first=8, last=8 + n - 1)  # (the 8 above count)
+        with Chaos(pool, schedule) as chaos:
             if api == "map":
                 out = pool.map_async(ms_task, range(n)).get(timeout=8 * T)
             elif api == "imap":
@@ -633,18 +598,9 @@ def test_chaos_every_result_exactly_once(api: str) -> None:
             else:
                 results = [pool.apply_async(ms_task, (i,)) for i in range(n)]
                 out = [r.get(timeout=8 * T) for r in results]
-        finally:
-            stop.set()
-            thread.join(T)
-        assert out == list(range(n))
-        assert kills  # the chaos happened
+        assert out == list(range(n)), chaos
+        assert chaos.struck, chaos  # the chaos happened
         assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
-
-
-def _kill_any(pool: Pool, stop: threading.Event, seed: int, kills: list[int]) -> None:
-    """SIGKILL a random process of ``pool._pool`` (starting workers too) every 0.1-0.3 s."""
-    _signal_at_random(stop, seed, signal.SIGKILL,
-                      lambda: [p.pid for p in pool._pool if p.pid is not None], kills)
 
 
 @pytest.mark.timeout(300)
@@ -652,21 +608,17 @@ def _kill_any(pool: Pool, stop: threading.Event, seed: int, kills: list[int]) ->
 def test_random_sigkills_charge_no_item_a_death_it_did_not_cause(seed: int) -> None:
     """A new user's map (CPU-bound 1-5 ms items, auto-chunked into units of several):
     deaths land on different items of a unit, or on workers that start or hold work not
-    begun, and none of them may add up to a TaskLostError."""
+    begun, and none of them may add up to a TaskLostError. Any process of ``pool._pool``
+    (starting workers too) is SIGKILLed at 30 points that the seed draws."""
     n = 2000
-    stop = threading.Event()
-    kills: list[int] = []
     with Pool(8) as pool:
         assert pool.map(sqr, range(8)) == [x * x for x in range(8)]
-        thread = threading.Thread(target=_kill_any, args=(pool, stop, seed, kills), daemon=True)
-        thread.start()
-        try:
+        schedule = FaultSchedule.spread(chaos_seed(default=seed), results=n, count=30,
+                                        kinds=("kill",), first=8, last=8 + n - 1)
+        with Chaos(pool, schedule, lambda: [p.pid for p in pool._pool if p.pid is not None]) as chaos:
             out = pool.map_async(cpu_task, range(n)).get(timeout=8 * T)
-        finally:
-            stop.set()
-            thread.join(T)
-        assert out == list(range(n))
-        assert kills
+        assert out == list(range(n)), chaos
+        assert chaos.struck, chaos
 
 
 class KillsOnLoad:

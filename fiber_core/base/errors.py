@@ -122,6 +122,21 @@ class TaskExitError(FiberError):
     """
 
 
+class QueueCutError(FiberError, ConnectionError):
+    """A queue handle's connection to the queue's owner ended while its program held items it
+    had taken and the owner had not yet heard of: if the owner lives, they are back in the
+    queue and may be delivered again. Raised once, by the handle's next call (which the one
+    after reconnects), so that a connection cut never duplicates items silently."""
+
+    def __init__(self, taken: int) -> None:
+        super().__init__(
+            f"the connection to this queue's owner ended while this process held {taken} items it "
+            f"had taken and the owner had not yet heard of (the owner's process exited, or the "
+            f"connection was cut): if the owner lives, those items are back in the queue and "
+            f"other getters may get them again. The next call reconnects")
+        self.taken = taken
+
+
 class DeadlineError(FiberError, TimeoutError):
     """A pool call's deadline passed: its unfinished tasks were cancelled.
 

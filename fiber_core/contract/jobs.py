@@ -59,6 +59,11 @@ class EndReason(enum.Enum):
     """The machine it ran on, or the way to reach it, was lost."""
     NEVER_STARTED = "never-started"
     """The platform could not start it: a missing image, unschedulable, refused."""
+    UNRESPONSIVE = "unresponsive"
+    """Alive as far as its platform and the network can tell, but silent: a pool worker that
+    sent nothing (no heartbeat) for ``heartbeat_timeout`` seconds, which Fiber then stopped.
+    Frozen (SIGSTOP, a hung read of a network file system, a stuck driver) or holding the
+    GIL in a C extension past the bound. Set by the Pool, never by a backend."""
 
     @property
     def infrastructure(self) -> bool:

@@ -29,7 +29,9 @@ and acknowledges it. Nothing lent is stranded or lost:
   later (longer while its program holds the GIL in a long C call), and at once
   when it closes or its process ends. If its connection ends before that, those
   items are delivered again to other getters: not lost, as they would be from a
-  ``multiprocessing.Queue``.
+  ``multiprocessing.Queue``. If the handle's process lives (its connection was cut, the
+  owner lives), its next call raises :class:`~fiber_core.base.errors.QueueCutError`
+  saying how many: a cut never delivers an item twice silently.
 
 Once a handle borrows, all its gets and size requests use the borrowing
 connection, so that nothing it asks overtakes what it gave back.
@@ -51,7 +53,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from fiber_core.base.errors import FiberError
+from fiber_core.base.errors import FiberError, QueueCutError
 from fiber_core.parallel.queue_serve import Empty, Full, Store, serve
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
@@ -116,6 +118,7 @@ class _Borrower:
         self.unacked = 0  # ... and taken since
         self.ack_due = threading.Condition(self.lock)
         self.error: BaseException | None = None
+        self.cut_taken = 0  # taken, unacknowledged when the connection ended: to be reported
         self.closed = False
         self.conn.send_frame(encode_queue_loan(self.token))
         _borrowers.add(self)
@@ -145,8 +148,27 @@ class _Borrower:
                 self.ack_due.wait(_ACK_DELAY)  # the program usually takes more meanwhile
                 try:
                     self._send(b"")
-                except OSError:
+                except OSError as e:
+                    self._broken(e)
                     return
+
+    def _broken(self, e: BaseException) -> None:
+        """The connection ended (``cond``'s lock held). The owner takes back whatever it lent
+        and was not acknowledged: handing out what is left here would deliver it twice, and
+        what the program took unacknowledged is reported by the next call (:class:`QueueCutError`)."""
+        if self.error is None:
+            self.error = e
+            if not self.closed:
+                self.cut_taken = self.unacked
+        self.items.clear()
+
+    def report_cut(self) -> None:
+        """Raise :class:`QueueCutError` once if the connection ended while the program held
+        items taken and unacknowledged."""
+        with self.cond:
+            taken, self.cut_taken = self.cut_taken, 0
+        if taken:
+            raise QueueCutError(taken) from self.error
 
     def settle(self) -> None:
         """Acknowledge what the program took, then let the owner take back the rest."""
@@ -172,7 +194,7 @@ class _Borrower:
     def take(self) -> memoryview | None:
         """A lent item, if one is here (the fast path of ``get``)."""
         with self.lock:
-            if not self.items or self.closed:
+            if not self.items or self.closed or self.error is not None:
                 return None
             data = self.items.popleft()
             self.unacked += 1
@@ -213,13 +235,16 @@ class _Borrower:
             while True:
                 if self.closed:
                     raise ValueError("the queue was closed")
-                if self.items:
+                if self.items and self.error is None:
                     data = self.items.popleft()
                     self.unacked += 1
                     if self.unacked == 1:
                         self.ack_due.notify()
                     return data
                 if self.error is not None:
+                    if self.cut_taken:
+                        taken, self.cut_taken = self.cut_taken, 0
+                        raise QueueCutError(taken) from self.error
                     raise FiberError("the process that created this queue has exited") \
                         from self.error
                 if mine and self.answered >= mine:
@@ -236,7 +261,7 @@ class _Borrower:
                     try:
                         self._send(request)
                     except OSError as e:
-                        self.error = e
+                        self._broken(e)
                         continue
                     self.asked += 1
                     mine = self.asked
@@ -278,10 +303,7 @@ class _Borrower:
                     self.cond.notify_all()
         except (EOFError, OSError, ValueError) as e:
             with self.cond:
-                self.error = e
-                # The owner takes back, when the connection ends, whatever it lent and
-                # was not acknowledged: handing it out here too would deliver it twice.
-                self.items.clear()
+                self._broken(e)
                 self.cond.notify_all()
                 self.ack_due.notify()
 
@@ -399,6 +421,8 @@ class Queue:
 
     def _fetch(self, block: bool, timeout: float | None, borrower: _Borrower | None) -> Any:
         """Ask the owner: one item, or a batch sized from the program's recent pace."""
+        if borrower is not None and borrower.error is not None:
+            borrower.report_cut()
         now = time.monotonic()
         if self._mark is not None:
             # Since the last fetch returned, the program handled what it returned and
@@ -435,6 +459,8 @@ class Queue:
             if self._closed:
                 raise ValueError(f"Queue {self!r} is closed")
             borrower = self._borrower
+            if borrower is not None and borrower.error is not None:
+                borrower.report_cut()  # before a new connection is taken: once
             if borrower is None or borrower.error is not None and not borrower.busy():
 
                 try:

@@ -16,6 +16,7 @@ program installs later replaces it, and then the program decides.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.log import LOGGER_NAME
+from fiber_core.base.text import printable
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.messages import PROCESS_STDERR, PROCESS_STDOUT
 
@@ -113,12 +115,21 @@ def flush_std_streams() -> None:
             pass
 
 
+OUTPUT_TAIL_LINES = 50
+"""Lines of a job's output the parent keeps for the live view (its last ones)..."""
+
+OUTPUT_LINE_CHARS = 300
+"""... each cut to this many characters."""
+
+
 class _OutputPrinter:
-    """Prints a job's output in the parent, each line prefixed with the job's name."""
+    """Prints a job's output in the parent, each line prefixed with the job's name, and
+    keeps its last :data:`OUTPUT_TAIL_LINES` lines (both streams, as they came)."""
 
     def __init__(self, name: str) -> None:
         self.prefix = f"[{name}] "
         self.partial: dict[bytes, bytes] = {PROCESS_STDOUT: b"", PROCESS_STDERR: b""}
+        self.last: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
 
     def write(self, kind: bytes, data: bytes | memoryview) -> None:
         data = self.partial[kind] + data
@@ -133,9 +144,18 @@ class _OutputPrinter:
                 self._emit(kind, [rest])
                 self.partial[kind] = b""
 
+    def tail(self, lines: int = OUTPUT_TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines printed (at most :data:`OUTPUT_TAIL_LINES`), escape
+        sequences and control characters removed, each at most :data:`OUTPUT_LINE_CHARS`
+        characters."""
+        kept = list(self.last)  # (a copy: the monitor thread may append meanwhile)
+        return [printable(line, "") for line in kept[max(0, len(kept) - lines):]] if lines > 0 else []
+
     def _emit(self, kind: bytes, lines: list[bytes]) -> None:
         stream = sys.stdout if kind == PROCESS_STDOUT else sys.stderr
-        text = "".join(self.prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
+        decoded = [line.decode("utf-8", "replace") for line in lines]
+        self.last.extend(line[:OUTPUT_LINE_CHARS] for line in decoded[-OUTPUT_TAIL_LINES:])
+        text = "".join(self.prefix + line + "\n" for line in decoded)
         try:
             stream.write(text)
             stream.flush()

@@ -48,6 +48,7 @@ from fiber_core.contract.env import (
 )
 from fiber_core.processes import spares
 from fiber_core.processes.host import (
+    OUTPUT_TAIL_LINES,
     BaseProcess,
     _close_fds,
     _exit_children,
@@ -305,6 +306,13 @@ class Process(BaseProcess):
         """Whether :meth:`join` may be called: started here and not closed."""
         return self._run is not None and not self._closed
 
+    def output_tail(self, lines: int = OUTPUT_TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines the process printed, stdout and stderr as they came
+        (Fiber extension): at most :data:`OUTPUT_TAIL_LINES`, each at most
+        300 characters, escape sequences and control characters
+        removed. Empty before it starts, and with ``forward_output`` off."""
+        return [] if self._run is None else self._run.output.tail(lines)
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_run"] = None
@@ -375,6 +383,7 @@ class _JobRun:
         self._started = False  # the start frames are sent: other frames may follow
         self._interrupt = False  # SIGINT came before they were
         self._spares_after: tuple[JobSpec, bytes] | None = None  # after a single start()
+        self.output = _OutputPrinter(self.name)
 
     @property
     def process(self) -> Process:
@@ -551,7 +560,7 @@ class _JobRun:
                 return
             assert self.sock is not None
             conn = Connection(self.sock)
-            printer = _OutputPrinter(self.name)
+            printer = self.output
             conn_done = threading.Event()
             if self.sock.family != socket.AF_UNIX:
                 threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,

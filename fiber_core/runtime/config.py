@@ -43,6 +43,7 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("gpu", int, None, "GPUs requested per job"),
     Option("gpu_type", str, None, "GPU type requested per job"),
     Option("peer_timeout", float, 30.0, "seconds after which a TCP peer that stopped answering (its host lost or cut off) counts as gone (0: the kernel's defaults, which take minutes to hours)"),
+    Option("heartbeat_timeout", float, 15.0, "seconds a pool worker may stay silent (no heartbeat, no message) before it counts as lost (frozen, or a task holding the GIL): it is stopped and its tasks run elsewhere; it sends a heartbeat every fifth of this (0: no heartbeats)"),
     Option("handshake_timeout", float, 10.0, "seconds a connection to a listener of the run (the hub, a manager server) has to authenticate before it is closed"),
     Option("start_timeout", float, 0.0, "seconds a job may take to reach its parent before it is failed (0: wait for the backend)"),
     Option("spare_jobs", int, None, "jobs started ahead and kept ready per kind of job, so that a Process.start() lands on one already running (default: the backend's choice, 1 on docker and ssh, 0 elsewhere; 0: none)"),

@@ -50,6 +50,7 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `G` | POOL_RUNNING | worker → pool | batch:Q item:I | the item of a watched batch that starts now |
 | `M` | POOL_DRAIN | worker → pool | batch:q | the worker is told to stop: it finishes batch (-1: none), runs no other, and waits for POOL_QUIT |
 | `B` | POOL_CANCEL | pool → worker | call:Q | the call was cancelled: skip its batches not started yet (answered with empty POOL_RESULTS) |
+| `~` | POOL_HEARTBEAT | worker → pool | cpu:d rss:q gpu:d gpu_memory:q | the worker lives (sent every heartbeat interval), with what it uses: % of one CPU since the last, bytes, GPU % and bytes (-1: unknown) |
 | `p` | QUEUE_PUT | handle → owner | block:? timeout:d, item | put; answered by QUEUE_OK or QUEUE_FULL only if the queue is bounded |
 | `g` | QUEUE_GET | handle → owner | block:? timeout:d [window:I] | get one item (QUEUE_ITEM or QUEUE_EMPTY); with a window, on a loan, up to window (QUEUE_BATCH) |
 | `a` | QUEUE_GOT | handle → owner | — | the item of a plain get arrived (else it goes back in front) |
@@ -198,6 +199,9 @@ POOL_DRAIN = _kind(b"M", "POOL_DRAIN", "worker", "pool", "batch:q", "",
 POOL_CANCEL = _kind(b"B", "POOL_CANCEL", "pool", "worker", "call:Q", "",
                     "the call was cancelled: skip its batches not started yet "
                     "(answered with empty POOL_RESULTS)")
+POOL_HEARTBEAT = _kind(b"~", "POOL_HEARTBEAT", "worker", "pool", "cpu:d rss:q gpu:d gpu_memory:q", "",
+                       "the worker lives (sent every heartbeat interval), with what it uses: % of one "
+                       "CPU since the last, bytes, GPU % and bytes (-1: unknown)")
 
 # -- queue: a handle in another process and the queue's owner --------------------------
 
@@ -492,6 +496,25 @@ def decode_pool_cancel(frame: bytes | bytearray) -> int:
     if len(frame) != _POOL_CANCEL.size:
         raise _truncated(POOL_CANCEL, frame, f"{_POOL_CANCEL.size} bytes")
     return _POOL_CANCEL.unpack(frame)[1]
+
+
+_POOL_HEARTBEAT = BY_CODE[POOL_HEARTBEAT].struct()
+
+
+def encode_pool_heartbeat(cpu: float, rss: int | None, gpu: float | None, gpu_memory: int | None) -> bytes:
+    """A POOL_HEARTBEAT frame with a sample of the worker's use (None is sent as -1)."""
+    return _POOL_HEARTBEAT.pack(POOL_HEARTBEAT, cpu, -1 if rss is None else rss,
+                                -1.0 if gpu is None else gpu, -1 if gpu_memory is None else gpu_memory)
+
+
+def decode_pool_heartbeat(frame: bytes | bytearray) -> dict[str, Any]:
+    """The sample of a POOL_HEARTBEAT frame: ``{"cpu", "rss", "gpu", "gpu_memory"}``, None where unknown."""
+    _expect(POOL_HEARTBEAT, frame)
+    if len(frame) != _POOL_HEARTBEAT.size:
+        raise _truncated(POOL_HEARTBEAT, frame, f"{_POOL_HEARTBEAT.size} bytes")
+    _, cpu, rss, gpu, gpu_memory = _POOL_HEARTBEAT.unpack(frame)
+    return {"cpu": cpu, "rss": None if rss < 0 else rss, "gpu": None if gpu < 0 else gpu,
+            "gpu_memory": None if gpu_memory < 0 else gpu_memory}
 
 
 def encode_pool_drain(batch: int) -> bytes:

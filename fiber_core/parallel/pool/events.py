@@ -7,6 +7,7 @@ each worker's exit. What a loss costs whom is the ledger's
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from fiber_core.base.log import log
 from fiber_core.contract.jobs import EndReason
 from fiber_core.parallel.pool import planner
 from fiber_core.parallel.pool.dispatch import Dispatcher
+from fiber_core.parallel.pool.history import LOSS_LINES
 from fiber_core.parallel.pool.ledger import (
     Fault,
     Start,
@@ -23,15 +25,18 @@ from fiber_core.parallel.pool.ledger import (
     lost_message,
     running_item,
 )
+from fiber_core.parallel.pool.liveness import check_interval, silent
 from fiber_core.parallel.pool.results import task_error
 from fiber_core.parallel.pool.table import UNGRANTED_BACKOFF_SECONDS, Unit, Worker, describe, end_of
 from fiber_core.parallel.pool.worker import FUNC_CACHE
 from fiber_core.wire.messages import (
     POOL_DRAIN,
+    POOL_HEARTBEAT,
     POOL_READY,
     POOL_RESULTS,
     POOL_RUNNING,
     decode_pool_drain,
+    decode_pool_heartbeat,
     decode_pool_results,
     decode_pool_running,
     kind_of,
@@ -49,11 +54,14 @@ class Events(Dispatcher):
         except (EOFError, OSError):
             self._lose(w)
             return
+        w.heard = time.monotonic()
         op = kind_of(msg)
         if op == POOL_RESULTS:
             self._on_results(w, msg)
         elif op == POOL_RUNNING:
             w.running = decode_pool_running(msg)
+        elif op == POOL_HEARTBEAT:
+            w.usage.add(w.heard, decode_pool_heartbeat(msg))
         elif op == POOL_DRAIN:
             self._on_drain(w, decode_pool_drain(msg))
         elif op == POOL_READY:
@@ -94,12 +102,7 @@ class Events(Dispatcher):
         if done:  # the live view's counters: a few operations per batch
             w.items_done += done
             self._tasks_done += done
-            second = int(now)
-            per_second = self._done_per_second
-            if per_second and per_second[-1][0] == second:
-                per_second[-1][1] += done
-            else:
-                per_second.append([second, done])
+            self._throughput.add(now, done)
         self._retire_if_done(w)
 
     def _on_unreadable(self, w: Worker, e: Exception) -> None:
@@ -219,6 +222,31 @@ class Events(Dispatcher):
                         unit.watch = True
             self._requeue([u for _, units in batches for u in units])
 
+    def _check_silence(self, now: float) -> None:
+        """Every heartbeat interval: a worker silent past ``heartbeat_timeout`` is lost."""
+        timeout = self._heartbeat_timeout
+        if not timeout or now < self._silence_check_at:
+            return
+        self._silence_check_at = now + check_interval(timeout)
+        for w in list(self._workers.values()):
+            if w.conn is None or w.lost or not silent(w.heard, now, timeout):
+                continue
+            if not w.conn.closed and w.conn.poll(0):
+                w.heard = now  # its messages wait: the master was behind, not the worker
+                continue
+            self._unresponsive(w, now - w.heard)
+
+    def _unresponsive(self, w: Worker, quiet: float) -> None:
+        """A worker sent nothing for ``quiet`` seconds (frozen, or a task holding the GIL):
+        its work runs elsewhere now, and its job is stopped; its exit charges the item it ran."""
+        w.unresponsive = f"no heartbeat for {quiet:.1f} s, heartbeat_timeout {self._heartbeat_timeout:g} s"
+        log.warning("fiber: pool worker %s stopped answering (%s): it is stopped and its tasks "
+                    "run elsewhere", w.process.name, w.unresponsive)
+        self._lose(w)
+        # In a thread: the way to a frozen worker's host may be cut, and a backend's stop
+        # would then hold up the master.
+        threading.Thread(target=_kill, args=(w,), daemon=True, name="fiber-pool-stop").start()
+
     def _on_exit(self, w: Worker) -> None:
         # What the worker sent before it ended comes first (its exit and its last messages
         # may be seen in the same round): a result, or which item it started, which is
@@ -243,16 +271,29 @@ class Events(Dispatcher):
             fault = fault_of(code, reason, w.draining)
             if culprit is not None:
                 self._charge(culprit[0], culprit[1], fault, what)
-            if w.retiring and not w.draining and culprit is None:
+            retired = w.retiring and not w.draining and culprit is None
+            # (a worker that did its maxtasksperchild and left is replaced, not lost)
+            lost = not retired and not (code == 0 and self._maxtasks is not None
+                                        and w.assigned >= self._maxtasks)
+            self._note_end(w, "retired" if retired else reason.value if reason is not None else "unknown",
+                           what, lost)
+            if retired:
                 return
-            if not (code == 0 and self._maxtasks is not None and w.assigned >= self._maxtasks):
-                # (a worker that did its maxtasksperchild and left is replaced, not lost)
+            if lost:
                 self._losses_by[reason.value if reason is not None else "unknown"] += 1
                 self._last_loss = what
             if self._state == "CLOSE" and not self._queue and not self._calls:
                 return  # closing, and nothing is left to do
             if not self._after_loss(w, code, reason, fault, culprit is not None, what):
                 self._top_up()
+
+    def _note_end(self, w: Worker, reason: str, what: str, lost: bool) -> None:
+        """The live view's timeline: ``w`` ended, for ``reason`` (lock held)."""
+        job = w.process.job
+        self._timeline.ended(
+            time.monotonic(), w.id, w.process.name, job.id if job is not None else None,
+            job.host if job is not None else None, reason=reason, description=what, lost=lost,
+            lines=w.process.output_tail(LOSS_LINES) if lost else [])
 
     def _charge(self, unit: Unit, item: int, fault: Fault, what: str) -> None:
         """The worker died while ``item`` of ``unit`` ran: charge it, then run it again or fail it."""
@@ -309,3 +350,10 @@ class Events(Dispatcher):
             + (f"; the end of its log:\n{tail}" if tail else ""),
             exitcode=code, logs=w.process.job_logs()))
         return True
+
+
+def _kill(w: Worker) -> None:
+    try:
+        w.process.kill()
+    except (ValueError, OSError) as e:  # closed, or the backend could not reach it
+        log.info("fiber: could not stop pool worker %s: %s", w.process.name, e)

@@ -16,7 +16,7 @@ from typing import Any
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
 from fiber_core.parallel.durable import journal as durable
-from fiber_core.parallel.pool import planner
+from fiber_core.parallel.pool import notebook, planner
 from fiber_core.parallel.pool import roles as role_table
 from fiber_core.parallel.pool.dispatch import BACKUP_FACTOR
 from fiber_core.parallel.pool.ledger import MAX_TASK_ATTEMPTS
@@ -191,6 +191,7 @@ class Pool(Master):
                 whole: Callable[[], bytes] | None = None) -> int:
         """Pickle every unit now (so a bad argument fails here), then queue them (those the
         journal does not hold: ``whole`` gives the call's whole input pickled, if not its unit)."""
+        notebook.follow_cell(self)  # (in a notebook only: its progress in the cell)
         chunks = list(chunks)
         retries = self._retries if retries is None else check_retries(retries)
         with sending_to(self._hub):
@@ -335,6 +336,7 @@ class Pool(Master):
         with sending_to(self._hub):
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self, call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func))
+        notebook.follow_cell(self)  # (in a notebook only: its progress in the cell)
         key = it.durable = durable.program().begin(it.call_name, func, func_bytes, None)
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled

@@ -25,6 +25,12 @@ The rules
   which only a task that kills its own process spends; anything else (its exit, a
   crash, a SIGKILL that may be an OOM kill) draws on ``task_losses``
   (:data:`MAX_TASK_ATTEMPTS` by default).
+* **A frozen worker** (``EndReason.UNRESPONSIVE``: no heartbeat within
+  ``heartbeat_timeout``, stopped by the master) is not its item's fault once: the
+  process was stopped from outside, a network file system hung, a driver stuck. A task
+  that freezes its worker again and again (a C extension that holds the GIL past the
+  bound, a deadlock of its own) is: it draws on :data:`MAX_TASK_FREEZES`, so that it
+  fails, named, instead of costing a bound's wait forever.
 * **Losses that are nobody's fault are bounded pool-wide** (:class:`LossWindow`):
   ``loss_limit`` of them within a window, then the pool fails, saying the platform
   keeps taking workers.
@@ -56,6 +62,12 @@ from outside as a rule: at one kill of a random worker every 0.1 s, a given 10 m
 is hit with a chance of about 1 in 80 per run, so ten in a row never happen by
 chance; a task that kills its own process reaches the bound."""
 
+MAX_TASK_FREEZES = 3
+"""Times a worker may be found frozen (``EndReason.UNRESPONSIVE``) while an item runs, before
+the item fails. A freeze from outside hits a given item twice only by rare bad luck; each
+one costs the run a whole ``heartbeat_timeout``, so a task that freezes its worker every
+time is stopped after three."""
+
 MAX_START_FAILURES = 3
 """Workers in a row that exit (or crash) before they are ready: a broken image or initializer."""
 
@@ -84,6 +96,8 @@ class Fault(enum.Enum):
     """A SIGKILL known not to be an OOM kill: :data:`MAX_TASK_KILLS`."""
     TASK = "task"
     """May be the item's fault: ``task_losses``."""
+    FROZE = "froze"
+    """The worker stopped answering while the item ran: :data:`MAX_TASK_FREEZES`."""
 
 
 def fault_of(code: int | None, reason: EndReason | None, draining: bool) -> Fault:
@@ -96,6 +110,8 @@ def fault_of(code: int | None, reason: EndReason | None, draining: bool) -> Faul
         return Fault.NONE
     if reason is EndReason.OOM:
         return Fault.OOM
+    if reason is EndReason.UNRESPONSIVE:
+        return Fault.FROZE
     if code == -signal.SIGTERM:  # the polite stop of a preemption
         return Fault.NONE
     if reason is EndReason.KILLED:
@@ -109,6 +125,8 @@ def budget(fault: Fault, task_losses: int) -> int:
         return 1
     if fault is Fault.KILLED:
         return MAX_TASK_KILLS
+    if fault is Fault.FROZE:
+        return MAX_TASK_FREEZES
     return task_losses
 
 
@@ -143,6 +161,10 @@ def lost_message(task: str, count: int, fault: Fault, what: str) -> str:
         return (f"task lost: {task}: its worker was killed by SIGKILL {times} while running it, "
                 f"never by the out-of-memory killer (does the task kill its own process?); "
                 f"the last, {what}. It is not run again")
+    if fault is Fault.FROZE:
+        return (f"task lost: {task}: its worker stopped answering {times} while running it "
+                f"(does the task hold the GIL in a C call, or wait on itself?); the last, {what}. "
+                f"It is not run again; a task may hold the GIL for less than heartbeat_timeout")
     return f"task lost: {task}: its worker died {times} while running it; the last, {what}. It is not run again"
 
 
@@ -150,6 +172,7 @@ _ENDS = {EndReason.STOPPED: "was stopped",
          EndReason.PREEMPTED: "was preempted or evicted",
          EndReason.HOST_LOST: "lost its host",
          EndReason.NEVER_STARTED: "could not be started",
+         EndReason.UNRESPONSIVE: "stopped answering and was stopped",
          EndReason.KILLED: "was killed by SIGKILL (not sent by Fiber, not an out-of-memory kill)"}
 
 

@@ -26,6 +26,7 @@ from fiber_core.base.errors import BackendError
 from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import log
 from fiber_core.contract.jobs import EndReason
+from fiber_core.parallel.pool.history import Throughput, Timeline
 from fiber_core.parallel.pool.ledger import (
     LOSS_LIMIT,
     LOSS_WINDOW,
@@ -34,9 +35,11 @@ from fiber_core.parallel.pool.ledger import (
     StartStreak,
     describe_end,
 )
+from fiber_core.parallel.pool.liveness import UsageLog, heartbeat_interval
 from fiber_core.parallel.pool.results import ApplyResult
 from fiber_core.parallel.pool.worker import worker_main
 from fiber_core.processes.process import Process, cpu_count, start_processes
+from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import POOL_QUIT, MessageError, decode_pool_hello, encode_pool_cancel
@@ -75,6 +78,8 @@ before the pool asks again."""
 def end_of(w: Worker) -> tuple[int | None, EndReason | None, str]:
     """A lost worker's exit code, end reason and the platform's detail, as far as known."""
     code = w.process.exitcode
+    if w.unresponsive is not None:  # the master stopped it: the backend says only that
+        return code, EndReason.UNRESPONSIVE, w.unresponsive
     job = w.process.job
     if job is None or not job.state.done():
         return code, None, ""
@@ -156,6 +161,9 @@ class Worker:
         self.last_work = time.monotonic()  # when it was last given work or answered
         self.since = self.last_work  # when its state (as the live view shows it) last changed
         self.items_done = 0  # tasks (items) whose results it delivered
+        self.heard = self.last_work  # when its last message (a heartbeat, any) came
+        self.unresponsive: str | None = None  # why the master found it frozen and stopped it
+        self.usage = UsageLog()  # what it uses, from its heartbeats, for the live view
 
 
 class WorkerTable:
@@ -173,6 +181,8 @@ class WorkerTable:
         self._task_losses = task_losses
         self._loss_limit = loss_limit
         self._backup = backup
+        self._heartbeat_timeout = float(config.get("heartbeat_timeout"))
+        self._silence_check_at = 0.0
         self._losses = LossWindow(LOSS_LIMIT, LOSS_WINDOW)  # workers lost to nobody's fault
         self._deadlines: list[tuple[float, int, float, Any]] = []  # heap of (when, call id, s, call)
         self._started = False  # the first workers started: later start errors are retried
@@ -213,8 +223,9 @@ class WorkerTable:
         self._created = time.monotonic()
         self._tasks_done = 0  # tasks (items) whose result was delivered, failed ones too
         self._tasks_failed = 0
-        self._done_per_second: collections.deque[list[int]] = collections.deque(
-            maxlen=THROUGHPUT_SECONDS + 2)  # [monotonic second, tasks done in it]
+        self._throughput = Throughput()  # tasks done over time
+        self._timeline = Timeline()  # each worker's states and end, the losses
+        self._sample_at = 0.0  # when the master next notes each worker's state in the timeline
         self._losses_by: collections.Counter[str] = collections.Counter()  # EndReason value
         self._last_loss = ""
         # What the workers' backend reaches this process at (also put in pickled queues).
@@ -233,7 +244,8 @@ class WorkerTable:
             wid = next(self._wid)
             made.append((wid, Process(
                 target=worker_main, name=f"{self._worker_name}-{wid}", daemon=True, backend=self._backend,
-                args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks),
+                args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks,
+                      heartbeat_interval(self._heartbeat_timeout)),
                 **self._resources)))
         start_processes([p for _, p in made])
         for wid, p in made:
@@ -275,7 +287,7 @@ class WorkerTable:
             sock.close()
             return
         w.conn = Connection(sock)
-        w.since = time.monotonic()
+        w.heard = w.since = time.monotonic()
         self._watch(sock, ("conn", w))
         if w.retiring:
             try:

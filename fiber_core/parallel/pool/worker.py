@@ -5,7 +5,8 @@ initializer, says it is ready (``POOL_READY``), then reads batches (``POOL_TASKS
 and answers each with its results (``POOL_RESULTS``) until told to quit. A *watched*
 batch names each item as it starts it (``POOL_RUNNING``), so that a death is charged
 to the item that ran (:mod:`fiber_core.parallel.pool.ledger`). SIGTERM makes it
-drain (:class:`Drain`). Its process imports this module and the wire, never the
+drain (:class:`Drain`). A thread of its own sends ``POOL_HEARTBEAT`` at a low rate
+(:class:`Heartbeat`), so that the master can tell a frozen worker from a busy one. Its process imports this module and the wire, never the
 master's modules (the package's ``__init__`` loads them on first use only).
 """
 
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fiber_core.base.errors import FiberError
+from fiber_core.base.usage import Sampler
 from fiber_core.parallel.durable import task as current
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
@@ -37,6 +39,7 @@ from fiber_core.wire.messages import (
     decode_pool_cancel,
     decode_pool_tasks,
     encode_pool_drain,
+    encode_pool_heartbeat,
     encode_pool_hello,
     encode_pool_results,
     encode_pool_running,
@@ -141,9 +144,9 @@ class Drain:
     then re-queues it too, uncharged).
     """
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, lock: threading.Lock) -> None:
         self.conn = conn
-        self.lock = threading.Lock()  # every frame the worker sends, and the fields below
+        self.lock = lock  # every frame the worker sends, and the fields below
         self.draining = False
         self.current = -1  # the batch being run
         self._asked = threading.Event()
@@ -168,6 +171,37 @@ class Drain:
         if busy:
             time.sleep(DRAIN_GRACE_SECONDS)  # the grace period itself, not synchronisation
             os._exit(128 + signal.SIGTERM)  # the batch is not done: the master re-queues it
+
+
+class Heartbeat:
+    """A daemon thread that sends ``POOL_HEARTBEAT`` every ``interval`` seconds, with a sample
+    of the worker's use, under the lock of every frame the worker sends.
+
+    It needs the GIL only for a few microseconds per beat: a task that sleeps, waits or
+    runs a C call that releases the GIL (numpy, hashlib on big buffers, I/O) does not stop
+    it; one that holds the GIL past ``heartbeat_timeout`` does, and looks frozen.
+    """
+
+    def __init__(self, conn: Connection, lock: threading.Lock, interval: float) -> None:
+        self.conn, self.lock, self.interval = conn, lock, interval
+        self.stopped = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="fiber-pool-heartbeat").start()
+
+    def _run(self) -> None:
+        sampler = Sampler()
+        while not self.stopped.wait(self.interval):
+            frame = encode_pool_heartbeat(**sampler.sample())
+            with self.lock:
+                if self.stopped.is_set():
+                    return
+                try:
+                    self.conn.send_frame(frame)
+                except OSError:
+                    return
+
+    def stop(self) -> None:
+        """Send no more (call it with the lock held, before the connection closes)."""
+        self.stopped.set()
 
 
 def read_ahead(conn: Connection, poller: select.poll, inbox: collections.deque[bytes],
@@ -232,15 +266,19 @@ def _run_batch(conn: Connection, drain: Drain, look: Callable[[], None], cancell
 
 
 def worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | None,
-                initargs: tuple, maxtasks: int | None) -> None:
-    """A pool worker's whole life: connect, initialize, run batches until told to quit."""
+                initargs: tuple, maxtasks: int | None, heartbeat: float = 0.0) -> None:
+    """A pool worker's whole life: connect, initialize, run batches until told to quit;
+    ``heartbeat``: seconds between its heartbeats (0: none)."""
     sock = dial(hub, runtime().authkey, f"pool:{pool_id}")
     conn = Connection(sock)
     conn.send_frame(encode_pool_hello(worker_id))
+    lock = threading.Lock()  # every frame sent once the heartbeat runs
+    beat = Heartbeat(conn, lock, heartbeat) if heartbeat > 0 else None
     if initializer is not None:
         initializer(*initargs)
-    drain = Drain(conn)
-    conn.send_frame(POOL_READY)
+    drain = Drain(conn, lock)
+    with lock:
+        conn.send_frame(POOL_READY)
     # Read in this thread: no hand-off to wake up per message. The master only sends
     # to a worker that is idle, or a prefetch small enough to wait in the socket buffer.
     funcs: collections.OrderedDict[int, Callable] = collections.OrderedDict()
@@ -282,4 +320,7 @@ def worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | 
             _run_batch(conn, drain, look, cancelled, batch_id, call_id, funcs[call_id], kind, units,
                        watch, task)
             done += len(units)
-    conn.close()
+    with lock:
+        if beat is not None:
+            beat.stop()
+        conn.close()

@@ -41,6 +41,7 @@ from fiber_core.contract import HOST_LOST_EXITCODE, EndReason
 from fiber_core.contract.backend import Backend, Job, JobSpec
 from fiber_core.runtime.config import config, create_backend, plugins
 from fiber_core.testing import BackendConformance, failing_program
+from fiber_core.testing.faults import SEED_VARIABLE, FaultSchedule, chaos_seed
 
 from fiber_ssh.backend import SshBackend
 
@@ -110,7 +111,8 @@ def fresh_runtime(env: dict[str, str]) -> Iterator[fiber_core.runtime.run.Runtim
     saved = fiber_core.runtime.run._runtime
     saved_key = multiprocessing.process.current_process().authkey
     with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in os.environ if k.startswith("FIBER_") and k != "FIBER_SERVICES_DIR"]:
+        for key in [k for k in os.environ if k.startswith("FIBER_")
+                    and k not in ("FIBER_SERVICES_DIR", SEED_VARIABLE)]:
             mp.delenv(key)
         for key, value in env.items():
             mp.setenv(key, value)
@@ -500,39 +502,40 @@ def _run_workers(run_id: str) -> list[int]:
 
 @pytest.mark.timeout(600)
 def test_pool_map_under_preemption_charges_no_task(ssh_runtime: Any) -> None:
-    """A random worker sent SIGTERM, then SIGKILL 2 s later if it still runs (a preemption
-    with notice), every 0.3-0.6 s during a map over the three hosts: every result exactly
-    once and in order, and no task charged (``task_losses=1``: one charged death fails it)."""
-    import random
+    """A worker sent SIGTERM, then SIGKILL 2 s later if it still runs (a preemption with
+    notice), at 20 points of a map over the three hosts that a seed draws (FIBER_CHAOS_SEED
+    replays them): every result exactly once and in order, and no task charged
+    (``task_losses=1``: one charged death fails it)."""
     import threading
 
     n = 6000
-    rng = random.Random(7)
+    schedule = FaultSchedule.spread(chaos_seed(default=7), results=n, count=20, kinds=("term",))
     stop = threading.Event()
     hit: list[int] = []
 
-    def preempt() -> None:
-        while not stop.wait(rng.uniform(0.3, 0.6)):
-            pids = [p for p in _run_workers(ssh_runtime.run_id) if p not in hit]
-            if not pids:
-                continue
-            pid = rng.choice(pids)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-                hit.append(pid)
-                threading.Timer(2.0, _kill_quietly, args=(pid,)).start()
+    def preempt(pool: fiber_core.Pool) -> None:
+        while schedule.left and not stop.wait(0.002):
+            for fault in schedule.due(pool._tasks_done):
+                pids = sorted(p for p in _run_workers(ssh_runtime.run_id) if p not in hit)
+                if not pids:
+                    continue
+                pid = pids[fault.worker % len(pids)]
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                    hit.append(pid)
+                    threading.Timer(2.0, _kill_quietly, args=(pid,)).start()
 
     with fiber_core.Pool(6, task_losses=1) as pool:
-        thread = threading.Thread(target=preempt, daemon=True)
+        thread = threading.Thread(target=preempt, args=(pool,), daemon=True)
         thread.start()
         try:
             out = pool.map(_ms_task, range(n), chunksize=5)
         finally:
             stop.set()
             thread.join(T)
-        assert out == list(range(n))
+        assert out == list(range(n)), schedule
         assert pool.map(_square, range(8)) == [x * x for x in range(8)]
-    assert hit, "no worker was preempted during the map"
+    assert hit, f"no worker was preempted during the map ({schedule})"
 
 
 def _kill_quietly(pid: int) -> None:
