@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
@@ -72,7 +72,9 @@ def serve_status(page: bool = False, port: int = 0) -> StatusServer:
 
 def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None = None,
          gpu_type: str | Sequence[str | tuple[str, int]] | None = None,
-         capacity: str | None = None) -> Callable[[F], F]:
+         capacity: str | None = None, env: Mapping[str, str] | None = None,
+         env_pass: bool | None = None, env_exclude: Sequence[str] | None = None,
+         secret_env: Sequence[str] | None = None) -> Callable[[F], F]:
     """Declare the resources a function needs when it runs as a job or pool task.
 
     ``memory`` is in MiB. ``gpu_type`` is one GPU type, or several in order of preference,
@@ -80,7 +82,17 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
     ``capacity`` is ``"spot"``, ``"on-demand"`` or ``"spot-then-on-demand"``
     (``docs/placement.md``). The values reach the backend's :class:`JobSpec` for a
     ``Process(target=f)`` and for the workers of a ``Pool`` built for ``f``.
+
+    The job's environment: the program's environment reaches it (docs/guarantees.md says
+    what stays behind); ``env`` adds variables (names to strings), ``env_pass=False`` passes
+    none of the program's, ``env_exclude`` leaves out names or patterns (``"MY_*"``), and
+    ``secret_env`` names variables passed the way the run's key is, never in what others can
+    list. They add to the backend's settings of the same names (``extra_env`` for ``env``).
     """
+    from fiber_core.contract.env import check_job_env  # the API stays light to import
+
+    env_choices = check_job_env({"env": env, "env_pass": env_pass, "env_exclude": env_exclude,
+                                 "secret_env": secret_env}, "meta")
     for key, value, kind in (("cpu", cpu, (int, float)), ("memory", memory, int), ("gpu", gpu, int)):
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool) or value < 0):
             raise ValueError(f"meta({key}={value!r}): expected a non-negative number")
@@ -95,7 +107,7 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
 
     def decorate(func: F) -> F:
         func.__fiber_meta__ = {"cpu": cpu, "memory": memory, "gpu": gpu,  # type: ignore[attr-defined]
-                               "gpu_type": gpu_type, "capacity": capacity}
+                               "gpu_type": gpu_type, "capacity": capacity, **env_choices}
         return func
 
     return decorate

@@ -8,7 +8,7 @@ import socket
 from typing import Any
 
 import pytest
-from conftest import T
+from procs import T
 
 import fiber_core as mp
 from fiber_core.backends.local import LocalBackend

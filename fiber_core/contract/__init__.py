@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
     from fiber_core.base.net import keepalive
     from fiber_core.base.options import Option, parse_pairs
     from fiber_core.contract.backend import (
+        ENV_OPTIONS,
         EXTRA_ENV,
         TIMEOUT_ALIAS,
         Backend,
@@ -83,6 +84,7 @@ _EXPORTS = {
     "Job": "fiber_core.contract.backend",
     "JobSpec": "fiber_core.contract.backend",
     "exitcode_from_status": "fiber_core.contract.backend",
+    "ENV_OPTIONS": "fiber_core.contract.backend",
     "EXTRA_ENV": "fiber_core.contract.backend",
     "TIMEOUT_ALIAS": "fiber_core.contract.backend",
     "clean_name": "fiber_core.contract.backend",
@@ -130,7 +132,7 @@ _EXPORTS = {
 
 __all__ = [
     "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_RUN_ID",
-    "ENV_TOKEN", "EXTRA_ENV", "HOST_LOST_EXITCODE", "TIMEOUT_ALIAS",
+    "ENV_OPTIONS", "ENV_TOKEN", "EXTRA_ENV", "HOST_LOST_EXITCODE", "TIMEOUT_ALIAS",
     "LOG_LIMIT", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "Backend",
     "BackendError", "ConfigError", "EndReason", "FiberError", "Job", "JobSpec", "JobState", "LogRing", "ObjectStore", "Option",
     "Watcher", "clean_name", "exitcode_from_status", "gpu_count", "hookimpl", "job_environment", "install_elsewhere", "keepalive",

@@ -27,6 +27,11 @@ conformance suite (:mod:`fiber_core.testing`) checks:
   default, ``python3``, suits images and remote hosts; jobs on this machine use
   ``[sys.executable]``.
 
+Where the platform can tell, two more make a Pool behave better when it comes and goes:
+:meth:`~Backend.probe` (does the platform answer now? a Pool waiting to start workers after
+a refusal tries again the moment it does) and :meth:`~Backend.crowded_jobs` (jobs placed
+over a machine's share while another has room: a Pool moves those workers between tasks).
+
 Then register the class from a plugin module (:mod:`fiber_core.contract.hookspecs`)
 and run the suite on it. ``examples/backend_template/fiber_shell.py`` is a whole backend
 that runs each job as a process started through a shell, in one module, and passes the
@@ -77,7 +82,7 @@ from typing import Any, ClassVar
 
 from fiber_core.base.errors import BackendError
 from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract.env import SECRET_VARIABLES
+from fiber_core.contract.env import SECRET_VARIABLES, check_env_settings
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
 from fiber_core.contract.placement import (
     Alternative,
@@ -89,11 +94,26 @@ from fiber_core.contract.placement import (
     resources_env,
 )
 
-__all__ = ["EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
+__all__ = ["ENV_OPTIONS", "EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
            "gpu_count", "job_environment", "remove_all", "split_secrets"]
 
 EXTRA_ENV = Option("extra_env", list, [], "KEY=VALUE pairs set in every job (not for secrets)")
 """The ``extra_env`` setting: a backend that lists it gets it in :meth:`Backend.job_env`."""
+
+ENV_OPTIONS = (
+    Option("env_pass", bool, True, "give jobs this program's environment, as multiprocessing's children get it "
+           "(less Fiber's own variables and those of this machine: PATH, HOME, terminal, session, platform; "
+           "docs/guarantees.md lists them)"),
+    Option("env_exclude", list, [], "variables of this program's environment that jobs do not get: names or "
+           "patterns, MY_*,DEBUG"),
+    EXTRA_ENV,
+    Option("secret_env", list, [], "variables jobs get the way they get the run's key, never in what others "
+           "can list (a container's config, a pod spec, a Batch job): WANDB_API_KEY,HF_TOKEN"),
+)
+"""The settings of a backend that shape its jobs' environments
+(:data:`~fiber_core.contract.env.ENV_SETTINGS`): a backend lists them all in its ``options``;
+Fiber applies them (:func:`~fiber_core.contract.env.program_environment`) when it builds a
+job's ``JobSpec.env`` and ``JobSpec.secret_env``."""
 
 TIMEOUT_ALIAS = Option("timeout", float, None, "deprecated: the former name of api_timeout")
 """The old name of ``api_timeout`` that the ssh and docker backends still read (with a
@@ -151,6 +171,10 @@ class JobSpec:
     """What the job costs per hour on each of its :attr:`alternatives` (on ``Alternative()``
     when it names none) by the ``prices`` setting, where it prices them; :meth:`choosing`
     puts the one chosen in the job's record."""
+
+    secret_env: tuple[str, ...] = ()
+    """Names in ``env`` the user marked as secrets (``secret_env``): the backend passes them as
+    it passes the run's key (:func:`split_secrets`), never in what others can list."""
 
     def __post_init__(self) -> None:
         capacity_kinds(self.capacity)  # a bad kind fails when the spec is made
@@ -239,14 +263,17 @@ def job_environment(env: Mapping[str, str], extra_env: Iterable[str] | None, whe
     return out
 
 
-def split_secrets(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """``env`` as (what may be shown, the :data:`~fiber_core.contract.env.SECRET_VARIABLES`).
+def split_secrets(env: Mapping[str, str], marked: Iterable[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """``env`` as (what may be shown, the secrets): the secrets are the
+    :data:`~fiber_core.contract.env.SECRET_VARIABLES` and the names ``marked`` (a job's
+    ``JobSpec.secret_env``).
 
     A backend puts the second part where only the job can read it (a Kubernetes Secret, the
     job's stdin, an SSM parameter), never in what others can list or inspect.
     """
-    public = {k: v for k, v in env.items() if k not in SECRET_VARIABLES}
-    return public, {k: v for k, v in env.items() if k in SECRET_VARIABLES}
+    hidden = SECRET_VARIABLES.union(marked)
+    public = {k: v for k, v in env.items() if k not in hidden}
+    return public, {k: v for k, v in env.items() if k in hidden}
 
 
 def remove_all(items: Sequence[Any], remove: Callable[[Any], None], limit: int = 16) -> list[Exception]:
@@ -329,8 +356,11 @@ class Backend(ABC):
         :class:`FutureWarning`, unless the new one is set too.
 
     The settings every backend reads the same way: ``image`` (:meth:`job_image`),
-    ``extra_env`` (:data:`EXTRA_ENV`, :meth:`job_env`) and ``api_timeout``
-    (:attr:`api_timeout`: seconds one call to the platform may take).
+    the environment's (:data:`ENV_OPTIONS`: ``env_pass``, ``env_exclude``, ``extra_env``,
+    ``secret_env``; Fiber applies them to ``JobSpec.env``, :meth:`job_env` applies
+    ``extra_env`` again for a spec made by hand) and ``api_timeout`` (:attr:`api_timeout`:
+    seconds one call to the platform may take). A backend whose jobs run elsewhere lists
+    :data:`ENV_OPTIONS` and passes ``JobSpec.secret_env`` with the run's key.
     """
 
     name: ClassVar[str]
@@ -366,6 +396,7 @@ class Backend(ABC):
         removed when it exits. Once it returns, :attr:`settings` holds every option, typed
         (a missing one has its default), and renamed options are applied."""
         self.settings: dict[str, Any] = self.complete_settings(settings or {})
+        check_env_settings(self.settings, f"[{self.settings_section()}]")
         self.run_id = run_id
         self._rundir = rundir
         self._own_rundir: str | None = None
@@ -532,6 +563,27 @@ class Backend(ABC):
         gives ``""``, never an error.
         """
         return job.state.log.text()
+
+    def crowded_jobs(self) -> list[Job]:
+        """Jobs that would better run elsewhere now: placed where they crowd a machine
+        (over its share, when every machine was full or one was lost) while another has room.
+
+        A Pool asks about once a second and lets such a worker go between its tasks, after
+        starting another, which the backend places where there is room: so the work moves
+        back onto a machine that came back. Fast, no I/O (it is asked under the pool's
+        lock). The default, none, suits platforms that place jobs themselves.
+        """
+        return []
+
+    def probe(self) -> bool | None:
+        """Whether the platform answers now: one cheap call with a short timeout (a ping).
+
+        A Pool whose backend refused to start workers (a daemon restarting, an API away)
+        probes it a few times a second while it waits for its next try, and tries again
+        as soon as this returns True; False means not yet. The default, ``None`` (cannot
+        tell), leaves the Pool on its backoff schedule. Never raises.
+        """
+        return None
 
     def get_listen_addr(self) -> str:
         """The host or IP address that jobs use to reach this process.

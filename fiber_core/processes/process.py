@@ -41,7 +41,10 @@ from fiber_core.contract.env import (
     ENV_PARENT_RUNDIR,
     ENV_RUN_ID,
     ENV_TOKEN,
+    JOB_ENV_KEYS,
+    check_job_env,
     group_token,
+    program_environment,
 )
 from fiber_core.processes import spares
 from fiber_core.processes.host import (
@@ -133,7 +136,9 @@ class Process(BaseProcess):
     the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` (one type, or several in
     order of preference) and ``capacity`` (``"spot"``, ``"on-demand"``,
     ``"spot-then-on-demand"``), which default to what :func:`fiber_core.meta` put on the
-    target, then to configuration.
+    target, then to configuration,
+    and the job's environment choices ``env``, ``env_pass``, ``env_exclude``, ``secret_env``
+    (as :func:`fiber_core.meta` takes them; they replace the target's).
     """
 
     _start_method = "fiber"
@@ -143,9 +148,10 @@ class Process(BaseProcess):
                  backend: str | None = None, **resources: Any) -> None:
         if group is not None:
             raise ValueError("group argument must be None for now")
-        unknown = set(resources) - set(_RESOURCES) - {"image"}
+        unknown = set(resources) - set(_RESOURCES) - {"image", *JOB_ENV_KEYS}
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+        resources.update(check_job_env({k: resources.pop(k) for k in JOB_ENV_KEYS if k in resources}, "Process"))
         parent = current_process()
         self._identity = parent._identity + (runtime().next_identity(),)  # noqa: SLF001 - the stdlib's process identity, kept as its own attribute for compatibility
         self._name = name or f"{type(self).__name__}-{':'.join(map(str, self._identity))}"
@@ -420,7 +426,11 @@ class _JobRun:
         resources.update(p._resources)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         python = config.get("python")
         choices = gpu_choices(resources.get("gpu_type"), resources.get("gpu"))
+        passed, secret = program_environment(os.environ, backend.settings,
+                                             {k: resources[k] for k in JOB_ENV_KEYS if k in resources},
+                                             same_machine=backend.shares_this_machine)
         env = {
+            **passed,
             ENV_HUB: hub,
             ENV_TOKEN: token,
             ENV_RUN_ID: rt.run_id,
@@ -452,6 +462,7 @@ class _JobRun:
             gpu_choices=choices,
             capacity=resources.get("capacity"),
             costs=costs,
+            secret_env=secret,
             labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
         )
 

@@ -141,6 +141,7 @@ class Master(Events):
         if self._state == "RUN" or self._queue:
             self._grow()
             self._shrink_idle()
+            self._leave_crowded()
         if self._backup is not None and not self._queue:
             self._start_backups()
         if self._state == "CLOSE" and not self._calls and not self._queue:

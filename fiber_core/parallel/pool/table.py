@@ -61,6 +61,15 @@ THROUGHPUT_SECONDS = 10
 IDLE_TIMEOUT = 60.0
 """Seconds a worker beyond an elastic pool's minimum may stay idle before it goes."""
 
+PROBE_SECONDS = 0.2
+"""While its backend refuses to start workers, how often the pool asks it whether it answers
+again (``Backend.probe``): the next try comes as soon as it does, not at the end of the backoff."""
+
+CROWDED_CHECK_SECONDS = 1.0
+"""How often the pool asks its backend which workers crowd a machine while another has
+room (``Backend.crowded_jobs``): such a worker goes between tasks, its replacement goes
+where there is room."""
+
 UNGRANTED_BACKOFF_SECONDS = 10.0
 """After the platform declined a worker (it never started while others run), seconds
 before the pool asks again."""
@@ -180,6 +189,7 @@ class WorkerTable:
         self._start_retry_at: float | None = None  # starts are refused: the next try
         self._start_failing_since: float | None = None
         self._start_backoff = START_BACKOFF_SECONDS
+        self._prober: threading.Thread | None = None  # asks the backend whether it answers again
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._maxtasks = maxtasks
@@ -220,6 +230,8 @@ class WorkerTable:
         self._last_loss = ""
         # What the workers' backend reaches this process at (also put in pickled queues).
         workers_backend = runtime().get_backend(backend)
+        self._workers_backend = workers_backend
+        self._crowded_check_at = 0.0
         self._backend_name = workers_backend.name
         self._hub = runtime().addresses_for(workers_backend)
         # Workers that start on this machine's CPUs start a few at a time (see _top_up).
@@ -323,6 +335,9 @@ class WorkerTable:
             limit = out_of_descriptors(e)
             self._start_failed(limit or e, retry=not isinstance(e, RuntimeError) and limit is None)
             return
+        if self._start_failing_since is not None:
+            log.warning("fiber: the %s backend answers again: pool workers start (it refused for %.1f s)",
+                        self._backend_name, time.monotonic() - self._start_failing_since)
         self._start_retry_at = self._start_failing_since = None
 
     def _target(self, active: int) -> int:
@@ -355,6 +370,26 @@ class WorkerTable:
                      w.process.name, now - w.last_work, self._min)
             self._retire(w)
 
+    def _leave_crowded(self) -> None:
+        """Let go, between tasks, the workers the backend placed where they crowd a machine
+        while another has room (``Backend.crowded_jobs``), and start their replacements,
+        which it places where there is room: a pool moves back onto a host that returned (lock held)."""
+        now = time.monotonic()
+        if now < self._crowded_check_at:
+            return
+        self._crowded_check_at = now + CROWDED_CHECK_SECONDS
+        crowded = {id(job) for job in self._workers_backend.crowded_jobs()}
+        if not crowded:
+            return
+        moving = [w for w in self._workers.values()
+                  if not w.retiring and not w.lost and id(w.process.job) in crowded]
+        for w in moving:
+            log.info("fiber: pool worker %s runs where another has room: it goes after its tasks, "
+                     "another starts there", w.process.name)
+            self._retire(w)
+        if moving:
+            self._top_up()
+
     def _retire(self, w: Worker) -> None:
         """Let a worker go: at once if idle, after its batches otherwise; one not yet
         connected (a request not granted) is stopped."""
@@ -386,6 +421,36 @@ class WorkerTable:
                     START_RETRY_SECONDS - failing, e)
         self._start_retry_at = now + self._start_backoff
         self._start_backoff = min(2 * self._start_backoff, START_BACKOFF_MAX_SECONDS)
+        if self._prober is None or not self._prober.is_alive():
+            self._prober = threading.Thread(target=self._probe_until_retry, daemon=True, name="fiber-pool-probe")
+            try:
+                self._prober.start()
+            except RuntimeError:  # no thread while the interpreter exits: the backoff decides
+                self._prober = None
+
+    def _probe_until_retry(self) -> None:
+        """Until the next try to start workers, ask the backend every :data:`PROBE_SECONDS`
+        whether it answers (``Backend.probe``); as soon as it does, the try comes. A backend
+        that cannot tell (``None``) leaves the try to the backoff."""
+        pause = threading.Event()
+        while True:
+            with self._lock:
+                at = self._start_retry_at
+                if at is None or self._state == "TERMINATE" or time.monotonic() >= at:
+                    return
+            try:
+                answers = self._workers_backend.probe()
+            except Exception:
+                answers = False
+            if answers is None:
+                return
+            if answers:
+                with self._lock:
+                    if self._start_retry_at is not None:
+                        self._start_retry_at = time.monotonic()
+                self._wake()
+                return
+            pause.wait(PROBE_SECONDS)
 
     def _retire_all(self) -> None:
         for w in self._workers.values():

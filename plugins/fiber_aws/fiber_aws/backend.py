@@ -33,7 +33,7 @@ from typing import Any
 
 from fiber_core.contract import (
     ENV_AUTHKEY,
-    EXTRA_ENV,
+    ENV_OPTIONS,
     FALLBACK_WAIT,
     Backend,
     BackendError,
@@ -51,6 +51,7 @@ from fiber_aws.spec import (
     capacity_queue,
     choice_spec,
     command,
+    container_environment,
     group_spec,
     job_name,
     queue_for,
@@ -80,7 +81,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("job_role", str, None, "ARN of the IAM role the jobs run as (their own AWS credentials)"),
     Option("log_group", str, DEFAULT_LOG_GROUP, "CloudWatch Logs group the jobs log to (another group is set in "
            "the job definition with the awslogs driver)"),
-    EXTRA_ENV,
+    *ENV_OPTIONS,
     Option("key_from", str, "ssm", "how jobs get the run's key: ssm (a SecureString parameter of the run "
            "that the job definition's secrets inject; needs execution_role) or environment (visible to "
            "anyone allowed batch:DescribeJobs)", choices=("ssm", "environment")),
@@ -138,6 +139,7 @@ class AwsBatchBackend(Backend):
         self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
         self._key_parameter: str | None = None  # the SSM parameter holding the run's key, once made
         self._key_value: str | None = None
+        self._variable_parameters: dict[tuple[str, str], str] = {}  # (name, value) of a secret_env variable
         self._secret_jobdefs: list[str] = []  # job definitions naming that parameter: deregistered at cleanup
         self._session, self._client_config = self._session_and_config()
         self._clients: dict[str, Any] = {}
@@ -231,31 +233,55 @@ class AwsBatchBackend(Backend):
                     raise BackendError("a job carries another run's key than this backend's: start it "
                                        "from a backend of its run")
                 return self._key_parameter
-            if not self.settings["execution_role"]:
-                raise BackendError(
-                    "the aws-batch backend passes the run's key through SSM Parameter Store, which "
-                    "needs an ECS execution role: set [aws] execution_role (FIBER_AWS_EXECUTION_ROLE) to "
-                    "the ARN of a role with ssm:GetParameters on arn:aws:ssm:*:*:parameter/fiber/*, or "
-                    "set key_from = environment (FIBER_AWS_KEY_FROM), which lets anyone allowed "
-                    "batch:DescribeJobs read the key and reach this process")
-            run = re.sub(r"[^A-Za-z0-9_.-]", "-", self.run_id) or "run"
-            name = f"/fiber/{run}/{os.urandom(4).hex()}/authkey"
-            try:
-                call(self.client("ssm"), "put_parameter", Name=name, Value=value, Type="SecureString",
-                           Description=f"fiber: the key of run {self.run_id}",
-                           Tags=[{"Key": "fiber.run", "Value": sanitise_tag(self.run_id, 256)}])
-            except AwsError as e:
-                raise self._error(e, f"cannot store the run's key in SSM Parameter Store ({name}) on "
-                                  f"{self._where()}", "allow ssm:PutParameter and ssm:DeleteParameter "
-                                  "on parameter/fiber/* to these credentials, or set key_from = "
-                                  "environment") from None
+            name = self._put_parameter("authkey", value, f"fiber: the key of run {self.run_id}")
             self._key_parameter, self._key_value = name, value
             return name
+
+    def secret_parameters(self, env: Mapping[str, str], marked: Sequence[str]) -> dict[str, str]:
+        """``{variable: SSM parameter}`` for the run's key and the variables of ``env`` marked
+        secret (``secret_env``): each value in a SecureString parameter of the run, made on
+        first use (``/fiber/<run>/<random>/env-<NAME>-<n>``), deleted at cleanup."""
+        out = {ENV_AUTHKEY: self.key_parameter(env[ENV_AUTHKEY])} if ENV_AUTHKEY in env else {}
+        for variable in marked:
+            if variable not in env:
+                continue
+            with self._jobdef_lock:
+                name = self._variable_parameters.get((variable, env[variable]))
+                if name is None:
+                    n = len(self._variable_parameters)
+                    name = self._put_parameter(f"env-{variable}-{n}", env[variable],
+                                               f"fiber: {variable} of run {self.run_id}")
+                    self._variable_parameters[(variable, env[variable])] = name
+            out[variable] = name
+        return out
+
+    def _put_parameter(self, leaf: str, value: str, description: str) -> str:
+        """Store ``value`` in a new SecureString parameter ``/fiber/<run>/<random>/<leaf>``."""
+        if not self.settings["execution_role"]:
+            raise BackendError(
+                "the aws-batch backend passes the run's key (and variables marked secret) through SSM "
+                "Parameter Store, which needs an ECS execution role: set [aws] execution_role "
+                "(FIBER_AWS_EXECUTION_ROLE) to the ARN of a role with ssm:GetParameters on "
+                "arn:aws:ssm:*:*:parameter/fiber/*, or set key_from = environment (FIBER_AWS_KEY_FROM), "
+                "which lets anyone allowed batch:DescribeJobs read them and reach this process")
+        run = re.sub(r"[^A-Za-z0-9_.-]", "-", self.run_id) or "run"
+        name = f"/fiber/{run}/{os.urandom(4).hex()}/{leaf}"
+        try:
+            call(self.client("ssm"), "put_parameter", Name=name, Value=value, Type="SecureString",
+                 Description=description, Tags=[{"Key": "fiber.run", "Value": sanitise_tag(self.run_id, 256)}])
+        except AwsError as e:
+            raise self._error(e, f"cannot store a secret in SSM Parameter Store ({name}) on "
+                              f"{self._where()}", "allow ssm:PutParameter and ssm:DeleteParameter "
+                              "on parameter/fiber/* to these credentials, or set key_from = "
+                              "environment") from None
+        return name
 
     def _drop_key(self) -> None:
         """Delete the run's parameter and deregister the job definitions that name it."""
         with self._jobdef_lock:
             name, self._key_parameter, self._key_value = self._key_parameter, None, None
+            names = [name, *self._variable_parameters.values()] if name else list(self._variable_parameters.values())
+            self._variable_parameters.clear()
             jobdefs, self._secret_jobdefs = self._secret_jobdefs, []
             for key in [k for k, arn in self._jobdefs.items() if arn in jobdefs]:
                 del self._jobdefs[key]
@@ -264,21 +290,22 @@ class AwsBatchBackend(Backend):
                 call(self.batch, "deregister_job_definition", jobDefinition=arn)
             except AwsError as e:
                 log.warning("fiber: cannot deregister job definition %s: %s", arn, e)
-        if name is not None:
+        for name in names:
             try:
                 call(self.client("ssm"), "delete_parameter", Name=name)
             except AwsError as e:
                 if e.code != "ParameterNotFound":
-                    log.warning("fiber: cannot delete SSM parameter %s holding the key of run %s: %s "
+                    log.warning("fiber: cannot delete SSM parameter %s holding a secret of run %s: %s "
                                 "(`fiber clean --backend aws-batch --run %s` removes it)", name,
                                 self.run_id, e, self.run_id)
 
     def job_definition(self, image: str, vcpus: int, memory: int, gpus: int,
-                       mounts: Mapping[str, str] | None = None, key_parameter: str | None = None) -> str:
+                       mounts: Mapping[str, str] | None = None, secrets: Sequence[Mapping[str, str]] = ()) -> str:
         """The ARN of a job definition for these resources: found or registered, then cached.
 
-        With ``key_parameter``, the job's ``FIBER_AUTHKEY`` comes from that SSM parameter
-        (``secrets``, injected by the execution role)."""
+        ``secrets`` (from :func:`~fiber_aws.spec.container_environment`) are the variables that
+        come from SSM parameters (the run's key, those marked secret), injected by the
+        execution role."""
         props: dict[str, Any] = {
             "image": image,
             "resourceRequirements": resources(vcpus, memory, gpus),
@@ -287,8 +314,8 @@ class AwsBatchBackend(Backend):
         }
         if self.settings["job_role"]:
             props["jobRoleArn"] = self.settings["job_role"]
-        if key_parameter:
-            props["secrets"] = [{"name": ENV_AUTHKEY, "valueFrom": key_parameter}]
+        if secrets:
+            props["secrets"] = [dict(s) for s in secrets]
             props["executionRoleArn"] = self.settings["execution_role"]
         if self.settings["log_group"] != DEFAULT_LOG_GROUP:
             props["logConfiguration"] = {"logDriver": "awslogs", "options": {
@@ -316,7 +343,7 @@ class AwsBatchBackend(Backend):
                                   f"{self._where()}", "check the credentials' batch:DescribeJobDefinitions "
                                   "and batch:RegisterJobDefinition permissions") from None
             self._jobdefs[name] = arn
-            if key_parameter:
+            if secrets:
                 self._secret_jobdefs.append(arn)
             return arn
 
@@ -393,17 +420,16 @@ class AwsBatchBackend(Backend):
         vcpus = max(1, math.ceil(spec.cpu)) if spec.cpu else DEFAULT_VCPUS
         memory = spec.memory or DEFAULT_MEMORY
         env = self.job_env(spec)
-        key_parameter = None
-        if self.settings["key_from"] == "ssm" and ENV_AUTHKEY in env:
-            key_parameter = self.key_parameter(env.pop(ENV_AUTHKEY))
-        jobdef = self.job_definition(image, vcpus, memory, gpus, spec.volumes, key_parameter)
+        parameters = self.secret_parameters(env, spec.secret_env) if self.settings["key_from"] == "ssm" else {}
+        environment, secrets = container_environment(env, parameters)
+        jobdef = self.job_definition(image, vcpus, memory, gpus, spec.volumes, secrets)
         name = self._job_name(spec.name)
         try:
             resp = call(
                 self.batch, "submit_job", jobName=name, jobQueue=queue, jobDefinition=jobdef,
                 containerOverrides={
                     "command": command(spec),
-                    "environment": [{"name": k, "value": v} for k, v in env.items()],
+                    "environment": environment,
                     "resourceRequirements": resources(vcpus, memory, gpus),
                 },
                 tags=tags(spec, self.run_id), **({"arrayProperties": {"size": count}} if count > 1 else {}),
@@ -583,7 +609,8 @@ class AwsBatchBackend(Backend):
                     {"Key": "Path", "Option": "Recursive", "Values": [path.rstrip("/")]}],
                     **({"NextToken": token} if token else {}))
                 for p in page.get("Parameters", []):
-                    if p["Name"].startswith(path) and p["Name"].endswith("/authkey"):
+                    leaf = p["Name"].rpartition("/")[2]
+                    if p["Name"].startswith(path) and (leaf == "authkey" or leaf.startswith("env-")):
                         call(ssm, "delete_parameter", Name=p["Name"])
                         removed.append(f"SSM parameter {p['Name']}")
                 token = page.get("NextToken")

@@ -5,6 +5,7 @@ resources, command, name, tags), and a group start as one array job. No AWS call
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -185,6 +186,30 @@ def group_spec(specs: Sequence[JobSpec]) -> JobSpec | None:
     return dataclasses.replace(base, command=command)
 
 
+ENVIRONMENT_LIMIT = 24 * 1024
+"""Bytes of a job's plain environment (as JSON) at most: SubmitJob takes 30 KiB in all, and the
+command, tags and resources need the rest."""
+
+
+def container_environment(env: Mapping[str, str], parameters: Mapping[str, str]) -> tuple[
+        list[dict[str, str]], list[dict[str, str]]]:
+    """(``environment``, ``secrets``) of a job's container: the variables of ``env`` in plain,
+    less those that ``parameters`` (variable: SSM parameter) gives by reference, which the
+    job definition's ``secrets`` name and the execution role injects. An environment too big
+    for SubmitJob (:data:`ENVIRONMENT_LIMIT`) is a BackendError naming its biggest variables."""
+    plain = [{"name": k, "value": v} for k, v in env.items() if k not in parameters]
+    hidden = [{"name": k, "valueFrom": parameters[k]} for k in sorted(parameters)]
+    size = len(json.dumps(plain))
+    if size > ENVIRONMENT_LIMIT:
+        biggest = sorted(plain, key=lambda e: -len(e["name"]) - len(e["value"]))[:3]
+        raise BackendError(
+            f"the job's environment takes {size} bytes, more than AWS Batch's SubmitJob allows "
+            f"({ENVIRONMENT_LIMIT}); the biggest: {', '.join(e['name'] for e in biggest)}. Leave the "
+            f"program's variables out with [{SECTION}] env_exclude (FIBER_AWS_ENV_EXCLUDE) or "
+            "meta(env_exclude=[...]), or pass none with env_pass = false")
+    return plain, hidden
+
+
 def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
     """Fail if anything that looks like an AWS credential reached fiber's configuration
     (``settings``, whose ``known`` option names are not suspect, and the environment)."""
@@ -193,7 +218,8 @@ def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
               "AWS_SECRET_ACCESS_KEY in the environment, an instance or task role)")
     prefixes = ("FIBER_AWS_", "FIBER_AWS-BATCH_")
     found = [f"environment variable {k}" for k in os.environ
-             if k.upper().startswith(prefixes) and _CREDENTIAL_WORDS.search(k.split("_", 2)[-1])]
+             if k.upper().startswith(prefixes) and _CREDENTIAL_WORDS.search(k.split("_", 2)[-1])
+             and k.split("_", 2)[-1].lower() not in known]
     found += [f"setting {k!r}" for k in settings
               if k not in known and _CREDENTIAL_WORDS.search(k)]
     for item in settings.get("extra_env") or []:

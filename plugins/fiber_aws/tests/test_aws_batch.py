@@ -730,6 +730,26 @@ def test_the_runs_key_is_an_ssm_parameter_not_in_the_job(moto: str, batch) -> No
     assert status == "INACTIVE"
 
 
+def test_a_variable_marked_secret_is_an_ssm_parameter_too(moto: str, batch) -> None:  # noqa: ANN001
+    ssm = boto3.client("ssm", region_name=REGION, endpoint_url=moto)
+    key, wandb = secrets.token_hex(32), "wandb-" + secrets.token_hex(8)
+    b = make_backend(key_from="ssm", execution_role=EXECUTION_ROLE)
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", "pass"], name="keyed", secret_env=("WANDB_API_KEY",),
+                                  env={"FIBER_AUTHKEY": key, "WANDB_API_KEY": wandb, "OMP_NUM_THREADS": "4"}))
+        described = describe(batch, job.id)
+        jobdef = batch.describe_job_definitions(jobDefinitions=[described["jobDefinition"]])["jobDefinitions"][0]
+        assert wandb not in json.dumps(described, default=str) and wandb not in json.dumps(jobdef, default=str)
+        assert {"name": "OMP_NUM_THREADS", "value": "4"} in described["container"]["environment"]
+        refs = {s["name"]: s["valueFrom"] for s in jobdef["containerProperties"]["secrets"]}
+        assert set(refs) == {"FIBER_AUTHKEY", "WANDB_API_KEY"}
+        assert ssm.get_parameter(Name=refs["WANDB_API_KEY"], WithDecryption=True)["Parameter"]["Value"] == wandb
+    finally:
+        b.cleanup()
+    with pytest.raises(ssm.exceptions.ParameterNotFound):
+        ssm.get_parameter(Name=refs["WANDB_API_KEY"])
+
+
 def test_the_runs_key_needs_an_execution_role_or_says_what_to_set() -> None:
     b = make_backend(key_from="ssm", execution_role=None)
     try:

@@ -9,6 +9,7 @@ from fiber_aws.spec import (
     capacity_queue,
     choice_spec,
     command,
+    container_environment,
     group_spec,
     job_name,
     parse_gpu_queues,
@@ -98,3 +99,22 @@ def test_credentials_in_the_configuration_are_refused(monkeypatch: pytest.Monkey
     monkeypatch.setenv("FIBER_AWS_SECRET_KEY", "x")
     with pytest.raises(ConfigError, match="environment variable FIBER_AWS_SECRET_KEY"):
         refuse_credentials({}, set())
+
+
+def test_the_environment_is_plain_and_the_secrets_only_by_reference() -> None:
+    env = {"FIBER_AUTHKEY": "the-key", "WANDB_API_KEY": "wandb-secret", "OMP_NUM_THREADS": "4"}
+    params = {"FIBER_AUTHKEY": "/fiber/r/ab/authkey", "WANDB_API_KEY": "/fiber/r/ab/env-WANDB_API_KEY-0"}
+    plain, secrets = container_environment(env, params)
+    assert plain == [{"name": "OMP_NUM_THREADS", "value": "4"}]
+    assert secrets == [{"name": "FIBER_AUTHKEY", "valueFrom": "/fiber/r/ab/authkey"},
+                       {"name": "WANDB_API_KEY", "valueFrom": "/fiber/r/ab/env-WANDB_API_KEY-0"}]
+    assert "wandb-secret" not in repr((plain, secrets)) and "the-key" not in repr((plain, secrets))
+    # key_from = environment: no parameters, everything in plain (as the key goes then)
+    assert container_environment(env, {})[1] == [] and len(container_environment(env, {})[0]) == 3
+    with pytest.raises(BackendError, match="the biggest: BIG, .*env_exclude"):
+        container_environment({**env, "BIG": "x" * 30_000}, params)
+
+
+def test_a_secret_env_setting_is_not_taken_for_a_credential(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FIBER_AWS_SECRET_ENV", "WANDB_API_KEY")
+    refuse_credentials({"secret_env": ["WANDB_API_KEY"]}, {"secret_env", "extra_env"})

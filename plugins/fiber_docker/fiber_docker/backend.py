@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from fiber_core.contract import (
-    EXTRA_ENV,
+    ENV_OPTIONS,
     HOST_LOST_EXITCODE,
     TIMEOUT_ALIAS,
     Backend,
@@ -92,7 +92,7 @@ OPTIONS: tuple[Option, ...] = (
            "speed, np.frombuffer(arr.get_obj()) and gymnasium's shared_memory=True work "
            "(default: the daemon's, private)"),
     Option("volumes", list, [], "more mounts, comma-separated SOURCE:TARGET[:ro]"),
-    EXTRA_ENV,
+    *ENV_OPTIONS,
     Option("user", str, None, "user[:group] the containers run as (default: the image's), e.g. your uid, so that files "
            "written in the mounted working directory are yours"),
     Option("check_image", bool, True,
@@ -172,6 +172,17 @@ class DockerBackend(Backend):
                 self._own = own_container(api)
                 self._api, self._stream_api, self._where = api, streams, where
             return self._api
+
+    def probe(self) -> bool | None:
+        """Whether the daemon answers a ping (a restarting one refuses the connection at once);
+        ``None`` before this backend ever reached it."""
+        api = self._api
+        if api is None:
+            return None
+        try:
+            return bool(api.ping())
+        except Exception:
+            return False
 
     @property
     def in_container(self) -> bool:
@@ -275,7 +286,7 @@ class DockerBackend(Backend):
             n = self._count
         name = container_name(self.run_id, self.owner, n, spec.name)
         labels = container_labels(spec, self.run_id, self.name, self.owner)
-        command, env, stdin = command_and_stdin(spec.command, self.job_env(spec))
+        command, env, stdin = command_and_stdin(spec.command, self.job_env(spec), spec.secret_env)
         binds, workdir = mounts(spec, self.settings, os.getcwd(), self._own is not None) if mount else ([], spec.cwd)
         host_config = api.create_host_config(
             binds=binds or None,

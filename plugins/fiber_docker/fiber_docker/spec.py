@@ -5,7 +5,7 @@ mounts, limits). No call to the daemon: :mod:`fiber_docker.backend` sends what t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fiber_core.contract import BackendError, JobSpec, clean_name, split_secrets
@@ -17,8 +17,8 @@ LABEL_OWNER = "fiber.owner"
 
 SECRETS_SHELL = 'while IFS= read -r v && [ -n "$v" ]; do export "$v"; done; exec "$@"'
 """Runs a job's command with the variables written on its stdin (``NAME=VALUE`` lines, then an
-empty one) in its environment: the run's key and the job's token, which would otherwise be in
-the container's config for anyone allowed ``docker inspect`` to read."""
+empty one) in its environment: the run's key, the job's token and the variables marked secret,
+which would otherwise be in the container's config for anyone allowed ``docker inspect`` to read."""
 
 
 def container_name(run_id: str, owner: str, n: int, name: str) -> str:
@@ -39,10 +39,16 @@ def device_requests(gpu: int | None) -> list[dict[str, Any]] | None:
     return [{"count": -1 if gpu < 0 else int(gpu), "capabilities": [["gpu"]]}]
 
 
-def command_and_stdin(command: list[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str], bytes]:
-    """(argv, environment, stdin) of a container: the secrets of ``env`` travel on its stdin,
-    read by :data:`SECRETS_SHELL`, not in its config, which ``docker inspect`` shows."""
-    public, secret = split_secrets(env)
+def command_and_stdin(command: list[str], env: Mapping[str, str],
+                      marked: Sequence[str] = ()) -> tuple[list[str], dict[str, str], bytes]:
+    """(argv, environment, stdin) of a container: the secrets of ``env`` (the run's, and the
+    names ``marked`` by the user) travel on its stdin, read by :data:`SECRETS_SHELL`, not in
+    its config, which ``docker inspect`` shows."""
+    public, secret = split_secrets(env, marked)
+    for name, value in secret.items():
+        if "\n" in value:
+            raise BackendError(f"the secret variable {name} holds a line break: the docker backend passes "
+                               "secrets on the container's stdin, one per line; encode the value (base64)")
     if not secret:
         return list(command), public, b""
     stdin = "".join(f"{k}={secret[k]}\n" for k in sorted(secret)).encode() + b"\n"

@@ -44,6 +44,16 @@ def sleep_forever(q) -> None:  # noqa: ANN001
     time.sleep(3600)
 
 
+def report_environ(q, names) -> None:  # noqa: ANN001
+    """Put the values of ``names`` in this job's environment (None where unset), then wait."""
+    q.put({n: os.environ.get(n) for n in names})
+    time.sleep(3600)
+
+
+def getenv(name: str) -> str | None:
+    return os.environ.get(name)
+
+
 def echo_squares(inbox, outbox) -> None:  # noqa: ANN001
     while True:
         x = inbox.get()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import os
 import secrets
 import select
@@ -350,6 +351,41 @@ def test_end_host_lost(tmp_path: Path, docker_host: str, docker_api: docker.APIC
             docker_api.remove_container(c["Id"], force=True)
 
 
+def test_a_pool_starts_workers_as_soon_as_the_daemon_answers_again_and_says_so(
+        tmp_path: Path, docker_host: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The daemon goes away (a Unix socket in front of it refuses connections, as a restarting
+    # dockerd's does) while a pool needs new workers: each worker takes one task.
+    from fiber_core.runtime.config import config
+
+    path = tmp_path / "docker.sock"
+    relay = Relay(str(path), docker_host.removeprefix("unix://"))
+    fiber_core.init(docker_base_url=f"unix://{path}")
+    try:
+        with caplog.at_level(logging.INFO, logger="fiber"), \
+                fiber_core.Pool(2, backend="docker", maxtasksperchild=1) as pool:
+            assert pool.map(docker_tasks.square, range(2), chunksize=1) == [0, 1]
+            relay.cut()
+            results = pool.imap(docker_tasks.square, range(6), chunksize=1)
+            refusals = "cannot start a pool worker, waiting for the backend"
+            deadline = time.monotonic() + WAIT
+            while caplog.text.count(refusals) < 4:  # the backoff has grown to seconds
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.05)
+            with pool._lock:
+                slot = pool._start_retry_at  # the next try, as the backoff would have it
+                assert slot is not None
+            slot_wall = time.time() + (slot - time.monotonic())
+            path.unlink()
+            relay = Relay(str(path), docker_host.removeprefix("unix://"))  # the daemon answers again
+            assert [results.next(WAIT) for _ in range(6)] == [x * x for x in range(6)]
+        back = [r for r in caplog.records if "backend answers again: pool workers start" in r.getMessage()]
+        assert len(back) == 1, caplog.text
+        assert "(it refused for " in back[0].getMessage()
+        assert back[0].created < slot_wall  # the probe found it answering before the backoff's next try
+    finally:
+        config.reset()  # (the relay stays up: the backend made for it cleans up through it at exit)
+
+
 # -- errors that say what to do --------------------------------------------------------------------
 
 
@@ -476,6 +512,35 @@ def test_the_runs_key_is_not_in_the_containers_config(docker_api: docker.APIClie
     p.terminate()
     p.join(WAIT)
     assert p.exitcode == -signal.SIGTERM
+
+
+def test_the_programs_environment_reaches_a_job_less_what_is_denied_and_a_marked_secret_stays_hidden(
+        docker_api: docker.APIClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cr3t-" + secrets.token_hex(8)
+    monkeypatch.setenv("FIBERTEST_PASSED", "passed")
+    monkeypatch.setenv("FIBERTEST_EXCLUDED", "excluded")
+    monkeypatch.setenv("FIBERTEST_SECRET", secret)
+    monkeypatch.setenv("TERM", "fibertest-term")  # this machine's terminal: denied
+    names = ["FIBERTEST_PASSED", "FIBERTEST_EXCLUDED", "FIBERTEST_SECRET", "FIBERTEST_ADDED", "TERM"]
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=docker_tasks.report_environ, args=(q, names), backend="docker",
+                           env={"FIBERTEST_ADDED": "added"}, env_exclude=["FIBERTEST_EXCL*"],
+                           secret_env=["FIBERTEST_SECRET"])
+    p.start()
+    seen = q.get(timeout=WAIT)
+    assert seen["FIBERTEST_PASSED"] == "passed" and seen["FIBERTEST_ADDED"] == "added"
+    assert seen["FIBERTEST_SECRET"] == secret  # the task sees it...
+    assert seen["FIBERTEST_EXCLUDED"] is None and seen["TERM"] != "fibertest-term"
+    info = docker_api.inspect_container(p.job.id)
+    assert secret not in repr(info)  # ...docker inspect does not
+    env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+    assert env["FIBERTEST_PASSED"] == "passed" and "FIBERTEST_SECRET" not in env and "TERM" not in env
+    p.terminate()
+    p.join(WAIT)
+    assert p.exitcode == -signal.SIGTERM
+
+    with fiber_core.Pool(1, backend="docker", env={"FIBERTEST_PASSED": "per pool"}) as pool:  # a job's own choice
+        assert pool.map(docker_tasks.getenv, ["FIBERTEST_PASSED", "FIBERTEST_EXCLUDED"]) == ["per pool", "excluded"]
 
 
 def test_queues() -> None:

@@ -51,6 +51,14 @@ def test_the_secrets_travel_on_stdin_not_in_the_containers_config() -> None:
     assert command_and_stdin(["true"], {"A": "1"}) == (["true"], {"A": "1"}, b"")
 
 
+def test_variables_marked_secret_travel_on_stdin_with_the_key() -> None:
+    env = {"FIBER_AUTHKEY": "k", "WANDB_API_KEY": "w", "OMP_NUM_THREADS": "4"}
+    command, public, stdin = command_and_stdin(["true"], env, ("WANDB_API_KEY",))
+    assert public == {"OMP_NUM_THREADS": "4"} and stdin == b"FIBER_AUTHKEY=k\nWANDB_API_KEY=w\n\n"
+    with pytest.raises(BackendError, match="WANDB_API_KEY holds a line break"):
+        command_and_stdin(["true"], {**env, "WANDB_API_KEY": "a\nb"}, ("WANDB_API_KEY",))
+
+
 def test_the_working_directory_is_mounted_unless_this_process_runs_in_a_container() -> None:
     spec = JobSpec(command=[], volumes={"data": "/data"})
     settings = {"mount_cwd": None, "volumes": ["/srv:/srv:ro"]}

@@ -37,7 +37,7 @@ from typing import Any
 
 from fiber_core.contract import (
     ENV_AUTHKEY,
-    EXTRA_ENV,
+    ENV_OPTIONS,
     FALLBACK_WAIT,
     Backend,
     BackendError,
@@ -55,12 +55,14 @@ from fiber_k8s.cluster import Cluster, http_status, in_pod
 from fiber_k8s.spec import (
     CONTAINER,
     DEFAULT_GPU_LABEL,
+    SECRET_KEY,
     build_pod,
     build_secret,
     choice_spec,
     label_value,
     load_pod_template,
     pod_name,
+    secret_data,
     secret_name,
 )
 from fiber_k8s.status import (
@@ -88,7 +90,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("tolerations", list, [], "tolerations, as key[=value][:Effect] (key:Effect tolerates any value)"),
     Option("node_selector", list, [], "node labels every pod requires, as key=value: pool=ml,zone=a"),
     Option("volumes", list, [], "mounts as SOURCE:PATH[:ro]; SOURCE is a PersistentVolumeClaim name, or a host path if it starts with /"),
-    EXTRA_ENV,
+    *ENV_OPTIONS,
     Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs (amd.com/gpu)"),
     Option("gpu_label", str, DEFAULT_GPU_LABEL, "node label that gpu_type must equal (GKE: cloud.google.com/gke-accelerator)"),
     Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever); "
@@ -140,7 +142,7 @@ class KubernetesBackend(Backend):
         self._parent_id = ""
         self._watch: _PodWatch | None = None  # made by the first create_job
         self._secret_name = secret_name(run_id)
-        self._secret_value: str | None = None  # the key in the Secret, once it is created
+        self._secrets: dict[str, dict[str, str]] = {}  # the Secrets made, by name: what each holds
         if self.settings.get("pod_template"):
             load_pod_template(self.settings["pod_template"])  # a bad template fails here, at once
 
@@ -190,40 +192,47 @@ class KubernetesBackend(Backend):
             owner = None  # an ownerReference cannot cross namespaces
         return owner
 
-    def manifest(self, spec: JobSpec, name: str | None = None) -> dict[str, Any]:
-        """The pod that :meth:`create_job` would create for ``spec`` (``fiber run --dry-run``)."""
+    def manifest(self, spec: JobSpec, name: str | None = None, secret: str | None = None) -> dict[str, Any]:
+        """The pod that :meth:`create_job` would create for ``spec`` (``fiber run --dry-run``),
+        taking the key and the variables marked secret from the Secret ``secret`` (by default
+        the backend's first)."""
         return build_pod(spec, self.settings, name=name or pod_name(spec.name, self.run_id),
                          namespace=self.namespace, image=self._image(spec), labels=self._labels(spec),
-                         owner=self._owner(), secret=self._secret_name)
+                         owner=self._owner(), secret=secret or self._secret_name)
 
-    def _ensure_secret(self, spec: JobSpec) -> None:
-        """Create, once, the Secret that holds the run's key for the pods."""
-        value = spec.env.get(ENV_AUTHKEY)
-        if value is None:
-            return
+    def _ensure_secret(self, spec: JobSpec) -> str:
+        """The Secret that gives the pod of ``spec`` the run's key and the variables it marks
+        secret: one this backend made that holds them all, or a new one (the first is
+        :attr:`_secret_name`; a job marking other variables or values gets another, so a
+        Secret is never changed under a pod that reads it)."""
+        wanted = secret_data(spec.env, spec.secret_env)
+        if SECRET_KEY not in wanted:
+            return self._secret_name
         with self._lock:
-            if self._secret_value is not None:
-                if self._secret_value != value:
+            for name, held in self._secrets.items():
+                if held[SECRET_KEY] != wanted[SECRET_KEY]:
                     raise BackendError(f"{spec.name} carries another run's key than the Secret "
-                                       f"{self._secret_name} of this backend: start it from a backend of its run")
-                return
+                                       f"{name} of this backend: start it from a backend of its run")
+                if all(held.get(k) == v for k, v in wanted.items()):
+                    return name
+            name = secret_name(self.run_id) if self._secrets else self._secret_name
             labels = {"fiber.run": label_value(self.run_id), "fiber.parent": self._parent_id}
-            self.cluster.create_secret(build_secret(value, name=self._secret_name, namespace=self.namespace,
+            self.cluster.create_secret(build_secret(wanted, name=name, namespace=self.namespace,
                                                     labels=labels, owner=self._owner()))
-            self._secret_value = value
+            self._secrets[name] = wanted
+            return name
 
     def _delete_secret(self) -> None:
         with self._lock:
-            created, self._secret_value = self._secret_value is not None, None
-        if not created:
-            return
-        try:
-            self.cluster.delete_secret(self._secret_name)
-        except BackendError as e:
-            if http_status(e) != 404:
-                log.warning("fiber: could not delete Secret %s of run %s: %s (remove it with `fiber clean "
-                            "--backend kubernetes --run %s`, or kubectl delete secret %s)", self._secret_name,
-                            self.run_id, e, self.run_id, self._secret_name)
+            names, self._secrets = list(self._secrets), {}
+        for name in names:
+            try:
+                self.cluster.delete_secret(name)
+            except BackendError as e:
+                if http_status(e) != 404:
+                    log.warning("fiber: could not delete Secret %s of run %s: %s (remove it with `fiber clean "
+                                "--backend kubernetes --run %s`, or kubectl delete secret %s)", name,
+                                self.run_id, e, self.run_id, name)
 
     def get_listen_addr(self) -> str:
         """In a pod, the pod's IP; else an error saying what to set.
@@ -253,9 +262,9 @@ class KubernetesBackend(Backend):
     def create_job(self, spec: JobSpec) -> Job:
         cluster = self.cluster
         self._ensure_watch()
-        self._ensure_secret(spec)
+        secret = self._ensure_secret(spec)
         for _ in range(3):
-            body = self.manifest(choice_spec(spec, 0))
+            body = self.manifest(choice_spec(spec, 0), secret=secret)
             name = body["metadata"]["name"]
             job = self.track_job(Job(id=name, spec=spec, handle=_Pod(time.monotonic())))  # its first events
             try:  # may come before create_pod returns
@@ -277,8 +286,9 @@ class KubernetesBackend(Backend):
             old, index = job.id, pod.choice + 1
             spec = choice_spec(job.spec, index)
             alternatives = job.spec.alternatives
+            secret = self._ensure_secret(spec)  # the one the first pod had: they hold the same
             for _ in range(3):
-                body = self.manifest(spec)
+                body = self.manifest(spec, secret=secret)
                 job.handle = _Pod(time.monotonic(), choice=index)
                 self.rename_job(job, body["metadata"]["name"])  # before create_pod: its first events
                 try:

@@ -12,7 +12,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fiber_core.contract import (
@@ -124,15 +124,27 @@ def secret_name(run_id: str) -> str:
     return f"fiber-key-{run}-{secrets.token_hex(4)}"
 
 
-def build_secret(value: str, *, name: str, namespace: str, labels: Mapping[str, str],
+def build_secret(data: Mapping[str, str], *, name: str, namespace: str, labels: Mapping[str, str],
                  owner: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The Secret that gives the pods the run's key (``value``, hex) under :data:`SECRET_KEY`."""
+    """The Secret that gives the pods the run's key and the variables marked secret: ``data``
+    as :func:`secret_data` makes it."""
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
     if owner:
         metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
                                         "uid": owner["metadata"]["uid"]}]
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata,
-            "data": {SECRET_KEY: base64.b64encode(value.encode()).decode()}}
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(data.items())}}
+
+
+def secret_key_of(variable: str) -> str:
+    """The key, in the backend's Secret, of a variable the user marked secret (``secret_env``)."""
+    return SECRET_KEY if variable == ENV_AUTHKEY else f"env-{variable}"
+
+
+def secret_data(env: Mapping[str, str], marked: Sequence[str]) -> dict[str, str]:
+    """What the backend's Secret must hold for a job whose environment is ``env``: the run's
+    key under :data:`SECRET_KEY`, each variable ``marked`` secret under :func:`secret_key_of`."""
+    return {secret_key_of(k): env[k] for k in (ENV_AUTHKEY, *marked) if k in env}
 
 
 # -- a user's pod template --------------------------------------------------------------------
@@ -261,7 +273,8 @@ def _scheduling(spec: JobSpec, opts: Mapping[str, Any]) -> tuple[dict[str, str],
 
 
 def _env(spec: JobSpec, opts: Mapping[str, Any], secret: str | None) -> list[dict[str, Any]]:
-    """The container's env: the pod's own fields, extra_env, the spec's; the key from ``secret``."""
+    """The container's env: the pod's own fields, extra_env, the spec's; the key and the
+    variables marked secret from the Secret ``secret`` (:func:`secret_key_of`)."""
     env: dict[str, Any] = {
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -269,8 +282,10 @@ def _env(spec: JobSpec, opts: Mapping[str, Any], secret: str | None) -> list[dic
         ENV_NODE: {"fieldRef": {"fieldPath": "spec.nodeName"}},  # the host of current_process().resources
     }
     env.update(job_environment(spec.env, opts.get("extra_env"), "[kubernetes]"))
-    if secret and ENV_AUTHKEY in env:
-        env[ENV_AUTHKEY] = {"secretKeyRef": {"name": secret, "key": SECRET_KEY}}
+    if secret:
+        for k in (ENV_AUTHKEY, *spec.secret_env):
+            if k in env:
+                env[k] = {"secretKeyRef": {"name": secret, "key": secret_key_of(k)}}
     return [{"name": k, "valueFrom": v} if isinstance(v, dict) else {"name": k, "value": str(v)}
             for k, v in env.items()]
 

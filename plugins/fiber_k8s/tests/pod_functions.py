@@ -33,6 +33,10 @@ def put_env(q, name: str) -> None:  # noqa: ANN001 - a fiber_core.Queue
     q.put(os.environ.get(name))
 
 
+def put_environ(q, names: list[str]) -> None:  # noqa: ANN001 - a fiber_core.Queue
+    q.put({n: os.environ.get(n) for n in names})
+
+
 def meet(x: int, barrier) -> str:  # noqa: ANN001 - a fiber_core.Barrier
     """Returns once every party holds a task at once: the pool has that many running workers."""
     barrier.wait(120)

@@ -10,7 +10,14 @@ import pytest
 from fiber_core.contract import BackendError, ConfigError, JobSpec
 
 from fiber_k8s.backend import KubernetesBackend
-from fiber_k8s.spec import build_pod, label_value, load_pod_template, pod_name
+from fiber_k8s.spec import (
+    build_pod,
+    build_secret,
+    label_value,
+    load_pod_template,
+    pod_name,
+    secret_data,
+)
 
 
 def test_gpu_label_setting_and_other_options() -> None:
@@ -147,3 +154,17 @@ def test_a_pods_resources_key_and_owner() -> None:
     assert "secret-key" not in json.dumps(pod)  # the key is in the Secret, not the pod
     assert pod["spec"]["terminationGracePeriodSeconds"] == 3 and "nodeSelector" not in pod["spec"]
     assert pod["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": "parent", "uid": "u1"}]
+
+
+def test_the_program_variables_are_in_the_pod_and_marked_secrets_only_by_reference() -> None:
+    spec = JobSpec(command=["python3"], name="w", secret_env=("WANDB_API_KEY",),
+                   env={"FIBER_AUTHKEY": "the-key", "WANDB_API_KEY": "wandb-secret", "OMP_NUM_THREADS": "4"})
+    pod = build_pod(spec, {}, name="w-1", namespace="ns", image="img", labels={}, secret="fiber-key-r")
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["OMP_NUM_THREADS"] == {"name": "OMP_NUM_THREADS", "value": "4"}
+    assert env["WANDB_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "fiber-key-r", "key": "env-WANDB_API_KEY"}}
+    assert "wandb-secret" not in json.dumps(pod) and "the-key" not in json.dumps(pod)
+    data = secret_data(spec.env, spec.secret_env)
+    assert data == {"authkey": "the-key", "env-WANDB_API_KEY": "wandb-secret"}
+    secret = build_secret(data, name="fiber-key-r", namespace="ns", labels={})
+    assert set(secret["data"]) == {"authkey", "env-WANDB_API_KEY"}

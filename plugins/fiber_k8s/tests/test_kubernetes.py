@@ -838,6 +838,51 @@ def test_the_runs_key_is_in_a_secret_not_in_the_pods(v1: client.CoreV1Api, ns: s
     assert e.value.status == 404
 
 
+def test_the_programs_environment_reaches_a_pod_less_what_is_denied_and_a_marked_secret_by_reference(
+        v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], image: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    monkeypatch.setenv("FIBERTEST_PASSED", "passed")
+    monkeypatch.setenv("FIBERTEST_SECRET", secret)
+    monkeypatch.setenv("TERM", "fibertest-term")  # this machine's terminal: denied
+    names = ["FIBERTEST_PASSED", "FIBERTEST_SECRET", "FIBERTEST_ADDED", "TERM"]
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=pod_functions.put_environ, args=(q, names), backend="kubernetes",
+                           env={"FIBERTEST_ADDED": "added"}, secret_env=["FIBERTEST_SECRET"])
+    p.start()
+    seen = q.get(timeout=WAIT)
+    p.join(WAIT)
+    assert seen["FIBERTEST_PASSED"] == "passed" and seen["FIBERTEST_ADDED"] == "added"
+    assert seen["FIBERTEST_SECRET"] == secret and seen["TERM"] != "fibertest-term"
+    (pod,) = [x for x in run_pods(v1, ns, f"fiber.run={label_value(runtime().run_id)}") if x.metadata.name == p.job.id]
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    assert env["FIBERTEST_PASSED"].value == "passed" and "TERM" not in env
+    assert env["FIBERTEST_SECRET"].value is None and env["FIBERTEST_SECRET"].value_from.secret_key_ref.key == \
+        "env-FIBERTEST_SECRET"
+    assert secret not in json.dumps(v1.api_client.sanitize_for_serialization(pod))
+
+
+def test_variables_marked_secret_reach_the_pods_from_the_runs_secret_only(
+        v1: client.CoreV1Api, ns: str, backend: KubernetesBackend) -> None:
+    key, first, second = "cd" * 32, "first-" + uuid.uuid4().hex, "second-" + uuid.uuid4().hex
+    code = "import os; print(os.environ['APP_TOKEN'], os.environ['APP_PLAIN'])"
+    jobs = []
+    for value in (first, second):  # another value: a second Secret of the run
+        spec = job_spec(code, env={"FIBER_AUTHKEY": key, "APP_TOKEN": value, "APP_PLAIN": "plain"},
+                        secret_env=("APP_TOKEN",))
+        jobs.append(backend.start_job(spec))
+        assert backend.wait_for_job(jobs[-1], WAIT) == 0, backend.get_job_logs(jobs[-1])
+    assert [backend.get_job_logs(j).split() for j in jobs] == [[first, "plain"], [second, "plain"]]
+    listed = json.dumps(v1.api_client.sanitize_for_serialization(v1.list_namespaced_pod(ns)))
+    assert first not in listed and second not in listed and key not in listed
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for pod in json.loads(listed)["items"]
+            if pod["metadata"]["name"] in {j.id for j in jobs} for e in pod["spec"]["containers"][0]["env"]
+            if e["name"] == "APP_TOKEN"}
+    assert len(refs) == 2
+    backend.cleanup()
+    for name in refs:
+        with pytest.raises(client.ApiException) as e:
+            v1.read_namespaced_secret(name, ns)
+        assert e.value.status == 404
 def test_fiber_clean_removes_the_secret_a_crashed_parent_left(v1: client.CoreV1Api, ns: str,
                                                              k8s_env: dict[str, str]) -> None:
     # A parent outside the cluster has no pod to own its Secret: `fiber clean` finds the

@@ -49,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.contract import (
+    ENV_OPTIONS,
     HOST_LOST_EXITCODE,
     TIMEOUT_ALIAS,
     Alternative,
@@ -65,7 +66,7 @@ from fiber_core.contract import (
 
 from fiber_ssh.channels import IDLE, Channels, Run
 from fiber_ssh.connect import Connector, Host, Unreachable
-from fiber_ssh.hosts import Placement, Slots, place, place_choice, release
+from fiber_ssh.hosts import Placement, Slots, crowding, place, place_choice, release
 from fiber_ssh.spec import job_env, job_line, supervisor_command
 from fiber_ssh.status import Seen, job_end
 from fiber_ssh.upload import DEFAULT_EXCLUDE, remove_upload, upload
@@ -106,12 +107,25 @@ OPTIONS: tuple[Option, ...] = (
            "seconds to connect, log in and run the first command on a host before it counts as unreachable"),
     TIMEOUT_ALIAS,
     Option("keepalive", float, 1.0, "seconds between keepalives on each connection, and heartbeats to each job"),
-    Option("keepalive_count", int, 3, "keepalive intervals without an answer before a host is lost (the global "
-           "peer_timeout, if shorter, wins)"),
-    Option("retry_lost", float, 60.0, "seconds before a lost host is tried again, in the background (0: never)"),
+    Option("keepalive_count", int, 3, "a host whose connection stays unanswered for keepalive x (1 + "
+           "keepalive_count) seconds is lost: about 5 s after a cut by default (the global peer_timeout, if "
+           "shorter, wins)"),
+    Option("retry_lost", float, 60.0, "a lost host is probed every keepalive seconds (a TCP connection to its "
+           "sshd) and logged into as soon as it answers; after a failed login, not again for this many "
+           "seconds (0: a lost host is never tried again)"),
     Option("orphan_timeout", float, 30.0,
            "seconds a remote job lives on without a heartbeat from this process (0: forever)"),
+    *ENV_OPTIONS,  # the whole environment travels on the supervisor's stdin, secrets or not
 )
+
+def _answers(host: Host, timeout: float) -> bool:
+    """Whether ``host``'s sshd accepts a TCP connection within ``timeout`` seconds."""
+    try:
+        socket.create_connection((host.addr, host.port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
 
 class SshBackend(Backend):
     """Jobs are processes on SSH hosts: one connection per host, one channel per job."""
@@ -274,7 +288,8 @@ class SshBackend(Backend):
             self.watch(self._channels.follow, "channels", max_backoff=5.0)
             retry = self.settings["retry_lost"]
             if retry:
-                self._reviver = self.watch(self._revive_lost, "revive", interval=retry, max_backoff=retry)
+                self._reviver = self.watch(self._revive_lost, "revive", interval=self.settings["keepalive"],
+                                           max_backoff=retry)
 
     def _first_connect(self, host: Host) -> str | None:
         """Connect, check and probe one host; return why it is unreachable, or None."""
@@ -296,33 +311,40 @@ class SshBackend(Backend):
                 return
             self._slots[index].alive = False
             host.lost_reason, host.lost_at = reason, time.monotonic()
+            host.retry_at = host.lost_at  # logged into again as soon as it answers
         log.warning("fiber-ssh: lost host %s (%s); its jobs end with %d", host.name, reason, HOST_LOST_EXITCODE)
         if self._reviver is not None:
             self._reviver.wake()  # to wait for this host's retry time
 
     def _revive_lost(self) -> float:
-        """One round of the reviver: reconnect to the lost hosts whose retry time came.
+        """One round of the reviver: probe the lost hosts, log in again to those that answer.
 
-        Returns the seconds until the next one is due (a loss wakes it sooner).
+        A probe is a TCP connection to the host's sshd, every ``keepalive`` seconds, so a host
+        that answers again is back within about that; a host that answers but where logging
+        in fails is not logged into again for ``retry_lost`` seconds. Returns the seconds
+        until the next round (a loss wakes it sooner).
         """
-        retry = self.settings["retry_lost"]
+        step = max(0.2, float(self.settings["keepalive"]))
         with self._lock:
             lost = [(i, h) for i, (h, s) in enumerate(zip(self._hosts, self._slots)) if not s.alive]
-        due = [(i, h) for i, h in lost if time.monotonic() - h.lost_at >= retry]
+        if not lost:
+            return IDLE
+        with ThreadPoolExecutor(len(lost)) as pool:
+            answers = list(pool.map(lambda ih: _answers(ih[1], min(step, 1.0)), lost))
+        now = time.monotonic()
+        due = [(i, h) for (i, h), up in zip(lost, answers) if up and now >= h.retry_at]
         if due:
             with ThreadPoolExecutor(len(due)) as pool:
                 list(pool.map(lambda ih: self._revive(*ih), due))
-        with self._lock:
-            waits = [h.lost_at + retry - time.monotonic()
-                     for h, s in zip(self._hosts, self._slots) if not s.alive]
-        return max(0.0, min(waits)) if waits else IDLE
+        return step
 
     def _revive(self, index: int, host: Host) -> None:
         try:
             t = self._conn.connect(host)
         except (Unreachable, BackendError) as e:
             with self._lock:
-                host.lost_reason, host.lost_at = str(e), time.monotonic()
+                host.lost_reason = str(e)
+                host.retry_at = time.monotonic() + self.settings["retry_lost"]
             return
         with host.lock:
             host.transports = [x for x in host.transports if x.is_active()] + [t]
@@ -335,7 +357,16 @@ class SshBackend(Backend):
         if not current:
             t.close()  # cleanup came meanwhile
             return
-        log.warning("fiber-ssh: host %s is back", host.name)
+        self._warned_full = False  # crowded again later: say so again
+        log.warning("fiber-ssh: host %s is back after %.1f s", host.name, time.monotonic() - host.lost_at)
+
+    def crowded_jobs(self) -> list[Job]:
+        """The jobs that run over a host's slots while another live host has free ones
+        (:func:`~fiber_ssh.hosts.crowding`): after a lost host is back, a Pool moves them there."""
+        with self._lock:
+            jobs = [j for j in self.jobs if isinstance(j.handle, Run) and not j.handle.ended
+                    and j.handle.index < len(self._hosts) and self._hosts[j.handle.index] is j.handle.host]
+            return [jobs[n] for n in crowding(self._slots, [j.handle.placement for j in jobs])]
 
     def _lost_summary(self) -> str:
         with self._lock:

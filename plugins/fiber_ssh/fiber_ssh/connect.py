@@ -69,6 +69,8 @@ class Host:
     """A configuration problem (host key, login, Python): raised on every use."""
     lost_reason: str = ""
     lost_at: float = 0.0
+    retry_at: float = 0.0
+    """While lost: when it may be logged into again (at once, or ``retry_lost`` after a failed login)."""
     workdir: str | None = None
     uploaded: bool = False
     created_dir: str | None = None

@@ -269,6 +269,30 @@ def release(hosts: Sequence[Slots], placement: Placement) -> None:
         h.gpu_used[g] -= 1
 
 
+def crowding(hosts: Sequence[Slots], placed: Sequence[Placement]) -> list[int]:
+    """Which of the jobs ``placed`` (in the order they started) should move: those a host runs
+    over its slots while another live host has free ones.
+
+    Returns their indices in ``placed``, the newest of each crowded host first, at most as
+    many as that host is over and, in all, as the other live hosts have free slots. Only CPU
+    jobs move (a GPU job's place depends on its GPUs). Placement puts their replacements on
+    the hosts with room (:func:`place`).
+    """
+    room = sum(h.free for h in hosts if h.alive and h.free > 0)
+    over = {i: -h.free for i, h in enumerate(hosts) if h.free < 0}
+    out: list[int] = []
+    for n in range(len(placed) - 1, -1, -1):
+        p = placed[n]
+        if room <= 0:
+            break
+        if p.gpus or over.get(p.index, 0) <= 0:
+            continue
+        out.append(n)
+        over[p.index] -= p.slots
+        room -= p.slots
+    return out
+
+
 def _gpu_fits(h: Slots, gpu: int, gpu_type: str | None) -> bool:
     if not h.gpus or (gpu > 0 and h.gpus < gpu):
         return False

@@ -8,7 +8,9 @@ from fiber_core.contract import GpuChoice
 
 from fiber_ssh.hosts import (
     HostSpec,
+    Placement,
     Slots,
+    crowding,
     parse_host,
     parse_hosts,
     place,
@@ -131,3 +133,29 @@ def test_a_host_without_free_slots_is_not_free_room() -> None:
 def test_alternatives_no_host_declares_fail_naming_them() -> None:
     with pytest.raises(BackendError, match=r"any of the GPU alternatives h100:1, v100:2.*'h100'"):
         place_choice([Slots("g", 8, 2, "a10g")], None, (GpuChoice("h100", 1), GpuChoice("v100", 2)))
+
+
+def test_jobs_over_a_hosts_slots_move_while_another_has_room_the_newest_first() -> None:
+    hosts = [Slots("h1", 2), Slots("h2", 2), Slots("h3", 2)]
+    hosts[0].alive = False  # lost: six jobs on the four slots of h2 and h3
+    placed = [place(hosts) for _ in range(6)]
+    assert [p.index for p in placed] == [1, 2, 1, 2, 1, 2]
+    assert crowding(hosts, placed) == []  # crowded, but no host has room
+    hosts[0].alive = True  # back: two of them move, one from each crowded host, the newest
+    assert crowding(hosts, placed) == [5, 4]
+    # their replacements go to the host with room, never over a limit while one has room
+    assert [place(hosts).index for _ in range(2)] == [0, 0]
+    assert crowding(hosts, placed) == []  # no room left: nothing more moves while those two finish
+    for n in (5, 4):
+        release(hosts, placed[n])
+    assert crowding(hosts, placed[:4]) == [] and [h.used for h in hosts] == [2, 2, 2]
+
+
+def test_only_as_many_move_as_there_is_room_and_gpu_jobs_stay() -> None:
+    hosts = [Slots("h1", 1), Slots("h2", 1, gpus=1)]
+    placed = [Placement(1, 1, (0,)), Placement(1, 1), Placement(1, 1)]
+    for p in placed:
+        hosts[1].used += p.slots
+    assert crowding(hosts, placed) == [2]  # h2 is over by 2, h1 has room for 1
+    hosts[0].used = 1
+    assert crowding(hosts, placed) == []

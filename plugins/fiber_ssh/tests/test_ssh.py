@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -751,6 +752,44 @@ def test_unreachable_or_missing_hosts_read_at_a_glance(tmp_path: Path) -> None:
         assert line.startswith(says), stderr
 
 
+def _report_environ(q: Any, names: list[str], release: Any) -> None:
+    q.put(({n: os.environ.get(n) for n in names}, socket.gethostname(), os.getpid()))
+    release.get(timeout=T)
+
+
+def _getenv(name: str) -> str | None:
+    return os.environ.get(name)  # (os.environ.get itself would be pickled with this process's environ)
+
+
+def test_the_programs_environment_reaches_a_job_and_a_marked_secret_is_in_no_command_line(
+        hosts: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cr3t-" + os.urandom(8).hex()
+    monkeypatch.setenv("FIBERTEST_PASSED", "passed")
+    monkeypatch.setenv("FIBERTEST_EXCLUDED", "excluded")
+    monkeypatch.setenv("FIBERTEST_SECRET", secret)
+    monkeypatch.setenv("TERM", "fibertest-term")  # this machine's terminal: denied
+    monkeypatch.setenv("HOME", "/nonexistent-fibertest-home")  # the host's own HOME is used
+    names = ["FIBERTEST_PASSED", "FIBERTEST_EXCLUDED", "FIBERTEST_SECRET", "FIBERTEST_ADDED", "TERM", "HOME"]
+    with fresh_runtime(ssh_env(hosts, secret_env="FIBERTEST_SECRET")):
+        q, release = fiber_core.Queue(), fiber_core.Queue()
+        p = fiber_core.Process(target=_report_environ, args=(q, names, release),
+                               env={"FIBERTEST_ADDED": "added"}, env_exclude=["FIBERTEST_EXCL*"])
+        p.start()
+        seen, host, pid = q.get(timeout=T)
+        assert seen["FIBERTEST_PASSED"] == "passed" and seen["FIBERTEST_ADDED"] == "added"
+        assert seen["FIBERTEST_SECRET"] == secret and seen["FIBERTEST_EXCLUDED"] is None
+        assert seen["TERM"] != "fibertest-term" and seen["HOME"] != "/nonexistent-fibertest-home"
+        shown = subprocess.run(["ip", "netns", "exec", host, "ps", "-eo", "pid,args"], capture_output=True,
+                               text=True, timeout=T).stdout
+        assert f"{pid} " in shown  # the job's own line is there...
+        assert secret not in shown  # ...and no command line on the host holds the secret
+        release.put(None)
+        p.join(T)
+        assert p.exitcode == 0
+        with fiber_core.Pool(2, env={"FIBERTEST_PASSED": "per pool"}) as pool:  # a job's own choice
+            assert pool.map(_getenv, ["FIBERTEST_PASSED", "FIBERTEST_SECRET"]) == ["per pool", secret]
+
+
 # -- failures -----------------------------------------------------------------------------------
 
 
@@ -795,6 +834,50 @@ def test_host_cut_off_mid_map_every_result_once(hosts: dict[str, str], heal: lis
         run_id = rt.run_id
     # Cut off from this process, the supervisors on fiber-h1 end their jobs by themselves.
     assert wait_until_gone(run_id, ["fiber-h1"]) == []
+
+
+def _host_of_task(x: int) -> str:
+    time.sleep(0.02)
+    return socket.gethostname()
+
+
+def _until(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + T
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def test_a_pool_moves_back_onto_a_host_that_returns_and_never_crowds_one_while_another_has_room(
+        hosts: dict[str, str], heal: list, caplog: pytest.LogCaptureFixture) -> None:
+    with fresh_runtime(ssh_env(hosts, orphan_timeout="5")) as rt:  # 3 hosts x 2 slots
+        b = rt.get_backend("ssh")
+        used = lambda: [s.used for s in b._slots]  # noqa: E731
+        seen: list[set[str]] = []
+        stop = threading.Event()
+        with caplog.at_level(logging.INFO, logger="fiber"), fiber_core.Pool(6) as pool:
+
+            def work() -> None:
+                while not stop.is_set():
+                    seen.append(set(pool.map(_host_of_task, range(24), chunksize=1)))
+
+            runner = threading.Thread(target=work, daemon=True)
+            runner.start()
+            _until(lambda: used() == [2, 2, 2], "the workers fill the three hosts")
+            heal.append(("heal", "fiber-h1"))
+            ctl(hosts, "cut", "fiber-h1")
+            _until(lambda: not b._slots[0].alive and used()[1:] == [3, 3], "the work moved to fiber-h2 and -h3")
+            assert "placing jobs over the limit" in caplog.text  # (every host that is left is full)
+            caplog.clear()
+            ctl(hosts, *heal.pop())
+            back = len(seen)
+            _until(lambda: used() == [2, 2, 2], "two workers moved back onto fiber-h1")
+            _until(lambda: any("fiber-h1" in hosts_ for hosts_ in seen[back:]), "tasks run on fiber-h1 again")
+            stop.set()
+            runner.join(T)
+        assert "fiber-ssh: host root@" in caplog.text and "is back after" in caplog.text
+        assert "runs where another has room: it goes after its tasks" in caplog.text
+        assert "placing jobs over the limit" not in caplog.text  # never, once fiber-h1 had room
 
 
 def _borrow_then_hold(q: Any, report: Any, release: Any) -> None:
