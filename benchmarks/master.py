@@ -154,7 +154,7 @@ def simulate(control: Any, task_ms: float) -> None:  # noqa: C901 - its closures
             if op == POOL_QUIT:
                 stop(job_id)
             elif op == POOL_TASKS:
-                batch_id, call_id, func_bytes, kind, units, _watch = decode_pool_tasks(msg)
+                batch_id, call_id, func_bytes, kind, units = decode_pool_tasks(msg)[:5]
                 if func_bytes is not None:
                     funcs[call_id] = load_func(func_bytes)
                 results = [run_unit(funcs[call_id], kind, unit, None) for unit in units]

@@ -9,13 +9,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
 from fiber_core.base.log import get_logger, log_to_stderr
 from fiber_core.base.options import Option
 from fiber_core.parallel.context import FiberContext, get_context, register_start_method
+from fiber_core.parallel.durable.task import Task, current_task
 from fiber_core.parallel.queues import JoinableQueue, Queue, SimpleQueue
 from fiber_core.processes.pipe import Pipe
 from fiber_core.processes.process import (
@@ -70,20 +71,31 @@ def serve_status(page: bool = False, port: int = 0) -> StatusServer:
 
 
 def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None = None,
-         gpu_type: str | None = None) -> Callable[[F], F]:
+         gpu_type: str | Sequence[str | tuple[str, int]] | None = None,
+         capacity: str | None = None) -> Callable[[F], F]:
     """Declare the resources a function needs when it runs as a job or pool task.
 
-    ``memory`` is in MiB. The values reach the backend's :class:`JobSpec` for a
+    ``memory`` is in MiB. ``gpu_type`` is one GPU type, or several in order of preference,
+    each with its own count where they differ: ``["a100", "l40s"]``, ``[("a100", 1), ("l4", 2)]``
+    ``capacity`` is ``"spot"``, ``"on-demand"`` or ``"spot-then-on-demand"``
+    (``docs/placement.md``). The values reach the backend's :class:`JobSpec` for a
     ``Process(target=f)`` and for the workers of a ``Pool`` built for ``f``.
     """
     for key, value, kind in (("cpu", cpu, (int, float)), ("memory", memory, int), ("gpu", gpu, int)):
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool) or value < 0):
             raise ValueError(f"meta({key}={value!r}): expected a non-negative number")
-    if gpu_type is not None and not isinstance(gpu_type, str):
-        raise ValueError(f"meta(gpu_type={gpu_type!r}): expected a string")
+    if gpu_type is not None or capacity is not None:
+        from fiber_core.contract.placement import (  # only a function that names them loads it
+            capacity_kinds,
+            gpu_choices,
+        )
+
+        gpu_choices(gpu_type, gpu)  # a malformed list fails here, with what to write
+        capacity_kinds(capacity)
 
     def decorate(func: F) -> F:
-        func.__fiber_meta__ = {"cpu": cpu, "memory": memory, "gpu": gpu, "gpu_type": gpu_type}  # type: ignore[attr-defined]
+        func.__fiber_meta__ = {"cpu": cpu, "memory": memory, "gpu": gpu,  # type: ignore[attr-defined]
+                               "gpu_type": gpu_type, "capacity": capacity}
         return func
 
     return decorate
@@ -145,7 +157,7 @@ def set_start_method(method: str | None, force: bool = False) -> None:
 
 
 def get_start_method(allow_none: bool = False) -> str | None:
-    return _context._default_start_method(allow_none)
+    return _context._default_start_method(allow_none)  # noqa: SLF001 - the stdlib context's own choice of default, which it keeps private
 
 
 def get_all_start_methods() -> list[str]:
@@ -166,7 +178,7 @@ __all__ = [
     "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Option",
     "Pipe", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
     "SimpleQueue", "Value",
-    "TimeoutError", "active_children", "allow_connection_pickling", "broadcast", "cpu_count", "current_process", "freeze_support",
+    "TimeoutError", "active_children", "allow_connection_pickling", "broadcast", "cpu_count", "current_process", "current_task", "Task", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",
     "log_to_stderr", "meta", "parent_process", "reducer", "set_executable",
     "serve_status", "set_forkserver_preload", "set_start_method",

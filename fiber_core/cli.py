@@ -9,6 +9,7 @@ import textwrap
 from collections.abc import Sequence
 
 from fiber_core.base.errors import FiberError
+from fiber_core.base.text import printable
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 
 WIDTH = 100
@@ -72,7 +73,7 @@ def _clean(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from fiber_core.runtime.status import find_runs  # the live view: only for this command
-    from fiber_core.runtime.top import printable, top
+    from fiber_core.runtime.top import top
 
     if args.list:
         runs = find_runs()

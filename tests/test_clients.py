@@ -294,3 +294,21 @@ def test_es_example(backend: str, tmp_path: Path) -> None:
     out = run_example("es.py", ["--iterations", "3", "--population", "8", "--workers", "2",
                                 "--noise-mib", "16"], backend, tmp_path)
     assert [line.split()[1] for line in out.splitlines() if line.startswith("iteration")] == ["1", "2", "3"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_es_example_with_a_learner_role_runs_each_call_on_its_role(backend: str, tmp_path: Path) -> None:
+    """One Pool, two roles: rollouts on the default workers, every update on the learner's
+    one worker; the policy learned is the same as with updates in the program."""
+    pytest.importorskip("gymnasium")
+    args = ["--iterations", "3", "--population", "8", "--workers", "2", "--noise-mib", "16"]
+    mixed = run_example("es.py", [*args, "--learner"], backend, tmp_path)
+    updates = [line.split()[-1] for line in mixed.splitlines() if "update on" in line]
+    assert len(updates) == 3 and len(set(updates)) == 1 and updates[0].startswith("PoolWorker-learner-")
+    plain = run_example("es.py", args, backend, tmp_path)
+
+    def scores(out: str) -> list[str]:
+        return [line.split("(")[0] for line in out.splitlines() if "mean return" in line]
+
+    assert scores(mixed) == scores(plain) and len(scores(plain)) == 3

@@ -29,7 +29,7 @@ def _frame(head: bytes, body: bytes = b"") -> bytes:
 
 
 # kind -> (frame, what decoding it must give, the decoder). Every kind appears once.
-_PICKLED_TASKS = (7, 3, b"func", 1, [b"unit-a", b"unit-b"], True)
+_PICKLED_TASKS = (7, 3, b"func", 1, [b"unit-a", b"unit-b"], True, (4, 2**63, [0, 5], [0, 1]))
 _PICKLED_RESULTS = (7, 0.25, [(True, [1, 2]), (False, (ValueError("no"), "tb"))])
 _PRELUDE = {"sys_path": ["/x"], "main": None, "config": {}, "forward_output": True,
             "parent": ("MainProcess", 1)}

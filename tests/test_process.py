@@ -164,6 +164,18 @@ def test_close() -> None:
             use()
 
 
+def test_the_process_says_whether_it_connected_and_can_be_joined_and_what_its_log_ends_with() -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=_get_one, args=(q,))
+    assert (p.connected(), p.joinable(), p.log_tail(), p.job_logs()) == (False, False, "", "")
+    p.start()
+    q.put("go")
+    p.join(T)
+    assert p.exitcode == 0 and p.connected() and p.joinable()
+    p.close()
+    assert not p.joinable()
+
+
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -569,3 +581,38 @@ def test_a_target_that_breaks_its_std_streams_still_exits_0(name: str, action: s
     p.start()
     p.join(T)
     assert evt.is_set() and p.exitcode == 0
+
+
+def _print_lines() -> None:
+    for i in range(60):
+        print(f"line {i}", flush=True)
+    print("\x1b[31mred\x1b[0m and \x07bell\x1b]0;title\x07", flush=True)
+    print("x" * 1000, flush=True)
+    sys.stdout.write("no newline at the end")
+    sys.stdout.flush()
+
+
+def _print_to_stderr() -> None:
+    print("to stderr", file=sys.stderr, flush=True)
+
+
+def test_output_tail_keeps_the_last_lines_printed_without_control_characters_and_cut_short(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    p = fiber_core.Process(target=_print_lines)
+    assert p.output_tail() == []
+    p.start()
+    p.join(T)
+    assert p.exitcode == 0
+    tail = p.output_tail()
+    assert len(tail) == 50
+    assert tail[-3:] == ["red and bell", "x" * 300, "no newline at the end"]
+    assert tail[0] == "line 13" and tail[-4] == "line 59"
+    assert p.output_tail(2) == tail[-2:] and p.output_tail(0) == []
+    out, _ = capfd.readouterr()
+    assert f"[{p.name}] line 59" in out  # still printed, prefixed, as before
+    # stderr's lines are kept too. (Its pipe is not stdout's: lines of the two streams are
+    # kept in the order they arrive, which need not be the order they were printed in.)
+    e = fiber_core.Process(target=_print_to_stderr)
+    e.start()
+    e.join(T)
+    assert e.output_tail() == ["to stderr"]

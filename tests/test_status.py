@@ -14,8 +14,10 @@ import os
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,38 @@ def test_losses_are_counted_by_the_reason_the_backend_gives() -> None:
                    "the replacements are idle")
         names = {w["name"] for w in pool.status_snapshot()["workers"]}
         assert first.name not in names and second.name not in names
+
+
+def chatty(x: int) -> int:
+    print(f"task {x}\x1b[2J", flush=True)  # an escape sequence: the view removes it
+    time.sleep(0.005)  # the work itself, not synchronisation
+    return x
+
+
+def test_a_lost_worker_is_in_the_timeline_and_the_losses_with_its_reason_and_last_lines() -> None:
+    n = 1000
+    with Pool(2) as pool:
+        result = pool.map_async(chatty, range(n), chunksize=1)
+        wait_until(lambda: [bool(w["output"]) for w in pool.status_snapshot()["workers"]] == [True, True],
+                   "both workers printed")
+        [w] = [w for w in pool.status_snapshot()["workers"] if w["name"] == pool._pool[0].name]
+        assert all(line.startswith("task ") and "\x1b" not in line for line in w["output"])
+        victim = pool._pool[0]
+        victim.kill()  # by Fiber: stopped
+        assert result.get(T) == list(range(n))
+        wait_until(lambda: pool.status_snapshot()["loss_log"], "the loss is logged")
+        snap = pool.status_snapshot()
+        [loss] = snap["loss_log"]
+        assert loss["worker"] == victim.name and loss["reason"] == "stopped"
+        assert loss["description"] == snap["last_loss"] and loss["ago"] >= 0
+        assert loss["output"] and all(line.startswith("task ") for line in loss["output"])
+        track = next(t for t in snap["timeline"] if t["name"] == victim.name)
+        assert track["end"]["lost"] and track["end"]["reason"] == "stopped"
+        assert track["events"][-1][1] == "lost" and track["id"] == str(victim.pid)
+        live = [t for t in snap["timeline"] if t["end"] is None]
+        assert len(live) == 2 and victim.name not in {t["name"] for t in live}
+        # Every task done is in the throughput's history, each second once.
+        assert sum(n_done for _, n_done, _ in snap["throughput_history"]) == n
 
 
 def test_workers_replaced_after_maxtasksperchild_are_no_losses() -> None:
@@ -338,7 +372,10 @@ def test_the_page_server_answers_only_with_the_token_on_loopback() -> None:
         assert code == 200 and headers["Content-Type"].startswith("text/html")
         assert b"status.json" in body and token.encode() not in body
         assert headers["Cache-Control"] == "no-store" and headers["Referrer-Policy"] == "no-referrer"
-        assert "connect-src 'self'" in headers["Content-Security-Policy"]
+        policy = headers["Content-Security-Policy"]
+        assert "connect-src 'self'" in policy and "default-src 'none'" in policy
+        # The page's own script and style only, by their hashes: no inline code of anyone else.
+        assert "'unsafe-inline'" not in policy and "script-src 'sha256-" in policy
         code, headers, body = _get(port, "/status.json", {"X-Fiber-Token": token})
         assert code == 200 and headers["Content-Type"] == "application/json"
         assert json.loads(body) == state
@@ -368,3 +405,22 @@ def test_the_page_is_served_by_the_run_when_asked_and_its_state_is_the_runs() ->
         state = json.loads(body)
         assert state["run"]["id"] == runtime().run_id and state["run"]["backend"] == "local"
         assert _pool_in(state, pool)["size"] == 1
+
+
+def test_a_viewer_that_goes_away_mid_answer_leaves_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    token = status.page_token(os.urandom(32))
+    state = {"run": {"id": "r1"}, "pools": [], "processes": [], "filler": "x" * (8 << 20)}
+    page = StatusPage(lambda: state, token)
+    try:
+        sock = socket.create_connection(("127.0.0.1", page.port), timeout=T)
+        sock.sendall(f"GET /status.json HTTP/1.1\r\nHost: 127.0.0.1:{page.port}\r\n"
+                     f"X-Fiber-Token: {token}\r\n\r\n".encode())
+        assert sock.recv(12) == b"HTTP/1.0 200"  # the answer began ...
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # ... and its reader is gone (a reset): the rest cannot be sent
+        wait_until(lambda: not [t for t in threading.enumerate() if "process_request" in t.name],
+                   "the answer's thread ended")
+        assert _get(page.port, "/status.json", {"X-Fiber-Token": token})[0] == 200  # it serves on
+    finally:
+        page.close()
+    assert "Traceback" not in capfd.readouterr().err

@@ -15,6 +15,7 @@ reaching it is a failure, never a measure of speed.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -22,12 +23,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from fiber_core.runtime.status_page import StatusPage
 
 websocket = pytest.importorskip("websocket", reason="websocket-client (requirements-test.txt) drives the browser")
 
@@ -129,8 +133,14 @@ class Browser:
             text = self.evaluate("document.body ? document.body.innerText : ''")
             raise AssertionError(f"the page never showed {what}: {e}\nit shows:\n{text}") from None
 
-    def screenshot(self, path: Path) -> bytes:
-        data = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+    def screenshot(self, path: Path, whole: bool = False) -> bytes:
+        """A PNG of the page as shown, or of the whole page (``whole``), kept at ``path``."""
+        params: dict[str, Any] = {"format": "png"}
+        if whole:
+            size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+            params.update(captureBeyondViewport=True,
+                          clip={"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1})
+        data = base64.b64decode(self.call("Page.captureScreenshot", **params)["data"])
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return data
@@ -166,15 +176,26 @@ def browser(tmp_path: Path) -> Iterator[Browser]:
 @pytest.fixture
 def program() -> Iterator[tuple[subprocess.Popen[str], str, str, Path]]:
     """The program with its page: (process, run id, the page's address, its run file)."""
+    with _program() as found:
+        yield found
+
+
+@contextlib.contextmanager
+def _program(*args: str) -> Iterator[tuple[subprocess.Popen[str], str, str, Path]]:
     tmpdir = tempfile.mkdtemp(prefix="fpage-")  # short: it holds the hub's Unix socket
-    proc = subprocess.Popen([sys.executable, str(PROGRAM)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(PROGRAM), *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": tmpdir, "FIBER_STATUS_PORT": "0"})
     assert proc.stdout is not None and proc.stderr is not None and proc.stdin is not None
     try:
         line = proc.stdout.readline()
+        while line.startswith("[PoolWorker-"):  # a worker's line, printed before it
+            line = proc.stdout.readline()
         assert line.startswith("run "), (line, proc.stderr.read() if proc.poll() is not None else "")
         run_id = line.split()[1]
+        # The rest of its output (the workers' lines, prefixed) is read as it comes: a
+        # full pipe would stop the program.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         url = None
         for err in proc.stderr:  # what the person who started it reads
             found = re.match(rf"fiber: status page of run {run_id}: (http://127\.0\.0\.1:\d+/\?token=\w+)$",
@@ -241,3 +262,114 @@ def test_the_status_page_in_a_browser_needs_the_token_and_shows_the_pool_at_work
     proc.wait(T)
     browser.wait_for("document.getElementById('conn').className === 'down'", "that the program ended")
     assert "cannot reach the program" in browser.evaluate("document.getElementById('conn').innerText")
+
+
+# -- a run with losses, and a run of 512 workers ----------------------------------------------
+
+LOST = "document.querySelector('tr.timeline-row[data-lost=\"1\"]')"
+
+
+def test_the_page_of_a_run_with_a_loss_shows_the_lost_worker_its_reason_its_lines_and_the_chart(
+        browser: Browser) -> None:
+    with _program("--losses") as (proc, run_id, url, _):
+        assert browser.open(url) == 200
+        browser.wait_for(f"{LOST} && document.querySelector('tr.loss') && {WORKERS}.length === 3",
+                         "a lost worker in the timeline and the losses, and three workers")
+        lost = browser.evaluate(f"[{LOST}.dataset.name, {LOST}.dataset.end, {LOST}.innerText]")
+        assert lost[1] == "stopped" and f"lost: stopped \u2014 {lost[0]}" in lost[2]
+        assert "stopped by Fiber" in lost[2] or "stopped" in lost[2]
+        loss = browser.evaluate("[...document.querySelectorAll('tr.loss')].map(r => "
+                                "[r.dataset.worker, r.dataset.reason, r.querySelector('td.lines').dataset.lines])")
+        assert loss == [[lost[0], "stopped", loss[0][2]]] and int(loss[0][2]) > 0
+
+        # Its last lines, one click away.
+        browser.evaluate("document.querySelector('tr.loss td.lines').click()")
+        text = browser.wait_for("document.querySelector('tr.loss pre.log') && "
+                                "document.querySelector('tr.loss pre.log').innerText", "the lost worker's lines")
+        assert re.search(r"^item \d+: done$", text.split("\n")[-1])
+        # The live workers' lines too, and their states over time.
+        browser.wait_for(f"{WORKERS}.every(r => r.querySelector('td.lines').dataset.lines > 0)",
+                         "each worker's last line")
+        assert re.match(r"item \d+: done", browser.evaluate(
+            "document.querySelector('tr.worker td.lines').innerText"))
+        assert browser.evaluate("document.querySelectorAll('tr.timeline-row svg.track rect').length") >= 4
+
+        # The chart has data: a bar for each second tasks were done.
+        points = browser.wait_for("Number(document.querySelector('svg.chart').dataset.points) > 1 && "
+                                  "document.querySelectorAll('svg.chart rect').length", "the throughput chart")
+        assert points >= 2
+        shot = browser.screenshot(ARTIFACTS / "status-page-losses.png", whole=True)
+        assert shot.startswith(b"\x89PNG\r\n\x1a\n") and len(shot) > 10_000
+        # The page's own style and script run under its policy (no 'unsafe-inline').
+        assert browser.evaluate("getComputedStyle(document.querySelector('.pool')).backgroundColor") == \
+            "rgb(255, 255, 255)"
+
+
+def _big_state(workers: int = 512) -> dict[str, Any]:
+    """A state as a pool of ``workers`` with the resource use (issue's ``usage`` keys),
+    a cost per hour and a loss would show it."""
+    rows, timeline = [], []
+    for i in range(1, workers + 1):
+        rows.append({"name": f"PoolWorker-{i}", "id": str(1000 + i), "backend": "local", "host": "h",
+                     "state": "busy" if i % 3 else "idle", "for_seconds": 5.0, "done": i, "in_flight": 1,
+                     "output": [f"step {j} of worker {i}" for j in range(4)],
+                     "usage": {"cpu": 50.0 + i % 50, "rss": (100 + i) << 20,
+                               "gpu": 30.0 if i % 2 else None, "gpu_memory": (1 << 30) if i % 2 else None},
+                     "usage_history": [[60.0 - k, 40.0 + k, (100 + i) << 20] for k in range(0, 60, 5)]})
+        timeline.append({"name": f"PoolWorker-{i}", "id": str(1000 + i), "host": "h", "started_ago": 120.0,
+                         "events": [[120.0, "starting"], [118.0, "busy"], [30.0, "idle"], [20.0, "busy"]],
+                         "end": None})
+    description = "PoolWorker-600 was killed by the system: out of memory (memory 1 GiB)"
+    timeline.append({"name": "PoolWorker-600", "id": "1600", "host": "h2", "started_ago": 100.0,
+                     "events": [[100.0, "busy"], [40.0, "lost"]],
+                     "end": {"reason": "oom", "description": description, "lost": True, "ago": 40.0}})
+    pool = {"id": "abcd1234", "state": "RUN", "error": None, "backend": "local", "size": workers,
+            "min_size": workers, "elastic": False, "age_seconds": 120.0,
+            "tasks": {"queued": 10_000, "running": workers, "done": 500_000, "failed": 0},
+            "throughput": 900.0, "throughput_seconds": 10,
+            "throughput_history": [[float(s), 800 + s, 1] for s in range(120, 0, -1)],
+            "losses": {"oom": 1}, "last_loss": description, "calls": [], "workers": rows,
+            "timeline": timeline, "cost_per_hour": 12.5,
+            "loss_log": [{"worker": "PoolWorker-600", "id": "1600", "host": "h2", "reason": "oom",
+                          "description": description, "ago": 40.0,
+                          "output": ["allocating 2 GiB", "<script>document.title='owned'</script>"]}]}
+    return {"run": {"id": "r512", "program": "big.py", "pid": 1, "host": "h", "backend": "local",
+                    "now": 1000.0, "started": 880.0},
+            "pools": [pool], "processes": []}
+
+
+def test_the_page_draws_resource_use_cost_and_512_workers_fifty_rows_at_a_time(browser: Browser) -> None:
+    state = _big_state()
+    assert len(json.dumps(state)) < 1_000_000
+    page = StatusPage(lambda: state, "t" * 32)
+    try:
+        assert browser.open(f"http://127.0.0.1:{page.port}/?token={'t' * 32}") == 200
+        browser.wait_for(f"{WORKERS}.length === 50", "the first 50 workers")
+        text = browser.evaluate("document.body.innerText")
+        assert "costs $12.50 per hour" in text and "rows 1-50 of 512" in text
+        assert browser.evaluate("document.querySelectorAll('tr.worker .usage.cpu .meter').length") == 50
+        assert browser.evaluate("document.querySelectorAll('tr.worker svg.spark').length") == 50
+        first = browser.evaluate("[...document.querySelector('tr.worker').cells].map(c => c.innerText.trim())")
+        assert first[8] == "51%" and first[9] == "101.0 MiB" and first[10] == "30% \u00b7 1.0 GiB"
+        assert first[11] == "step 3 of worker 1"
+        width = browser.evaluate("document.querySelector('tr.worker .usage.mem .fill').style.width")
+        assert 0 < float(width.rstrip("%")) < 100
+        assert browser.evaluate("document.querySelectorAll('svg.chart rect').length") == 120
+        assert browser.evaluate("document.querySelectorAll('tr.timeline-row').length") == 50
+
+        # The next page of workers, which stays chosen as the page refreshes.
+        browser.evaluate("document.querySelector('.scroll + .pager button:nth-of-type(2)').click()")
+        browser.wait_for(f"{WORKERS}[0].dataset.name === 'PoolWorker-51'", "the second page")
+        assert "rows 51-100 of 512" in browser.evaluate("document.body.innerText")
+
+        # The loss, with its reason; its lines are text, never markup that runs.
+        loss = browser.evaluate("document.querySelector('tr.loss').innerText")
+        assert "PoolWorker-600" in loss and "oom" in loss and "out of memory" in loss
+        browser.evaluate("document.querySelector('tr.loss td.lines').click()")
+        log = browser.wait_for("document.querySelector('tr.loss pre.log') && "
+                               "document.querySelector('tr.loss pre.log').innerText", "the lines")
+        assert "<script>document.title='owned'</script>" in log
+        assert browser.evaluate("document.title") == "Fiber run r512"
+        browser.screenshot(ARTIFACTS / "status-page-512.png", whole=True)
+    finally:
+        page.close()

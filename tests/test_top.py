@@ -20,13 +20,15 @@ import subprocess
 import sys
 import tempfile
 import termios
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from fiber_core.runtime.top import printable, render
+from fiber_core.base.text import printable
+from fiber_core.runtime.top import Cursor, render, sparkline, split_keys
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 PROGRAM = Path(__file__).with_name("status_program.py")
@@ -39,15 +41,19 @@ _FRAME = re.compile(r"\x1b\[H(.*?)\x1b\[J", re.S)
 class Program:
     """The program whose state is shown, and the environment ``fiber top`` shares with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
         # Short: the hub's Unix socket lives in a directory in it, and such paths are short.
         self.tmpdir = tempfile.mkdtemp(prefix="ftop-")
         self.env = {**os.environ, "TMPDIR": self.tmpdir}
-        self.proc = subprocess.Popen([sys.executable, str(PROGRAM)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, str(PROGRAM), *args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**self.env, "FIBER_STATUS": "1"})
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # "run <id>" once the map runs
+        while line.startswith("[PoolWorker-"):  # a worker's line, printed before it
+            line = self.proc.stdout.readline()
+        # The rest (the workers' lines) is read as it comes: a full pipe would stop the program.
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         if not line.startswith("run "):
             self.stop()
             pytest.fail(f"the program did not start: {line!r} {self.proc.stderr.read() if self.proc.stderr else ''}")
@@ -248,3 +254,74 @@ def test_render_shows_no_control_character_of_the_state_it_is_given() -> None:
     text = "\n".join(render(state))
     assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", text), repr(text)
     assert "?w" in text and "?h" in text
+
+
+
+def test_fiber_top_shows_the_throughput_and_a_chosen_workers_last_lines_on_a_key() -> None:
+    program = Program("--losses")  # its tasks print a line each; it kills one worker
+    term = Terminal(program.env)
+    try:
+        lines = term.screen(lambda ls: any(re.match(r"  lost    PoolWorker-\d+  stopped  ", x) for x in ls)
+                            and any(re.search(r"  rate    \|.*[\u2581-\u2588].*\|  last 60 s", x) for x in ls),
+                            "the loss and the throughput's sparkline")
+        assert "keys: j/k (or arrows) choose a worker, l its last lines, q quits" in lines[1]
+        os.write(term.master, b"j")  # the first worker ...
+        lines = term.screen(lambda ls: any(x.startswith("> PoolWorker-") for x in ls), "a worker chosen")
+        chosen = next(x for x in lines if x.startswith("> PoolWorker-")).split()[1]
+        os.write(term.master, b"l")  # ... its last lines
+        lines = term.screen(lambda ls: any(x.startswith(f"last lines of {chosen} (") for x in ls)
+                            and any(re.match(r"  item \d+: done$", x) for x in ls), "its last lines")
+        os.write(term.master, b"\x1b[B")  # the arrow down: the next worker, its lines
+        term.screen(lambda ls: any(x.startswith("last lines of ") and chosen not in x for x in ls),
+                    "the next worker's lines")
+        os.write(term.master, b"q")
+        assert term.proc.wait(T) == 0
+    finally:
+        term.close()
+        program.stop()
+
+
+def test_the_sparkline_has_a_character_per_second_the_busiest_full() -> None:
+    assert sparkline([], 5) == " " * 5
+    # 10 tasks/s 4 s ago, 5 tasks/s now, nothing between; a per-minute point is not drawn.
+    line = sparkline([[300.0, 99, 60], [4.2, 10, 1], [0.4, 5, 1]], 5)
+    assert line == "\u2588   \u2584"
+
+
+def test_keys_move_through_the_workers_and_show_and_hide_their_lines() -> None:
+    assert split_keys(b"jj\x1b[Bl\x1b") == [b"j", b"j", b"\x1b[B", b"l", b"\x1b"]
+    names = ["PoolWorker-1", "PoolWorker-2"]
+    c = Cursor()
+    assert c.press(b"k", names) and c.selected == "PoolWorker-2"
+    assert c.press(b"\x1b[B", names) and c.selected == "PoolWorker-1"  # round the end
+    assert c.press(b"l", names) and c.showing
+    assert c.press(b"\x1b", names) and not c.showing
+    assert not c.press(b"q", names) and not Cursor().press(b"", names)
+    c = Cursor()
+    assert c.press(b"\r", names) and (c.selected, c.showing) == ("PoolWorker-1", True)
+    assert Cursor().press(b"l", []) and Cursor().selected is None
+
+
+def test_render_shows_usage_columns_cost_losses_and_the_chosen_workers_lines() -> None:
+    worker = {"name": "PoolWorker-1", "backend": "local", "host": "h", "id": "1", "state": "busy",
+              "for_seconds": 1.0, "done": 3, "in_flight": 1, "output": ["a", "b\x1b[2Jc"],
+              "usage": {"cpu": 97.5, "rss": 3 << 30, "gpu": 40.0, "gpu_memory": 1 << 30},
+              "usage_history": [[1.0, 90.0, 3 << 30]]}
+    pool = {"id": "p1", "min_size": 1, "size": 1, "elastic": False, "backend": "local", "state": "RUN",
+            "age_seconds": 9.0, "tasks": {"queued": 0, "running": 1, "done": 3, "failed": 0},
+            "throughput": 1.0, "throughput_seconds": 10, "throughput_history": [[2.0, 3, 1]],
+            "losses": {"oom": 1}, "last_loss": "PoolWorker-0 ran out of memory", "error": None,
+            "calls": [], "workers": [worker], "cost_per_hour": 3.2,
+            "loss_log": [{"worker": "PoolWorker-0", "reason": "oom", "ago": 5.0, "id": "0", "host": "h",
+                          "description": "PoolWorker-0 ran out of memory", "output": ["x"]}]}
+    state = {"run": {"id": "r", "program": "p", "pid": 1, "host": "h", "backend": "local",
+                     "now": 2.0, "started": 1.0}, "pools": [pool], "processes": []}
+    lines = render(state, selected="PoolWorker-1", lines_of="PoolWorker-1", keys=True)
+    assert lines[2:5] == ["last lines of PoolWorker-1 (2; l hides them)", "  a", "  b?c"]
+    header = next(x for x in lines if "WORKER" in x)
+    assert header.split()[-3:] == ["CPU", "MEM", "GPU"]
+    row = next(x for x in lines if x.startswith("> PoolWorker-1"))
+    assert row.split()[-4:] == ["98%", "3.0G", "40%", "1.0G"]
+    assert "  cost    $3.20 per hour" in lines
+    assert "  lost    PoolWorker-0  oom  5.0 s ago: PoolWorker-0 ran out of memory" in lines
+    assert render(state, lines_of="PoolWorker-9")[2] == "PoolWorker-9 is no longer a worker (j/k: another)"

@@ -33,6 +33,10 @@ from fiber_core.contract.backend import Backend, Job, JobSpec
 from fiber_core.contract.env import ENV_PARENT_PID
 from fiber_core.contract.hookspecs import hookimpl
 from fiber_core.contract.jobs import EndReason
+from fiber_core.contract.placement import resources_env
+
+_NO_GPU = resources_env(None)
+"""What a local job got: no GPU of its own (it shares this machine's), whatever it asked."""
 
 
 class LocalBackend(Backend):
@@ -41,6 +45,8 @@ class LocalBackend(Backend):
     name = "local"
     package = "fiber-core"
     shares_this_machine = True
+    gpu_alternatives = True  # it ignores GPU requests: no alternative is chosen over another
+    capacity_kinds = True  # this machine is one kind: a request for one is not refused, nor served
     options = (
         Option("start", str, "template", "how worker jobs start: forked from a template process with "
                "Fiber imported (template), or as a new interpreter each (fresh)", choices=("template", "fresh")),
@@ -70,7 +76,7 @@ class LocalBackend(Backend):
 
     def create_job(self, spec: JobSpec) -> Job:
         path = self._log_path(spec.name)
-        env = {**os.environ, **spec.env, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
+        env = {**os.environ, **spec.env, **_NO_GPU, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
         ooms = oom_kills()
         template = self._template_for(spec)
         if template is not None:

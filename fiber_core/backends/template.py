@@ -69,8 +69,8 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, logfd: 
         os.environ.update(request["env"])
         util = sys.modules.get("multiprocessing.util")
         if util is not None:  # as for the stdlib's fork children: the template's exit work is not theirs
-            util._finalizer_registry.clear()  # type: ignore[attr-defined]
-            util.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
+            util._finalizer_registry.clear()  # type: ignore[attr-defined]  # noqa: SLF001 - a forked child drops the template's exit work, as the stdlib's fork children do
+            util.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]  # noqa: SLF001 - a forked child drops the template's exit work, as the stdlib's fork children do
         if parent_pidfd is not None:
             os.environ[ENV_PARENT_PIDFD] = str(parent_pidfd)
         if os.environ.get("PYTHONUNBUFFERED"):  # what the interpreter would have made of it
@@ -233,7 +233,7 @@ class ForkedJob:
         self.returncode: int | None = None
         self._ended = threading.Event()
 
-    def _set(self, code: int) -> None:
+    def set_end(self, code: int) -> None:
         self.returncode = code
         self._ended.set()
 
@@ -300,7 +300,7 @@ class Template:
                     raise TemplateError(answer["error"])
                 job = ForkedJob(answer["pid"])
                 if job.pid in self._early:
-                    job._set(self._early.pop(job.pid))
+                    job.set_end(self._early.pop(job.pid))
                 else:
                     self._jobs[job.pid] = job
                 return job
@@ -325,7 +325,7 @@ class Template:
                             if job is None:
                                 self._early[message["exit"]] = message["code"]
                             else:
-                                job._set(message["code"])
+                                job.set_end(message["code"])
                         else:
                             self._answers.append(message)
                             self._answered.notify_all()
@@ -340,7 +340,7 @@ class Template:
                 os.killpg(job.pid, signal.SIGKILL)
             except OSError:
                 pass
-            job._set(-signal.SIGKILL)
+            job.set_end(-signal.SIGKILL)
         if lost:
             self._on_lost(why)
 

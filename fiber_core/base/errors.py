@@ -180,3 +180,11 @@ class RemoteError(FiberError):
 
     def __str__(self) -> str:
         return "\n\nRemote traceback:\n" + self.tb
+
+
+class JournalError(FiberError):
+    """The journal of a durable run cannot be used (see docs/durable.md); the message says why and what to do."""
+
+
+class JournalBusyError(JournalError):
+    """Another master of the program holds the journal's lease: it runs, or ended less than a lease ago."""

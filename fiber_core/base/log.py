@@ -45,7 +45,7 @@ def log_to_stderr(level: int | None = None) -> logging.Logger:
     if not any(getattr(h, "_fiber_stderr", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(DEFAULT_FORMAT))
-        handler._fiber_stderr = True  # type: ignore[attr-defined]
+        handler._fiber_stderr = True  # type: ignore[attr-defined]  # noqa: SLF001 - a mark on logging's handler object, to find Fiber's own handler again
         logger.addHandler(handler)
     if level:
         logger.setLevel(level)

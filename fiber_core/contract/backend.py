@@ -72,13 +72,22 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from fiber_core.base.errors import BackendError
 from fiber_core.base.options import Option, parse_pairs
 from fiber_core.contract.env import SECRET_VARIABLES
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
+from fiber_core.contract.placement import (
+    Alternative,
+    GpuChoice,
+    alternatives,
+    capacity_kinds,
+    choice_text,
+    gpu_choices,
+    resources_env,
+)
 
 __all__ = ["EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
            "gpu_count", "job_environment", "remove_all", "split_secrets"]
@@ -116,7 +125,9 @@ class JobSpec:
     gpu: int | None = None
     """Number of GPUs; ``None`` or 0 for none. ``-1`` means every GPU of the node."""
     gpu_type: str | None = None
-    """GPU model (``"a10g"``, ``"v100"``): how it is matched is the backend's choice."""
+    """GPU model (``"a10g"``, ``"v100"``): how it is matched is the backend's choice. With
+    several alternatives, the first (the backend reads :attr:`gpu_choices`). Given as a list
+    (``["a100", ("l4", 2)]``), it is normalised into :attr:`gpu_choices` when the spec is made."""
     cwd: str | None = None
     """Working directory of the job; ``None`` for the backend's default."""
     volumes: dict[str, str] = field(default_factory=dict)
@@ -126,6 +137,51 @@ class JobSpec:
     Always holds ``fiber.run`` (the run id), ``fiber.parent`` and ``fiber.name``."""
     backend_options: dict[str, Any] = field(default_factory=dict)
     """Free-form, backend-specific settings for this job only."""
+    gpu_choices: tuple[GpuChoice, ...] = ()
+    """The GPU alternatives in order of preference, each a type and its count
+    (:func:`~fiber_core.contract.placement.gpu_choices`); filled from :attr:`gpu_type` and
+    :attr:`gpu` when not given. More than one only for a backend that sets
+    :attr:`Backend.gpu_alternatives`."""
+
+    capacity: str | None = None
+    """The capacity kind asked for: ``"spot"``, ``"on-demand"``, ``"spot-then-on-demand"``
+    (:data:`~fiber_core.contract.placement.CAPACITIES`), or ``None`` for the platform's own.
+    Only for a backend that sets :attr:`Backend.capacity_kinds`."""
+    costs: dict[Alternative, float] = field(default_factory=dict)
+    """What the job costs per hour on each of its :attr:`alternatives` (on ``Alternative()``
+    when it names none) by the ``prices`` setting, where it prices them; :meth:`choosing`
+    puts the one chosen in the job's record."""
+
+    def __post_init__(self) -> None:
+        capacity_kinds(self.capacity)  # a bad kind fails when the spec is made
+        if not self.gpu_choices and self.gpu_type is not None:
+            self.gpu_choices = gpu_choices(self.gpu_type, self.gpu)
+        if self.gpu_choices:  # the first alternative, for code that reads one type
+            first = self.gpu_choices[0]
+            if self.gpu_type != first.type or (self.gpu or 1) != first.count:
+                self.gpu_type, self.gpu = first.type, first.count
+
+    @property
+    def alternatives(self) -> tuple[Alternative, ...]:
+        """Every place the job may run, in the order a backend tries them (GPU alternatives
+        within capacity kinds: :func:`~fiber_core.contract.placement.alternatives`)."""
+        return alternatives(self.gpu_choices, self.capacity)
+
+    def choosing(self, choice: GpuChoice | Alternative | None, *, capacity: str | None = None,
+                 cost_per_hour: float | None = None) -> JobSpec:
+        """This spec for one of its alternatives: that GPU type and count only (none for
+        ``None``), that capacity kind, and the environment entry that tells the job what it
+        got (``current_process().resources``)."""
+        gpu = choice.gpu if isinstance(choice, Alternative) else choice
+        if isinstance(choice, Alternative) and choice.capacity:
+            capacity = choice.capacity
+        if cost_per_hour is None:  # the backend's own price (an SSH host's label) wins over the table
+            cost_per_hour = self.costs.get(Alternative(gpu, capacity))
+        env = {**self.env, **resources_env(gpu, gpu=self.gpu or 0, capacity=capacity,
+                                           cost_per_hour=cost_per_hour)}
+        if gpu is None:
+            return replace(self, capacity=capacity, env=env)
+        return replace(self, gpu_type=gpu.type, gpu=gpu.count, gpu_choices=(gpu,), capacity=capacity, env=env)
 
 
 @dataclass(eq=False)
@@ -285,6 +341,13 @@ class Backend(ABC):
     shares_this_machine: ClassVar[bool] = False
     spare_jobs: ClassVar[int] = 0
     renamed_options: ClassVar[Mapping[str, str]] = {}
+    gpu_alternatives: ClassVar[bool] = False
+    """True when the backend tries a job's GPU alternatives (``JobSpec.gpu_choices``) in
+    order, or ignores GPUs altogether; a job with several is refused by any other."""
+    capacity_kinds: ClassVar[bool] = False
+    """True when the backend places a job on the capacity kind it asks for
+    (``JobSpec.capacity``: spot, on-demand, spot then on-demand), or has no such kinds to
+    choose from (the local backend); a job that asks is refused by any other."""
 
     peer_timeout: float = 30.0
     """Seconds after which a TCP peer that stopped answering counts as gone (the
@@ -573,6 +636,16 @@ class Backend(ABC):
         job.state.add_done_callback(lambda _state: self.untrack_job(job))
         return True
 
+    def rename_job(self, job: Job, new_id: str) -> None:
+        """Give a live job the id of the platform object that now runs it (a pod made again
+        for another GPU alternative, a Batch job submitted to the next queue): from now on
+        :meth:`job_by_id` finds it by ``new_id`` only."""
+        with self._jobs_lock:
+            if self._jobs.get(job.id) is job:
+                del self._jobs[job.id]
+                self._jobs[new_id] = job
+            job.id = new_id
+
     def job_by_id(self, job_id: str) -> Job | None:
         """The live job with this id, or ``None`` (not started here, ended, or cleaned up)."""
         with self._jobs_lock:
@@ -607,15 +680,31 @@ class Backend(ABC):
 
     def start_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
         """Start jobs through :meth:`create_jobs` and track them for :meth:`cleanup`."""
+        for spec in specs[:1]:  # a group's members ask for the same hardware
+            self._check_choices(spec)
         jobs = self.create_jobs(specs)
         self._track(jobs)
         return jobs
 
     def start_job(self, spec: JobSpec) -> Job:
         """Start one job through :meth:`create_job` and track it for :meth:`cleanup`."""
+        self._check_choices(spec)
         job = self.create_job(spec)
         self._track([job])
         return job
+
+    def _check_choices(self, spec: JobSpec) -> None:
+        """Refuse GPU alternatives that this backend would not try in order."""
+        if len(spec.gpu_choices) > 1 and not self.gpu_alternatives:
+            raise BackendError(
+                f"the {self.name} backend cannot try GPU types in order ({spec.name} asks for "
+                f"{choice_text(spec.gpu_choices)}): ask for one type, or run it on a backend that "
+                "tries alternatives (kubernetes, aws-batch, ssh)")
+        if spec.capacity is not None and not self.capacity_kinds:
+            raise BackendError(
+                f"the {self.name} backend cannot choose spot or on-demand capacity ({spec.name} asks for "
+                f"capacity={spec.capacity!r}): leave capacity unset, or run it on a backend that can "
+                "(kubernetes)")
 
     def _track(self, jobs: list[Job]) -> None:
         if not all([self._insert(job) for job in jobs]):  # cleanup ran: nothing would ever stop these

@@ -330,6 +330,6 @@ def register_start_method() -> bool:
     if isinstance(table, _StartMethods):
         table.pop("fiber", None)
     else:
-        multiprocessing.context._concrete_contexts = _StartMethods(  # type: ignore[attr-defined]  # noqa: SLF001
+        multiprocessing.context._concrete_contexts = _StartMethods(  # type: ignore[attr-defined]  # noqa: SLF001 - the stdlib's table of start methods, which offers no public way to add one
             (name, ctx) for name, ctx in table.items() if name != "fiber")
     return True

@@ -375,7 +375,7 @@ class ProcessPoolExecutor(Executor):
                     if buffersize is not None and (e := executor()) is not None:
                         chunk = next(chunks, None)
                         if chunk is not None:
-                            fs.appendleft(e._dispatcher.submit(_Call(fn, (), {}, chunk)))
+                            fs.appendleft(e._dispatcher.submit(_Call(fn, (), {}, chunk)))  # noqa: SLF001 - the executor's map submits through its dispatcher, in this module
                         del e
                     if end_time is None:
                         yield from _result_or_cancel(fs.pop())

@@ -167,7 +167,7 @@ def _xml_connection(conn: Connection[Any, Any]) -> Any:
 
     std: Any = _std_connection
     std.xmlrpclib = xmlrpc.client  # the module global that XmlListener.accept sets
-    return std.ConnectionWrapper(conn, std._xml_dumps, std._xml_loads)  # noqa: SLF001 (as it does)
+    return std.ConnectionWrapper(conn, std._xml_dumps, std._xml_loads)  # noqa: SLF001 - the stdlib managers' own XML serializer, used as they use it
 
 
 class _Server(_std.Server):
@@ -176,7 +176,7 @@ class _Server(_std.Server):
     def accepter(self) -> None:
         handshakes = Handshakes()
         # The socket of the stdlib's SocketListener, which it keeps private.
-        lsock = self.listener._listener._socket  # type: ignore[attr-defined]  # noqa: SLF001
+        lsock = self.listener._listener._socket  # type: ignore[attr-defined]  # noqa: SLF001 - the stdlib Listener's socket, to close it under a blocked accept
         while (accepted := accept_retrying(lsock, handshakes, lambda: False, "the manager server")) is not None:
             sock, peer = accepted
             sock.setblocking(True)
@@ -248,7 +248,7 @@ class BaseManager(_std.BaseManager):
             args=(type(self), self._registry, bytes(self._authkey), self._serializer, writer,
                   initializer, initargs, runtime().get_backend(self._backend).shares_this_machine))
         # Named as the stdlib names its manager's process, from the stdlib's private identity.
-        identity = self._process._identity  # noqa: SLF001
+        identity = self._process._identity  # noqa: SLF001 - the stdlib's process identity, which names the manager's server as the stdlib's does
         self._process.name = f"{type(self).__name__}-{':'.join(map(str, identity))}"
         self._process.start()
         try:
@@ -260,8 +260,7 @@ class BaseManager(_std.BaseManager):
                     pass
             if address is None:
                 self._process.join(5)
-                run = self._process._run
-                tail = run.log_tail(15) if run else ""
+                tail = self._process.log_tail(15)
                 raise FiberError(
                     f"manager server {self._process.name} exited with code "
                     f"{self._process.exitcode} before it was ready"
@@ -540,7 +539,7 @@ class AsyncProxy(BaseProxy):
     def _rebuild_child(self, exposed: Any, token: Token) -> Any:
         typeid = cast(str, token.typeid)  # a registered name: typeshed's Token allows bytes or None
         # The manager's registry, read as the stdlib's BaseProxy._callmethod reads it.
-        proxytype = self._manager._registry[typeid][-1] if self._manager else AsyncAutoProxy  # noqa: SLF001
+        proxytype = self._manager._registry[typeid][-1] if self._manager else AsyncAutoProxy  # noqa: SLF001 - the stdlib BaseManager's registry of proxy types
         token.address = self._token.address
         proxy = proxytype(token, self._serializer, manager=self._manager, authkey=self._authkey,
                           exposed=exposed)

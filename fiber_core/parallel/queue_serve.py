@@ -117,7 +117,7 @@ class Store:
                         self.not_full.wait(left)
             self.items.append(data)
             self.unfinished += 1
-            if self.not_empty._waiters:  # type: ignore[attr-defined]  # a getter waits
+            if self.not_empty._waiters:  # type: ignore[attr-defined]  # a getter waits  # noqa: SLF001 - threading.Condition keeps its waiters private; no public way to ask
                 self.not_empty.notify()
 
     def get(self, block: bool = True, timeout: float | None = None, lend: bool = False) -> _Item:
@@ -280,7 +280,7 @@ def _send_recall(loan: _Loan) -> bool:
         return False  # a batch is on its way: next round
     try:
         frame = _RECALL_FRAME
-        sock = loan.conn._socket()
+        sock = loan.conn._socket()  # noqa: SLF001 - the owner's side of a Connection, in the same layer: the socket itself for a loan
         sent = sock.send(frame, socket.MSG_DONTWAIT)
         if sent < len(frame):
             sock.sendall(frame[sent:])  # never split a frame

@@ -131,7 +131,7 @@ class _Borrower:
         if self.unacked:
             ack = encode_queue_ack(self.unacked)
             if msg:  # both frames in one write
-                self.conn._socket().sendall(framed(ack) + framed(msg))
+                self.conn._socket().sendall(framed(ack) + framed(msg))  # noqa: SLF001 - the owner's side of a Connection, in the same layer: one sendall for two frames
             else:
                 self.conn.send_frame(ack)
             self.acked += self.unacked
@@ -179,7 +179,7 @@ class _Borrower:
             self.items.clear()
             try:
                 self._send(b"")
-                self.conn._socket().shutdown(socket.SHUT_RDWR)
+                self.conn._socket().shutdown(socket.SHUT_RDWR)  # noqa: SLF001 - the owner's side of a Connection, in the same layer: shut down under a blocked reader
             except OSError:
                 pass
             self.conn.close()

@@ -132,7 +132,7 @@ class Ring:
             return
         except threading.BrokenBarrierError:
             started.set()
-        running = sum(1 for p in self.members if p._run is not None and p._run.connected.is_set())
+        running = sum(1 for p in self.members if p.connected())
         ended = [(rank, p) for rank, p in enumerate(self.members) if p.exitcode is not None]
         self.terminate()
         if ended:

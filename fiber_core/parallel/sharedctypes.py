@@ -106,7 +106,7 @@ def _undescribe(desc: tuple) -> Any:
 
 
 # The base of c_int & co., which ctypes leaves underscored (the stdlib's sharedctypes uses it).
-_SimpleCData = ctypes._SimpleCData  # noqa: SLF001
+_SimpleCData = ctypes._SimpleCData  # noqa: SLF001 - ctypes names the base of its simple types only privately
 _shared_types: dict[type, type] = {}
 _make_property = vars(_mp)["make_property"]  # the stdlib's field accessors of wrappers
 

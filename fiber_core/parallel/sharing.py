@@ -372,7 +372,7 @@ def attach_semlock(kind: int, maxvalue: int, name: str, owner: int = UID) -> Any
     try:
         before = _semaphore_owner(path, owner) if path else None
         # The stdlib's own way to open a named semaphore (its spawn start method's).
-        semlock = _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)  # noqa: SLF001
+        semlock = _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)  # noqa: SLF001 - the stdlib rebuilds a named semaphore only this way
         if path and _semaphore_owner(path, owner) != before:
             raise ForeignObjectError("it was replaced while it was opened")
     except ForeignObjectError as e:

@@ -120,7 +120,7 @@ class _RemoteSemLock:
 
 def _ownership(sl: Any) -> tuple[bool, int, int]:
     """Whether this thread holds semaphore ``sl``, its recursion count, and its value."""
-    return sl._is_mine(), sl._count(), sl._get_value()  # noqa: SLF001 (see the module note)
+    return sl._is_mine(), sl._count(), sl._get_value()  # noqa: SLF001 - the stdlib SemLock's state, read only this way (see the module note)
 
 
 def _check_value(value: int) -> None:

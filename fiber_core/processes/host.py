@@ -16,6 +16,7 @@ program installs later replaces it, and then the program decides.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.log import LOGGER_NAME
+from fiber_core.base.text import printable
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.messages import PROCESS_STDERR, PROCESS_STDOUT
 
@@ -72,6 +74,15 @@ class BaseProcess:
         """``None``: the caller's own process, or its parent, is running."""
         return None
 
+    @property
+    def resources(self) -> dict[str, Any]:
+        """What this process got: GPU type and count, capacity kind, host, cost per hour
+        (``fiber_core.contract.placement.RESOURCE_KEYS``), as its backend said in its job's
+        environment. The same keys on every backend; ``None`` where a value is unknown."""
+        from fiber_core.contract.placement import job_resources  # on first use: most jobs never ask
+
+        return job_resources()
+
 
 class _MainProcess(BaseProcess):
     def is_alive(self) -> bool:
@@ -113,12 +124,21 @@ def flush_std_streams() -> None:
             pass
 
 
+OUTPUT_TAIL_LINES = 50
+"""Lines of a job's output the parent keeps for the live view (its last ones)..."""
+
+OUTPUT_LINE_CHARS = 300
+"""... each cut to this many characters."""
+
+
 class _OutputPrinter:
-    """Prints a job's output in the parent, each line prefixed with the job's name."""
+    """Prints a job's output in the parent, each line prefixed with the job's name, and
+    keeps its last :data:`OUTPUT_TAIL_LINES` lines (both streams, as they came)."""
 
     def __init__(self, name: str) -> None:
         self.prefix = f"[{name}] "
         self.partial: dict[bytes, bytes] = {PROCESS_STDOUT: b"", PROCESS_STDERR: b""}
+        self.last: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
 
     def write(self, kind: bytes, data: bytes | memoryview) -> None:
         data = self.partial[kind] + data
@@ -133,9 +153,18 @@ class _OutputPrinter:
                 self._emit(kind, [rest])
                 self.partial[kind] = b""
 
+    def tail(self, lines: int = OUTPUT_TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines printed (at most :data:`OUTPUT_TAIL_LINES`), escape
+        sequences and control characters removed, each at most :data:`OUTPUT_LINE_CHARS`
+        characters."""
+        kept = list(self.last)  # (a copy: the monitor thread may append meanwhile)
+        return [printable(line, "") for line in kept[max(0, len(kept) - lines):]] if lines > 0 else []
+
     def _emit(self, kind: bytes, lines: list[bytes]) -> None:
         stream = sys.stdout if kind == PROCESS_STDOUT else sys.stderr
-        text = "".join(self.prefix + line.decode("utf-8", "replace") + "\n" for line in lines)
+        decoded = [line.decode("utf-8", "replace") for line in lines]
+        self.last.extend(line[:OUTPUT_LINE_CHARS] for line in decoded[-OUTPUT_TAIL_LINES:])
+        text = "".join(self.prefix + line + "\n" for line in decoded)
         try:
             stream.write(text)
             stream.flush()
@@ -179,7 +208,7 @@ def _exit_children() -> None:
         if (p.daemon or rt.terminating) and p.is_alive():
             p.terminate()
     for p in children:
-        if p._run is not None and not p._closed:
+        if p.joinable():
             p.join()
 
 
@@ -217,7 +246,7 @@ def _forward_sigint() -> None:
         return
 
     def on_sigint(signum: int, frame: Any) -> None:
-        children = [p._run for p in list(runtime().children) if p._run is not None]
+        children = [p._run for p in list(runtime().children) if p._run is not None]  # noqa: SLF001 - the SIGINT handler needs the run's non-blocking interrupt, which Process does not offer
         left = [run for run in children if not run.interrupt(wait=False)]
         if left:  # those that would block: not in the handler
             threading.Thread(target=lambda: [run.interrupt() for run in left], daemon=True,

@@ -45,6 +45,7 @@ from fiber_core.contract.env import (
 )
 from fiber_core.processes import spares
 from fiber_core.processes.host import (
+    OUTPUT_TAIL_LINES,
     BaseProcess,
     _close_fds,
     _exit_children,
@@ -78,7 +79,37 @@ from fiber_core.wire.messages import (
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend, Job, JobSpec
 
-_RESOURCES = ("cpu", "memory", "gpu", "gpu_type")
+_RESOURCES = ("cpu", "memory", "gpu", "gpu_type", "capacity")
+
+
+def _check_placement(gpu_type: Any, gpu: Any, capacity: Any) -> None:
+    """Raise the clear error of a malformed ``gpu_type`` (an empty list, a count below 1...)
+    or an unknown ``capacity``."""
+    from fiber_core.contract.placement import (  # only a process that names them loads it
+        capacity_kinds,
+        gpu_choices,
+    )
+
+    gpu_choices(gpu_type, gpu if isinstance(gpu, int) else None)
+    capacity_kinds(capacity)
+
+
+def _costs(choices: Sequence[Any], capacity: str | None) -> dict[Any, float]:
+    """What a job costs per hour on each place it may run, by the ``prices`` setting (none
+    when it is not set; a place it does not price is left out)."""
+    entries = config.get("prices")
+    if not entries:
+        return {}
+    from fiber_core.contract.placement import (  # only a program that prices its jobs loads it here
+        Alternative,
+        alternative_cost,
+        alternatives,
+        parse_prices,
+    )
+
+    prices = parse_prices(entries)
+    places = alternatives(choices, capacity) or (Alternative(),)
+    return {a: cost for a in places if (cost := alternative_cost(a, prices)) is not None}
 
 
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
@@ -129,8 +160,10 @@ class Process(BaseProcess):
 
     Same constructor and methods as :class:`multiprocessing.Process`. Fiber adds
     keyword-only options: ``backend`` (a backend name for this process only) and
-    the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type``, which default
-    to what :func:`fiber_core.meta` put on the target, then to configuration.
+    the resources ``cpu``, ``memory`` (MiB), ``gpu``, ``gpu_type`` (one type, or several in
+    order of preference) and ``capacity`` (``"spot"``, ``"on-demand"``,
+    ``"spot-then-on-demand"``), which default to what :func:`fiber_core.meta` put on the
+    target, then to configuration.
     """
 
     _start_method = "fiber"
@@ -144,7 +177,7 @@ class Process(BaseProcess):
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
         parent = current_process()
-        self._identity = parent._identity + (runtime().next_identity(),)
+        self._identity = parent._identity + (runtime().next_identity(),)  # noqa: SLF001 - the stdlib's process identity, kept as its own attribute for compatibility
         self._name = name or f"{type(self).__name__}-{':'.join(map(str, self._identity))}"
         self._daemon = parent.daemon if daemon is None else bool(daemon)
         self._target = target
@@ -152,9 +185,21 @@ class Process(BaseProcess):
         self._kwargs = dict(kwargs or {})
         self._backend_name = backend
         self._resources = {k: v for k, v in resources.items() if v is not None}
+        if "gpu_type" in self._resources or "capacity" in self._resources:  # a bad one fails here, not at start
+            _check_placement(self._resources.get("gpu_type"), self._resources.get("gpu"),
+                             self._resources.get("capacity"))
         self._parent_pid = os.getpid()
         self._run: _JobRun | None = None
         self._closed = False
+
+    @property
+    def resources(self) -> dict[str, Any]:
+        """What this process's job got (``current_process().resources`` in its target); only
+        the process itself knows it."""
+        if _current is not self:
+            raise ValueError(f"{self.name}: what a job got is known inside it: read "
+                             "current_process().resources in its target")
+        return super().resources
 
     # -- what runs in the job ---------------------------------------------------------
 
@@ -281,6 +326,31 @@ class Process(BaseProcess):
         """The backend's :class:`~fiber_core.contract.backend.Job` (Fiber extension)."""
         return None if self._run is None else self._run.job
 
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of the job's log (Fiber extension): what Fiber noted about the job, else
+        what its backend kept; "" for a process not started."""
+        return "" if self._run is None else self._run.log_tail(lines)
+
+    def job_logs(self) -> str:
+        """What Fiber noted about the job so far, whole (Fiber extension; "" if nothing)."""
+        return "" if self._run is None else self._run.logs
+
+    def connected(self) -> bool:
+        """Whether the job has reached its parent (Fiber extension): started, connected and
+        sent for its process object."""
+        return self._run is not None and self._run.connected.is_set()
+
+    def joinable(self) -> bool:
+        """Whether :meth:`join` may be called: started here and not closed."""
+        return self._run is not None and not self._closed
+
+    def output_tail(self, lines: int = OUTPUT_TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines the process printed, stdout and stderr as they came
+        (Fiber extension): at most :data:`OUTPUT_TAIL_LINES`, each at most
+        300 characters, escape sequences and control characters
+        removed. Empty before it starts, and with ``forward_output`` off."""
+        return [] if self._run is None else self._run.output.tail(lines)
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_run"] = None
@@ -351,6 +421,7 @@ class _JobRun:
         self._started = False  # the start frames are sent: other frames may follow
         self._interrupt = False  # SIGINT came before they were
         self._spares_after: tuple[JobSpec, bytes] | None = None  # after a single start()
+        self.output = _OutputPrinter(self.name)
 
     @property
     def process(self) -> Process:
@@ -363,14 +434,20 @@ class _JobRun:
         from fiber_core.contract.backend import (  # a job that starts no process never loads it
             JobSpec,  # a job that starts no process never loads it
         )
+        from fiber_core.contract.placement import (  # with JobSpec
+            Alternative,
+            gpu_choices,
+            resources_env,
+        )
 
         p = self.process
         rt = runtime()
-        target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}
+        target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         resources = {k: config.get(k) for k in _RESOURCES}
         resources.update({k: v for k, v in target_meta.items() if v is not None})
-        resources.update(p._resources)
+        resources.update(p._resources)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         python = config.get("python")
+        choices = gpu_choices(resources.get("gpu_type"), resources.get("gpu"))
         env = {
             ENV_HUB: hub,
             ENV_TOKEN: token,
@@ -381,6 +458,12 @@ class _JobRun:
         }
         if group is not None:  # the token also derives from these (an array job's children)
             env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
+        costs = _costs(choices, resources.get("capacity"))
+        # What a backend that honours the request gives; one that chooses or ignores it says so.
+        if len(choices) <= 1:
+            first = choices[0] if choices else None
+            env.update(resources_env(first, gpu=resources.get("gpu") or 0,
+                                     cost_per_hour=costs.get(Alternative(first, None))))
         return JobSpec(
             command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
             name=p.name,
@@ -389,7 +472,10 @@ class _JobRun:
             cpu=resources.get("cpu"),
             memory=resources.get("memory"),
             gpu=resources.get("gpu"),
-            gpu_type=resources.get("gpu_type"),
+            gpu_type=choices[0].type if choices else None,
+            gpu_choices=choices,
+            capacity=resources.get("capacity"),
+            costs=costs,
             labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
         )
 
@@ -443,7 +529,7 @@ class _JobRun:
         ``group``: the group's secret and this job's place in it, when started in a group."""
         rt = runtime()
         p = self.process
-        self.backend = backend = rt.get_backend(p._backend_name)
+        self.backend = backend = rt.get_backend(p._backend_name)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
         token = group_token(*group) if group is not None else os.urandom(16).hex()
         # Two frames: a prelude of plain data the job applies first (sys.path, the
         # main module), then the process object, which may need both to unpickle.
@@ -522,7 +608,7 @@ class _JobRun:
                 return
             assert self.sock is not None
             conn = Connection(self.sock)
-            printer = _OutputPrinter(self.name)
+            printer = self.output
             conn_done = threading.Event()
             if self.sock.family != socket.AF_UNIX:
                 threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,
@@ -715,18 +801,18 @@ def start_processes(processes: Sequence[Process]) -> None:
     it raises, none of ``processes`` is started.
     """
     for p in processes:
-        p._check_startable()
+        p._check_startable()  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
     if len({id(p) for p in processes}) != len(processes):
         raise ValueError("start_processes: a process is given twice")
     active_children()
     groups: dict[str | None, list[_JobRun]] = {}
     for p in processes:
-        groups.setdefault(p._backend_name, []).append(_JobRun(p))
+        groups.setdefault(p._backend_name, []).append(_JobRun(p))  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
     done: list[_Started] = []
     try:
         for runs in groups.values():
             # Ready spares of the backend (a Process started before) become workers of the group.
-            backend = runtime().get_backend(runs[0].process._backend_name)
+            backend = runtime().get_backend(runs[0].process._backend_name)  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
             rest = _take_spares(backend, runs, done)
             if rest:
                 done += _start_group(backend, rest)
@@ -735,4 +821,4 @@ def start_processes(processes: Sequence[Process]) -> None:
         raise
     for run, job, to_send in done:
         run.launched(job, to_send)
-        run.process._started(run)
+        run.process._started(run)  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module

@@ -293,7 +293,7 @@ def _keep_temp_files_in_the_parents_run_dir() -> None:
     they go where the stdlib puts them (``pymp-*``), removed by :func:`_exit` on a clean end."""
     inside = rundirs.usable(os.environ.get(ENV_PARENT_RUNDIR))
     if inside is not None and len(inside) <= _TEMPDIR_MAX:
-        multiprocessing.current_process()._config.setdefault("tempdir", inside)  # type: ignore[attr-defined]
+        multiprocessing.current_process()._config.setdefault("tempdir", inside)  # type: ignore[attr-defined]  # noqa: SLF001 - the stdlib's per-process config, where its tempdir is looked up
 
 
 _TEMPDIR_MAX = 80
@@ -381,7 +381,7 @@ def _forward_output(conn: Connection, lock: threading.Lock) -> list[tuple[int, i
 def _wind_up() -> None:
     """After the target: its children, its threads and exit finalizers, what it holds of others."""
     try:
-        process_mod._exit_children()
+        process_mod._exit_children()  # noqa: SLF001 - the job's bootstrap ends the children as the process module's exit does
     except Exception:
         pass
     _join_threads()
@@ -439,16 +439,16 @@ def main() -> int:
     if isinstance(loaded, int):
         return loaded
     data, proc = loaded
-    parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)
-    process_mod._current = proc
+    parent = process_mod._ParentProcess(data["parent"][0], data["parent"][1], conn)  # noqa: SLF001 - the job's bootstrap installs its process objects, as the stdlib's does
+    process_mod._current = proc  # noqa: SLF001 - the job's bootstrap installs its process objects, as the stdlib's does
     multiprocessing.current_process().name = proc.name  # what logging's %(processName)s shows
-    process_mod._parent = parent
+    process_mod._parent = parent  # noqa: SLF001 - the job's bootstrap installs its process objects, as the stdlib's does
     finishing = threading.Event()
     threading.Thread(target=_die_with_parent, args=(conn, finishing, parent), daemon=True,
                      name="fiber-parent-watch").start()
     lock = threading.Lock()
     forwards = _forward_output(conn, lock) if data["forward_output"] else []
-    code = proc._bootstrap()
+    code = proc._bootstrap()  # noqa: SLF001 - the stdlib's name for running a process object, which Process keeps
     _wind_up()
     finishing.set()
     _report_exit(code, conn, lock, forwards)

@@ -41,7 +41,13 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("cpu", float, None, "CPUs requested per job"),
     Option("memory", int, None, "memory requested per job, in MiB"),
     Option("gpu", int, None, "GPUs requested per job"),
-    Option("gpu_type", str, None, "GPU type requested per job"),
+    Option("gpu_type", str, None, "GPU type requested per job, or several in order of preference: a100,l40s (with counts: a100:1,l4:2)"),
+    Option("capacity", str, None, "capacity kind requested per job (default: the platform's own)",
+           choices=("spot", "on-demand", "spot-then-on-demand")),
+    Option("prices", list, [], "prices per hour for max_hourly_cost: TYPE[@spot|@on-demand]:PRICE per GPU, "
+           "cpu[@KIND]:PRICE per job without GPU type (a100:4.1, a100@spot:1.6, cpu:0.05)"),
+    Option("max_hourly_cost", float, None, "the most a Pool's workers may cost per hour together, by prices "
+           "(a Pool's own max_hourly_cost wins); none by default"),
     Option("peer_timeout", float, 30.0, "seconds after which a TCP peer that stopped answering (its host lost or cut off) counts as gone (0: the kernel's defaults, which take minutes to hours)"),
     Option("heartbeat_timeout", float, 15.0, "seconds a pool worker may stay silent (no heartbeat, no message) before it counts as lost (frozen, or a task holding the GIL): it is stopped and its tasks run elsewhere; it sends a heartbeat every fifth of this (0: no heartbeats)"),
     Option("handshake_timeout", float, 10.0, "seconds a connection to a listener of the run (the hub, a manager server) has to authenticate before it is closed"),
@@ -49,6 +55,9 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("spare_jobs", int, None, "jobs started ahead and kept ready per kind of job, so that a Process.start() lands on one already running (default: the backend's choice, 1 on docker and ssh, 0 elsewhere; 0: none)"),
     Option("spare_timeout", float, 60.0, "seconds a spare job waits to be used before it is let go"),
     Option("status", bool, False, "show the program's state (pools, workers, tasks) to fiber top in another terminal of the same user; nothing is shown unless this or status_port is set"),
+    Option("journal", str, None, "directory of the journal of a durable run: every finished Pool and executor call is recorded there, and a rerun of the program replays what it finds (docs/durable.md); unset: no journal"),
+    Option("journal_wait", float, 0.0, "seconds a master waits for the journal's lease while another master of the program holds it, before it refuses to start (0: refuse at once)"),
+    Option("seed", int, None, "the run's seed, from which each task's seed is derived (fiber_core.current_task); unset: random, kept in the journal when there is one"),
     Option("status_port", int, None, "also serve the status page on 127.0.0.1 at this port (0: any free port); its address, with the token that opens it, is printed to stderr"),
 )
 

@@ -85,6 +85,18 @@ class BackendRegistrar:
         self._dist[name] = vars(backend).get("package") or self.current_dist or (
             _dist_name(self.current_plugin) if self.current_plugin is not None else None)
 
+    def lookup(self, key: str) -> type[Backend] | None:
+        """The backend registered under ``key`` (its name or an alias), if any."""
+        return self._by_name.get(key)
+
+    def by_name(self) -> list[tuple[str, type[Backend]]]:
+        """Each registered backend once, under its own name (no alias), sorted by name."""
+        return sorted((n, c) for n, c in self._by_name.items() if self._canonical[n] == n)
+
+    def distribution(self, name: str) -> str | None:
+        """The distribution that registered the backend ``name``, if known."""
+        return self._dist.get(name)
+
 
 class Registry:
     """Loads plugins once and answers which backends exist."""
@@ -155,10 +167,9 @@ class Registry:
                 registrar.current_plugin = impl.plugin
                 impl.function(register=registrar)
             registrar.current_plugin = None
-            for name, cls in registrar._by_name.items():
-                if registrar._canonical[name] == name:
-                    for listener in self._listeners:
-                        listener(cls)
+            for _, cls in registrar.by_name():
+                for listener in self._listeners:
+                    listener(cls)
             self._registrar = registrar
             return registrar
 
@@ -203,10 +214,8 @@ class Registry:
     def backends(self) -> list[BackendInfo]:
         reg = self._load()
         out = []
-        for name, cls in sorted(reg._by_name.items()):
-            if reg._canonical[name] != name:
-                continue
-            package = reg._dist.get(name) or "fiber-core"
+        for name, cls in reg.by_name():
+            package = reg.distribution(name) or "fiber-core"
             try:
                 version = importlib.metadata.version(package)
             except importlib.metadata.PackageNotFoundError:
@@ -220,9 +229,9 @@ class Registry:
         if builtin is not None and self._registrar is None:
             return builtin[1]  # a built-in backend needs no plugin: do not import every installed one
         reg = self._load()
-        cls = reg._by_name.get(key)
+        cls = reg.lookup(key)
         if cls is None:
-            installed = ", ".join(sorted(n for n in reg._by_name if reg._canonical[n] == n))
+            installed = ", ".join(n for n, _ in reg.by_name())
             package = KNOWN_PACKAGES.get(key)
             advice = f"{package} provides it: {self.advice(package)}" if package else (
                 "a third-party backend is installed with its own package (see its docs)"
@@ -234,7 +243,7 @@ class Registry:
         """The backends the project publishes that are not registered here, with how to get each."""
         reg = self._load()
         return [AbsentBackend(name, package, self.advice(package))
-                for name, package in sorted(KNOWN_BACKENDS.items()) if name not in reg._by_name]
+                for name, package in sorted(KNOWN_BACKENDS.items()) if reg.lookup(name) is None]
 
     def advice(self, package: str) -> str:
         """How to get the backends of ``package``, one of the project's distributions, here."""

@@ -283,7 +283,7 @@ class Runtime:
         """End the process as SIGTERM's default action would have, once the other exit
         handlers ran (an SDK's temporary files go) and the output is flushed."""
         try:
-            atexit._run_exitfuncs()  # this one's is done: it returns at once
+            atexit._run_exitfuncs()  # this one's is done: it returns at once  # noqa: SLF001 - atexit offers no public way to run the handlers now
         except Exception:
             pass
         for stream in (sys.stdout, sys.stderr):

@@ -116,9 +116,9 @@ def snapshot(run: dict[str, Any], children: Iterable[Any]) -> dict[str, Any]:
     workers = {w["id"] for pool in pools for w in pool["workers"] if w["id"] is not None}
     processes = []
     for p in list(children):
-        row = _process_row(p)
-        if row["id"] is None or row["id"] not in workers:
-            processes.append(row)
+        job = getattr(getattr(p, "_run", None), "job", None)
+        if job is None or job.id not in workers:  # (a pool's worker is shown with its pool)
+            processes.append(_process_row(p))
     return {"run": {**run, "now": time.time()}, "pools": pools, "processes": processes}
 
 

@@ -1,7 +1,11 @@
 """The status page: one HTML page and its JSON on 127.0.0.1, each request carrying the page's token.
 
 A stdlib HTTP server in a daemon thread. ``/`` is the page, whose script asks
-``/status.json`` for the run's state every second and draws pools, workers and progress.
+``/status.json`` for the run's state every second and draws pools, workers, progress,
+throughput over time, each worker's timeline, resource use and last lines, and the
+losses. The page is three files of this package (``status_page.html``, ``.css``, ``.js``:
+no library, no CDN; the charts are SVG drawn by the script), put together once; its
+Content-Security-Policy admits that script and style by their hashes and nothing else.
 Every request, the page's included, needs the token (``?token=`` in the address the
 program printed, or the ``X-Fiber-Token`` header the script sends), compared in constant
 time; without it, or with a ``Host`` other than this address (a page of another site
@@ -17,11 +21,15 @@ that sends its request (the owner's browser) is not pushed out by them.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import json
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -31,14 +39,33 @@ from fiber_core.runtime.hub import Handshakes, source_of
 FORBIDDEN = (b"403 Forbidden: this page needs the address with its token that the program "
              b"printed when it started serving it.\n")
 
+def _page() -> tuple[bytes, str]:
+    """The page (its HTML with its style and script put in), and the policy that lets the
+    browser run that script and apply that style and nothing else: each by its hash."""
+    here = resources.files(__package__ or "fiber_core.runtime")
+    style = here.joinpath("status_page.css").read_text("utf-8")
+    script = here.joinpath("status_page.js").read_text("utf-8")
+    html = here.joinpath("status_page.html").read_text("utf-8")
+    page = html.replace("/*STYLE*/", style, 1).replace("/*SCRIPT*/", script, 1)
+
+    def digest(text: str) -> str:
+        return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+    return page.encode(), (f"default-src 'none'; script-src {digest(script)}; style-src {digest(style)}; "
+                           "connect-src 'self'; img-src 'none'; base-uri 'none'; form-action 'none'; "
+                           "frame-ancestors 'none'")
+
+
+PAGE, _POLICY = _page()
+"""The page as served, and its Content-Security-Policy: no inline code but its own script
+and style (no ``'unsafe-inline'``), no other source, requests only to this address."""
+
 _HEADERS = {
     "Cache-Control": "no-store",
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Content-Security-Policy": ("default-src 'none'; script-src 'unsafe-inline'; "
-                                "style-src 'unsafe-inline'; connect-src 'self'; "
-                                "frame-ancestors 'none'"),
+    "Content-Security-Policy": _POLICY,
 }
 
 
@@ -85,6 +112,11 @@ class _Server(ThreadingHTTPServer):
         self.waiting.done(token)
         super().shutdown_request(request)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a viewer that went away (a closed tab) mid-answer: nothing to tell anyone
+        super().handle_error(request, client_address)
+
     def server_close(self) -> None:
         super().server_close()
         self.waiting.close()
@@ -128,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._allowed(url):
             self._send(403, "text/plain; charset=utf-8", FORBIDDEN)
         elif url.path == "/":
-            self._send(200, "text/html; charset=utf-8", PAGE.encode())
+            self._send(200, "text/html; charset=utf-8", PAGE)
         elif url.path == "/status.json":
             try:
                 body = json.dumps(self.server.state()).encode()
@@ -160,133 +192,3 @@ class StatusPage:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-
-
-PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Fiber run</title>
-<style>
-  body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1d2430; background: #f6f7f9; }
-  h1 { font-size: 1.3em; margin: 0 0 .2em; }
-  .muted { color: #667085; }
-  #conn.down { color: #b42318; font-weight: 600; }
-  .pool { background: #fff; border: 1px solid #d0d5dd; border-radius: 6px; padding: .8em 1em; margin: 1em 0; }
-  .pool h2 { font-size: 1.1em; margin: 0 0 .4em; }
-  .bar { position: relative; height: 1.4em; background: #eaecf0; border-radius: 4px; overflow: hidden; margin: .4em 0; }
-  .bar .fill { height: 100%; background: #3b82f6; }
-  .bar .label { position: absolute; inset: 0; text-align: center; line-height: 1.4em; font-size: .9em; }
-  .stats span { margin-right: 1.2em; }
-  .losses { color: #b42318; }
-  table { border-collapse: collapse; width: 100%; margin-top: .5em; }
-  th, td { text-align: left; padding: .2em .6em; border-bottom: 1px solid #eaecf0; white-space: nowrap; }
-  th { font-weight: 600; color: #475467; }
-  td.num, th.num { text-align: right; }
-  .state-busy { color: #067647; font-weight: 600; }
-  .state-idle { color: #475467; }
-  .state-lost, .state-draining { color: #b42318; }
-  .state-starting, .state-initializing, .state-retiring { color: #b54708; }
-</style>
-</head>
-<body>
-<h1 id="title">Fiber run</h1>
-<div id="run" class="muted"></div>
-<div id="conn" class="muted">connecting...</div>
-<div id="pools"></div>
-<div id="processes"></div>
-<script>
-"use strict";
-const token = new URLSearchParams(location.search).get("token") || "";
-
-function el(tag, attrs, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  return node;
-}
-
-function duration(s) {
-  if (s < 60) return s.toFixed(1) + " s";
-  if (s < 3600) return Math.floor(s / 60) + " min " + Math.floor(s % 60) + " s";
-  return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
-}
-
-function table(headers, rows, numeric) {
-  const head = el("tr", {}, ...headers.map((h, i) => el("th", numeric.includes(i) ? {class: "num"} : {}, h)));
-  const body = rows.map(r => el("tr", r.attrs, ...r.cells.map((c, i) =>
-    el("td", numeric.includes(i) ? {class: "num"} : (r.classes && r.classes[i] ? {class: r.classes[i]} : {}), c))));
-  return el("table", {}, el("thead", {}, head), el("tbody", {}, ...body));
-}
-
-function renderPool(p) {
-  const t = p.tasks;
-  const total = t.queued + t.running + t.done;
-  const pct = total ? Math.floor(100 * t.done / total) : 0;
-  const size = p.elastic ? p.size + " workers at most, " + p.min_size + " at least" : p.size + " workers";
-  const card = el("section", {class: "pool", "data-pool": p.id});
-  card.append(el("h2", {}, "Pool " + p.id + " \\u2014 " + size + " \\u00b7 " + p.backend + " \\u00b7 " + p.state));
-  const bar = el("div", {class: "bar progress", "data-done": t.done, "data-total": total},
-    el("div", {class: "fill", style: "width:" + pct + "%"}),
-    el("div", {class: "label"}, total ? t.done + " of " + total + " tasks done (" + pct + "%)" : "no tasks yet"));
-  card.append(bar);
-  card.append(el("div", {class: "stats"},
-    el("span", {}, "queued " + t.queued), el("span", {}, "running " + t.running),
-    el("span", {}, "done " + t.done), el("span", {}, "failed " + t.failed),
-    el("span", {}, p.throughput.toFixed(1) + " tasks/s (last " + p.throughput_seconds + " s)")));
-  const losses = Object.entries(p.losses);
-  if (losses.length) {
-    card.append(el("div", {class: "losses"}, "workers lost: " +
-      losses.map(([k, v]) => k + " " + v).join(", ") + (p.last_loss ? " \\u2014 last: " + p.last_loss : "")));
-  }
-  if (p.error) card.append(el("div", {class: "losses"}, "failed: " + p.error));
-  for (const c of p.calls) {
-    card.append(el("div", {class: "call muted"}, c.call + ": " + c.units_done + " of " +
-      (c.units === null ? "?" : c.units) + " units"));
-  }
-  const rows = p.workers.map(w => ({
-    attrs: {class: "worker", "data-name": w.name, "data-state": w.state},
-    classes: [null, null, null, null, "state-" + w.state],
-    cells: [w.name, w.backend, w.host || "", w.id || "", w.state, duration(w.for_seconds), w.done, w.in_flight],
-  }));
-  card.append(table(["worker", "backend", "host", "id", "state", "for", "done", "in flight"], rows, [6, 7]));
-  return card;
-}
-
-function render(s) {
-  const r = s.run;
-  document.title = "Fiber run " + r.id;
-  document.getElementById("title").textContent = "Fiber run " + r.id;
-  document.getElementById("run").textContent = r.program + " \\u00b7 pid " + r.pid + " on " + r.host +
-    " \\u00b7 backend " + (r.backend || "-") + " \\u00b7 up " + duration(r.now - r.started);
-  document.getElementById("pools").replaceChildren(...(s.pools.length ? s.pools.map(renderPool)
-    : [el("p", {class: "muted"}, "no pool")]));
-  const procs = document.getElementById("processes");
-  if (s.processes.length) {
-    procs.replaceChildren(el("h2", {}, "Processes"), table(["process", "backend", "host", "id", "state"],
-      s.processes.map(p => ({attrs: {class: "process"}, cells: [p.name, p.backend || "", p.host || "", p.id || "", p.state]})), []));
-  } else {
-    procs.replaceChildren();
-  }
-}
-
-async function tick() {
-  const conn = document.getElementById("conn");
-  try {
-    const response = await fetch("status.json", {headers: {"X-Fiber-Token": token}, cache: "no-store"});
-    if (!response.ok) throw new Error("HTTP " + response.status);
-    render(await response.json());
-    conn.className = "muted";
-    conn.textContent = "updated " + new Date().toLocaleTimeString();
-  } catch (e) {
-    conn.className = "down";
-    conn.textContent = "cannot reach the program (" + e.message + "): it may have ended";
-  }
-  setTimeout(tick, 1000);
-}
-tick();
-</script>
-</body>
-</html>
-"""

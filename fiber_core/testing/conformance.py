@@ -367,7 +367,7 @@ class BackendConformance:
             first = it.next(self.start_timeout)
             # The worker that sent it is busy with the next tasks: lose it, as the OOM
             # killer or a lost node would (not through Fiber's own stop).
-            victim = next(p for p in pool._pool if p.name == first[1])
+            victim = next(p for p in pool._pool if p.name == first[1])  # noqa: SLF001 - the stdlib Pool's list of workers, which its own tests read too
             assert victim.job is not None
             runtime().get_backend(self.backend_name).kill_job(victim.job)
             results = [first] + [it.next(self.start_timeout) for _ in items[1:]]

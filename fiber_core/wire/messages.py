@@ -44,7 +44,7 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `!` | PROCESS_INTERRUPT | parent → job | — | the parent got SIGINT (Ctrl-C): the job gets it too, as from the terminal |
 | `H` | POOL_HELLO | worker → pool | worker:Q | a new worker's first frame: which worker it is |
 | `W` | POOL_READY | worker → pool | — | its initializer ran: it wants work |
-| `T` | POOL_TASKS | pool → worker | pickle of (batch, call, func or None, kind, units, watch) | a batch to run; func is sent once per call and worker; with watch, POOL_RUNNING before each item |
+| `T` | POOL_TASKS | pool → worker | pickle of (batch, call, func or None, kind, units, watch, task) | a batch to run; func is sent once per call and worker; with watch, POOL_RUNNING before each item; task: (the call's ordinal, the run's seed, each unit's first item, each unit's attempt), what a task's identity and seed come from |
 | `D` | POOL_RESULTS | worker → pool | pickle of (batch, seconds, [(ok, value or (exc, tb))]) | a batch's results, in its order, and its run time |
 | `Q` | POOL_QUIT | pool → worker | — | exit once the batches already sent are done |
 | `G` | POOL_RUNNING | worker → pool | batch:Q item:I | the item of a watched batch that starts now |
@@ -182,9 +182,10 @@ POOL_HELLO = _kind(b"H", "POOL_HELLO", "worker", "pool", "worker:Q", "",
 POOL_READY = _kind(b"W", "POOL_READY", "worker", "pool", "", "",
                    "its initializer ran: it wants work")
 POOL_TASKS = _kind(b"T", "POOL_TASKS", "pool", "worker", "",
-                   "pickle of (batch, call, func or None, kind, units, watch)",
+                   "pickle of (batch, call, func or None, kind, units, watch, task)",
                    "a batch to run; func is sent once per call and worker; with watch, "
-                   "POOL_RUNNING before each item")
+                   "POOL_RUNNING before each item; task: (the call's ordinal, the run's seed, each "
+                   "unit's first item, each unit's attempt), what a task's identity and seed come from")
 POOL_RESULTS = _kind(b"D", "POOL_RESULTS", "worker", "pool", "",
                      "pickle of (batch, seconds, [(ok, value or (exc, tb))])",
                      "a batch's results, in its order, and its run time")
@@ -447,14 +448,21 @@ def decode_pool_hello(frame: bytes | bytearray) -> int:
     return _POOL_HELLO.unpack(frame)[1]
 
 
+TaskField = tuple[int, int, list[int], list[int]]
+"""POOL_TASKS's task: the call's ordinal, the run's seed, and per unit its first item's
+position in the call's input, and per unit its attempt."""
+
+
 def encode_pool_tasks(batch: int, call: int, func: bytes | None, kind: int,
-                      units: list[bytes], watch: bool = False) -> bytes:
+                      units: list[bytes], watch: bool = False,
+                      task: TaskField = (-1, 0, [], [])) -> bytes:
     """The body of a POOL_TASKS frame: ``func`` and each unit are already pickled."""
-    return pickle.dumps((batch, call, func, kind, units, watch), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps((batch, call, func, kind, units, watch, task), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_pool_tasks(frame: bytes | bytearray) -> tuple[int, int, bytes | None, int, list[bytes], bool]:
-    """(batch, call, func or None, kind, units, watch) of a POOL_TASKS frame."""
+def decode_pool_tasks(frame: bytes | bytearray) -> tuple[int, int, bytes | None, int, list[bytes], bool,
+                                                         TaskField]:
+    """(batch, call, func or None, kind, units, watch, task) of a POOL_TASKS frame."""
     return loads(body(frame))
 
 

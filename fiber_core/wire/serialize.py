@@ -76,7 +76,7 @@ class _Pickler(pickle.Pickler):
             if "." in name or "<" in name:
                 raise _ByValue
             blob = _load_cloudpickle().dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-            return _main_object, (name, _fingerprint(obj), blob)
+            return _main_object, (name, fingerprint(obj), blob)
         return NotImplemented
 
 
@@ -91,7 +91,7 @@ def _code_key(code: CodeType, parts: list[bytes]) -> None:
             parts.append(repr(const).encode())
 
 
-def _fingerprint(obj: Any) -> bytes:
+def fingerprint(obj: Any) -> bytes:
     """What tells a main-module function or class from another of the same name.
 
     The bytecode, constants, names and first line of a function (so one redefined
@@ -112,17 +112,17 @@ def _fingerprint(obj: Any) -> bytes:
     return hashlib.blake2b(b"\0".join(parts), digest_size=16).digest()
 
 
-def _main_object(name: str, fingerprint: bytes, blob: bytes) -> Any:
+def _main_object(name: str, expected: bytes, blob: bytes) -> Any:
     """Unpickle a main-module function or class: this job's own copy if it has the same one."""
     main = sys.modules.get("__main__")
     obj = getattr(main, name, None)
-    if isinstance(obj, (type, FunctionType)) and _fingerprint(obj) == fingerprint:
+    if isinstance(obj, (type, FunctionType)) and fingerprint(obj) == expected:
         return obj
     return pickle.loads(blob)
 
 
 _picklers = threading.local()  # a pickler per thread, reused: making one costs twice a dump
-_REGISTERED: dict[Any, Any] = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # what multiprocessing.reduction.register adds
+_REGISTERED: dict[Any, Any] = ForkingPickler._extra_reducers  # type: ignore[attr-defined]  # what multiprocessing.reduction.register adds  # noqa: SLF001 - multiprocessing.reduction keeps its registered reducers private
 _table: tuple[int, dict[Any, Any]] = (-1, {})
 
 

@@ -6,6 +6,7 @@ applies them to the workers of the table and sends the batches.
 
 from __future__ import annotations
 
+import operator
 import time
 
 from fiber_core.base.log import log
@@ -13,7 +14,7 @@ from fiber_core.parallel.pool import planner
 from fiber_core.parallel.pool.results import MapResult, job_counter
 from fiber_core.parallel.pool.table import Unit, Worker, WorkerTable
 from fiber_core.parallel.pool.worker import FUNC_CACHE
-from fiber_core.wire.messages import POOL_TASKS, encode_pool_tasks
+from fiber_core.wire.messages import POOL_TASKS, TaskField, encode_pool_tasks
 
 BACKUP_FACTOR = 3.0
 """``backup=True``: a batch is late once it has run this many times its call's measured time."""
@@ -23,6 +24,18 @@ BACKUP_CHECK_SECONDS = 0.02
 
 BACKUP_MIN_SECONDS = 0.01
 """No batch younger than this is late, however short its measured time."""
+
+
+_START, _ATTEMPT = operator.attrgetter("start"), operator.attrgetter("attempt")
+
+
+def task_field(units: list[Unit]) -> TaskField:
+    """What a batch's tasks learn of their identity (``fiber_core.current_task``): the call's
+    ordinal, the run's seed, each unit's first item and attempt."""
+    key = units[0].call.durable
+    if key is None:
+        return -1, 0, [], []
+    return key.ordinal, key.seed, list(map(_START, units)), list(map(_ATTEMPT, units))
 
 
 class Dispatcher(WorkerTable):
@@ -82,7 +95,7 @@ class Dispatcher(WorkerTable):
         for w in self._workers.values():
             for batch_id, units in w.pending.items():
                 est = self._unit_seconds.get(units[0].call_id)
-                if est is None or units[0].watch or any(u.copies > 1 or u.done for u in units):
+                if est is None or units[0].watch or any(u.copies > 1 or u.delivered for u in units):
                     continue
                 age = now - w.sent.get(batch_id, now)
                 if age > max(BACKUP_MIN_SECONDS, self._backup * est * len(units)):
@@ -147,7 +160,7 @@ class Dispatcher(WorkerTable):
             if len(w.funcs) > FUNC_CACHE:
                 w.funcs.popitem(last=False)
         payload = encode_pool_tasks(batch_id, first.call_id, first.func_bytes if send_func else None,
-                                    first.kind, [u.data for u in units], first.watch)
+                                    first.kind, [u.data for u in units], first.watch, task_field(units))
         now = time.monotonic()
         if not w.pending:
             w.since = now

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from fiber_core.base.errors import FiberError, JobStartError, TaskLostError
 from fiber_core.base.log import log
 from fiber_core.contract.jobs import EndReason
 from fiber_core.parallel.pool import planner
 from fiber_core.parallel.pool.dispatch import Dispatcher
+from fiber_core.parallel.pool.history import LOSS_LINES
 from fiber_core.parallel.pool.ledger import (
     Fault,
     Start,
@@ -98,14 +100,9 @@ class Events(Dispatcher):
         w.running = None
         done = self._deliver(units, results)
         if done:  # the live view's counters: a few operations per batch
-            w.done += done
+            w.items_done += done
             self._tasks_done += done
-            second = int(now)
-            per_second = self._done_per_second
-            if per_second and per_second[-1][0] == second:
-                per_second[-1][1] += done
-            else:
-                per_second.append([second, done])
+            self._throughput.add(now, done)
         self._retire_if_done(w)
 
     def _on_unreadable(self, w: Worker, e: Exception) -> None:
@@ -115,7 +112,7 @@ class Events(Dispatcher):
         for unit in w.pending.pop(next(iter(w.pending))):
             if self._backup is not None:
                 unit.copies -= 1
-                unit.done = True
+                unit.delivered = True
             unit.call.set_unit(unit.index, False, err)
             self._tasks_done += unit.count
             self._tasks_failed += unit.count
@@ -136,10 +133,13 @@ class Events(Dispatcher):
         return the items delivered."""
         backup = self._backup is not None
         done = 0
+        key = units[0].call.durable
+        journalled = key is not None and key.journal is not None
+        delivered: list[tuple[Unit, bool, Any]] = []  # with a journal: delivered once recorded
         for unit, (ok, value) in zip(units, results):
             if backup:
                 unit.copies -= 1
-                if unit.done:
+                if unit.delivered:
                     continue  # a backup copy's result came first
             if not ok:
                 if unit.retries > 0:  # the caller opted in: run it again
@@ -150,9 +150,16 @@ class Events(Dispatcher):
                 ok = False
                 self._tasks_failed += unit.count
             if backup:
-                unit.done = True
-            unit.call.set_unit(unit.index, ok, value)
+                unit.delivered = True
+            if journalled:
+                delivered.append((unit, ok, value))
+            else:
+                unit.call.set_unit(unit.index, ok, value)
             done += unit.count
+        if delivered:  # recorded before the caller has them (it may change them)
+            key.finished([(unit.index, value) for unit, ok, value in delivered if ok])
+            for unit, ok, value in delivered:
+                unit.call.set_unit(unit.index, ok, value)
         return done
 
     def _on_drain(self, w: Worker, keep: int) -> None:
@@ -252,7 +259,7 @@ class Events(Dispatcher):
         w.process.join()
         code, reason, detail = end_of(w)
         culprit, w.culprit = w.culprit, None
-        if culprit is not None and culprit[0].done:
+        if culprit is not None and culprit[0].delivered:
             culprit = None  # a backup copy delivered it
         with self._lock:
             self._workers.pop(w.id, None)
@@ -262,16 +269,29 @@ class Events(Dispatcher):
             fault = fault_of(code, reason, w.draining)
             if culprit is not None:
                 self._charge(culprit[0], culprit[1], fault, what)
-            if w.retiring and not w.draining and culprit is None:
+            retired = w.retiring and not w.draining and culprit is None
+            # (a worker that did its maxtasksperchild and left is replaced, not lost)
+            lost = not retired and not (code == 0 and self._maxtasks is not None
+                                        and w.assigned >= self._maxtasks)
+            self._note_end(w, "retired" if retired else reason.value if reason is not None else "unknown",
+                           what, lost)
+            if retired:
                 return
-            if not (code == 0 and self._maxtasks is not None and w.assigned >= self._maxtasks):
-                # (a worker that did its maxtasksperchild and left is replaced, not lost)
+            if lost:
                 self._losses_by[reason.value if reason is not None else "unknown"] += 1
                 self._last_loss = what
             if self._state == "CLOSE" and not self._queue and not self._calls:
                 return  # closing, and nothing is left to do
             if not self._after_loss(w, code, reason, fault, culprit is not None, what):
                 self._top_up()
+
+    def _note_end(self, w: Worker, reason: str, what: str, lost: bool) -> None:
+        """The live view's timeline: ``w`` ended, for ``reason`` (lock held)."""
+        job = w.process.job
+        self._timeline.ended(
+            time.monotonic(), w.id, w.process.name, job.id if job is not None else None,
+            job.host if job is not None else None, reason=reason, description=what, lost=lost,
+            lines=w.process.output_tail(LOSS_LINES) if lost else [])
 
     def _charge(self, unit: Unit, item: int, fault: Fault, what: str) -> None:
         """The worker died while ``item`` of ``unit`` ran: charge it, then run it again or fail it."""
@@ -322,12 +342,11 @@ class Events(Dispatcher):
             return self._count_loss(what + ", while starting")
         if verdict is Start.AGAIN:
             return False
-        run = w.process._run
-        tail = run.log_tail() if run else ""
+        tail = w.process.log_tail()
         self._fail_pool(JobStartError(
             f"pool workers die before they are ready ({self._streak.length} in a row); the last, {what}"
             + (f"; the end of its log:\n{tail}" if tail else ""),
-            exitcode=code, logs=run.logs if run else ""))
+            exitcode=code, logs=w.process.job_logs()))
         return True
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import itertools
 import queue as _queue
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
-from fiber_core.parallel.pool import planner
+from fiber_core.parallel.durable import journal as durable
+from fiber_core.parallel.pool import notebook, planner
+from fiber_core.parallel.pool import roles as role_table
+from fiber_core.parallel.pool.budget import CostCap
 from fiber_core.parallel.pool.dispatch import BACKUP_FACTOR
 from fiber_core.parallel.pool.ledger import MAX_TASK_ATTEMPTS
 from fiber_core.parallel.pool.master import Master
@@ -105,6 +108,22 @@ class Pool(Master):
     that the platform never starts (``NEVER_STARTED``) while others run is a request
     declined, not a failure: the pool asks again later. ``Pool(64, min_processes=4)``
     reads "up to 64 workers, at least 4"; ``min_processes=0`` keeps none while idle.
+
+    **Roles** (mixed pools). ``roles`` names further sets of workers with sizes and
+    resources of their own: ``Pool(64, roles={"learner": {"processes": 1, "gpu": 1}})``.
+    A call goes to a role when it says so (``role="learner"`` on every call method) or
+    when its function asks through :func:`fiber_core.meta` for resources only a role
+    has; other calls run on the default workers. A role takes the Pool's own keywords
+    (size, ``min_processes``, budgets, ``backend``, resources; the initializer and
+    backend are the pool's unless it names its own), and its workers are named
+    ``PoolWorker-<role>-N``. ``close``, ``terminate`` and ``join`` act on every role;
+    ``resize(n, role=...)`` resizes one.
+
+    **A cost cap.** With ``max_hourly_cost`` (or the setting of that name), the pool runs
+    no more workers than fit under it by the ``prices`` setting, each counted at the
+    dearest of its GPU alternatives and capacity kinds, and says once, with the numbers,
+    when that is fewer than asked; :meth:`set_max_hourly_cost` raises or lowers it, and
+    the pool grows or shrinks to match (``docs/placement.md``).
     """
 
     def __init__(self, processes: int | None = None, initializer: Callable | None = None,
@@ -113,8 +132,14 @@ class Pool(Master):
                  task_losses: int = MAX_TASK_ATTEMPTS,
                  loss_limit: tuple[int, float] | None = None, backup: bool | float = False,
                  min_processes: int | None = None, idle_timeout: float = IDLE_TIMEOUT,
+                 roles: Mapping[str, Any] | None = None, _role: str | None = None,
+                 max_hourly_cost: float | None = None,
                  **resources: Any) -> None:
         processes, min_processes = _sizes(processes, min_processes, idle_timeout)
+        role_specs = role_table.parse_roles(roles)
+        self._budget = CostCap(processes, max_hourly_cost, initializer, resources)
+        processes = self._budget.fit(processes)
+        min_processes = min(min_processes, processes)
         if maxtasksperchild is not None and (
                 not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
             raise ValueError("maxtasksperchild must be a positive int or None")
@@ -125,6 +150,9 @@ class Pool(Master):
                          backend=backend, retries=check_retries(retries),
                          task_losses=_task_losses(task_losses), loss_limit=_loss_limit(loss_limit),
                          backup=_backup(backup), resources=resources)
+        self._roles: dict[str, Pool] = {}
+        if _role is not None:
+            self._worker_name = f"PoolWorker-{_role}"
         self._status_asks = []
         hub = runtime().hub
         hub.register(f"pool:{self._id}", self._on_connect)
@@ -141,6 +169,27 @@ class Pool(Master):
         self._thread = threading.Thread(target=self._master, daemon=True, name="fiber-pool-master")
         self._thread.start()
         status.report(self)
+        if role_specs:
+            self._start_roles(role_specs, {"initializer": initializer, "initargs": initargs,
+                                           "backend": backend})
+
+    def _start_roles(self, specs: dict[str, dict[str, Any]], inherited: dict[str, Any]) -> None:
+        """A Pool per role (see the class's docstring); on a failure none stays, this one neither."""
+        try:
+            for name, spec in specs.items():
+                self._roles[name] = Pool(**{**inherited, **spec}, _role=name)
+        except BaseException:
+            self.terminate()
+            raise
+
+    def _pool_for(self, func: Callable, role: str | None) -> Pool:
+        """The pool (this one or a role's) that runs a call of ``func``."""
+        if not self._roles and role is None:
+            return self
+        offered = {role_table.DEFAULT: self.worker_resources,
+                   **{name: pool.worker_resources for name, pool in self._roles.items()}}
+        name = role_table.route(role, getattr(func, "__fiber_meta__", None), offered)
+        return self if name == role_table.DEFAULT else self._roles[name]
 
     def _check_running(self) -> None:
         if self._error is not None:
@@ -149,8 +198,11 @@ class Pool(Master):
             raise ValueError("Pool not running")
 
     def _submit(self, call: Any, func: Callable, kind: int, chunks: Iterable[Sequence[Any]],
-                func_bytes: bytes | None = None, retries: int | None = None) -> int:
-        """Pickle every unit now (so a bad argument fails here), then queue them."""
+                func_bytes: bytes | None = None, retries: int | None = None,
+                whole: Callable[[], bytes] | None = None) -> int:
+        """Pickle every unit now (so a bad argument fails here), then queue them (those the
+        journal does not hold: ``whole`` gives the call's whole input pickled, if not its unit)."""
+        notebook.follow_cell(self)  # (in a notebook only: its progress in the cell)
         chunks = list(chunks)
         retries = self._retries if retries is None else check_retries(retries)
         with sending_to(self._hub):
@@ -162,9 +214,12 @@ class Pool(Master):
                 units.append(Unit(call, i, data, call.call_id, func_bytes, kind, len(chunk),
                                    start, retries))
                 start += len(chunk)
+        replayed = self._begin_call(call, func, func_bytes, units, whole or (lambda: units[0].data))
         with self._lock:
             self._check_running()
             self._calls[call.call_id] = call
+            for index, values in replayed:  # (none is queued yet: the master cannot deliver one)
+                call.set_unit(index, True, values)
             self._queue.extend(units)
             # Hand out the first batches from this thread: one wake-up less on the way.
             try:
@@ -176,10 +231,33 @@ class Pool(Master):
             self._wake()
         return len(units)
 
+    @staticmethod
+    def _begin_call(call: Any, func: Callable, func_bytes: bytes, units: list[Unit],
+                    whole: Callable[[], bytes]) -> list[tuple[int, Any]]:
+        """Give the call its place in the program's calls (``call.durable``) and take out of
+        ``units`` those whose results the journal holds: returned as ``(index, values)``."""
+        key = call.durable = durable.program().begin(call.call_name, func, func_bytes, whole)
+        if key.journal is None or (key.checked and not key.replayed):
+            return []
+        replayed, kept = [], []
+        for unit in units:
+            recorded, values = key.take(unit.index, unit.data)
+            if recorded:
+                replayed.append((unit.index, values))
+            else:
+                kept.append(unit)
+        units[:] = kept
+        return replayed
+
     def apply_async(self, func: Callable, args: tuple = (), kwds: dict | None = None,
                     callback: Callable | None = None, error_callback: Callable | None = None,
-                    *, retries: int | None = None, deadline: float | None = None) -> ApplyResult:
+                    *, retries: int | None = None, deadline: float | None = None,
+                    role: str | None = None) -> ApplyResult:
         self._check_running()
+        target = self._pool_for(func, role)
+        if target is not self:
+            return target.apply_async(func, args, kwds, callback, error_callback, retries=retries,
+                                      deadline=deadline)
         check_deadline(deadline)
         # (an error adds the arguments, from the unit, if needed)
         result = ApplyResult(self, callback, error_callback, call_name("apply_async", func))
@@ -188,21 +266,30 @@ class Pool(Master):
         return result
 
     def apply(self, func: Callable, args: tuple = (), kwds: dict | None = None,
-              *, retries: int | None = None, deadline: float | None = None) -> Any:
-        return self.apply_async(func, args, kwds, retries=retries, deadline=deadline).get()
+              *, retries: int | None = None, deadline: float | None = None,
+              role: str | None = None) -> Any:
+        return self.apply_async(func, args, kwds, retries=retries, deadline=deadline, role=role).get()
 
     def _map_async(self, func: Callable, iterable: Iterable, kind: int, chunksize: int | None,
                    callback: Callable | None, error_callback: Callable | None,
-                   retries: int | None = None, deadline: float | None = None) -> MapResult:
+                   retries: int | None = None, deadline: float | None = None,
+                   role: str | None = None) -> MapResult:
         self._check_running()
+        target = self._pool_for(func, role)
+        if target is not self:
+            submit = target.starmap_async if kind == STARMAP else target.map_async
+            return submit(func, iterable, chunksize, callback, error_callback, retries=retries,
+                          deadline=deadline)
         check_deadline(deadline)
         # A sequence is sliced as it is (a range into ranges): no copy of its items here.
         items = iterable if isinstance(iterable, (list, tuple, range)) else list(iterable)
         with sending_to(self._hub):
             func_bytes = dumps(func)
         if chunksize is None:
-            # Units fine enough to balance, coarse enough to be cheap (the planner's rule).
-            nunits = planner.auto_units(self._processes, len(items), self._item_seconds.get(hash(func_bytes)))
+            # Units fine enough to balance, coarse enough to be cheap (the planner's rule); with
+            # a journal, cut the same way in every run (no measured time) for its units to match.
+            nunits = planner.auto_units(self._processes, len(items), None if durable.program().journalled
+                                        else self._item_seconds.get(hash(func_bytes)))
             bounds = planner.unit_bounds(len(items), nunits)
             chunks = [items[a:b] for a, b in zip(bounds, bounds[1:])]
         elif chunksize < 1:
@@ -213,34 +300,46 @@ class Pool(Master):
                            call_name("starmap" if kind == STARMAP else "map", func),
                            [len(c) for c in chunks] if deadline is not None else None)
         if chunks:
-            self._submit(result, func, kind, chunks, func_bytes, retries)
+            # (the identity covers the input and its cut into units: units are matched by index)
+            self._submit(result, func, kind, chunks, func_bytes, retries,
+                         lambda: durable.args_bytes((kind, chunksize, len(chunks), items)))
             self._set_deadline(result, deadline)
         return result
 
     def map_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
                   callback: Callable | None = None, error_callback: Callable | None = None,
-                  *, retries: int | None = None, deadline: float | None = None) -> MapResult:
+                  *, retries: int | None = None, deadline: float | None = None,
+                  role: str | None = None) -> MapResult:
         return self._map_async(func, iterable, MAP, chunksize, callback, error_callback, retries,
-                               deadline)
+                               deadline, role)
 
     def map(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-            *, retries: int | None = None, deadline: float | None = None) -> list:
-        return self._map_async(func, iterable, MAP, chunksize, None, None, retries, deadline).get()
+            *, retries: int | None = None, deadline: float | None = None,
+            role: str | None = None) -> list:
+        return self._map_async(func, iterable, MAP, chunksize, None, None, retries, deadline,
+                               role).get()
 
     def starmap_async(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
                       callback: Callable | None = None, error_callback: Callable | None = None,
-                      *, retries: int | None = None, deadline: float | None = None) -> MapResult:
+                      *, retries: int | None = None, deadline: float | None = None,
+                      role: str | None = None) -> MapResult:
         return self._map_async(func, iterable, STARMAP, chunksize, callback, error_callback, retries,
-                               deadline)
+                               deadline, role)
 
     def starmap(self, func: Callable, iterable: Iterable, chunksize: int | None = None,
-                *, retries: int | None = None, deadline: float | None = None) -> list:
+                *, retries: int | None = None, deadline: float | None = None,
+                role: str | None = None) -> list:
         return self._map_async(func, iterable, STARMAP, chunksize, None, None, retries,
-                               deadline).get()
+                               deadline, role).get()
 
     def _imap(self, cls: type, func: Callable, iterable: Iterable, chunksize: int,
-              retries: int | None = None, deadline: float | None = None) -> IMapIterator:
+              retries: int | None = None, deadline: float | None = None,
+              role: str | None = None) -> IMapIterator:
         self._check_running()
+        target = self._pool_for(func, role)
+        if target is not self:
+            submit = target.imap_unordered if cls is IMapUnorderedIterator else target.imap
+            return submit(func, iterable, chunksize, retries=retries, deadline=deadline)
         check_deadline(deadline)
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize}")
@@ -248,6 +347,8 @@ class Pool(Master):
         with sending_to(self._hub):
             func_bytes = dumps(func)  # an unpicklable function fails here, in the caller
         it = cls(self, call_name("imap_unordered" if cls is IMapUnorderedIterator else "imap", func))
+        notebook.follow_cell(self)  # (in a notebook only: its progress in the cell)
+        key = it.durable = durable.program().begin(it.call_name, func, func_bytes, None)
         with self._lock:
             self._check_running()  # again: the pool may have failed while func was pickled
             self._calls[it.call_id] = it
@@ -262,6 +363,11 @@ class Pool(Master):
                         break
                     with sending_to(self._hub):
                         data = dumps(chunk)
+                    recorded, values = key.take(n, data)
+                    if recorded:  # the journal holds its result
+                        it.set_unit(n, True, values)
+                        n += 1
+                        continue
                     unit = Unit(it, n, data, it.call_id, func_bytes, MAP, len(chunk),
                                  n * chunksize, retries)
                     with self._lock:
@@ -283,23 +389,31 @@ class Pool(Master):
         return it
 
     def imap(self, func: Callable, iterable: Iterable, chunksize: int = 1,
-             *, retries: int | None = None, deadline: float | None = None) -> IMapIterator:
-        return self._imap(IMapIterator, func, iterable, chunksize, retries, deadline)
+             *, retries: int | None = None, deadline: float | None = None,
+             role: str | None = None) -> IMapIterator:
+        return self._imap(IMapIterator, func, iterable, chunksize, retries, deadline, role)
 
     def imap_unordered(self, func: Callable, iterable: Iterable, chunksize: int = 1,
-                       *, retries: int | None = None, deadline: float | None = None) -> IMapIterator:
-        return self._imap(IMapUnorderedIterator, func, iterable, chunksize, retries, deadline)
+                       *, retries: int | None = None, deadline: float | None = None,
+                       role: str | None = None) -> IMapIterator:
+        return self._imap(IMapUnorderedIterator, func, iterable, chunksize, retries, deadline, role)
 
-    def resize(self, processes: int) -> None:
-        """Grow or shrink the pool to ``processes`` workers (Fiber extension).
+    def resize(self, processes: int, *, role: str | None = None) -> None:
+        """Grow or shrink the pool (or its ``role``) to ``processes`` workers (Fiber extension).
 
         Growing starts new jobs at once (local ones one per CPU at a time, as at
         start). Shrinking retires idle workers first and
         busy ones once their current batch is done; no task is lost. An elastic
         pool's maximum becomes ``processes`` (its minimum no more than that).
         """
+        if role is not None:
+            self._check_running()
+            role_table.route(role, None, {role_table.DEFAULT: {}, **dict.fromkeys(self._roles, {})})
+            self._roles[role].resize(processes)
+            return
         if not isinstance(processes, int) or processes < 1:
             raise ValueError("Number of processes must be at least 1")
+        processes = self._budget.fit(processes)  # what the cost cap allows
         with self._lock:
             self._check_running()
             if self._min == self._processes:
@@ -313,15 +427,28 @@ class Pool(Master):
                 self._retire(w)
         self._wake()
 
+    def set_max_hourly_cost(self, cap: float | None) -> None:
+        """Change the cost cap (Fiber extension; ``None``: none): the pool grows toward the
+        size it was given as far as the new cap allows, or shrinks to fit it."""
+        with self._lock:
+            self._check_running()
+            wanted = self._budget.wanted
+            self._budget.change(cap)
+        self.resize(wanted)
+
     def close(self) -> None:
         """No more work will be submitted; workers exit once the queued work is done."""
         with self._lock:
             if self._state == "RUN":
                 self._state = "CLOSE"
         self._wake()
+        for pool in self._roles.values():
+            pool.close()
 
     def terminate(self) -> None:
         """Stop every worker now. Unfinished results raise instead of hanging."""
+        for pool in self._roles.values():
+            pool.terminate()
         with self._lock:
             if self._state == "TERMINATE" and self._done.is_set():
                 return
@@ -336,6 +463,8 @@ class Pool(Master):
         if self._state == "RUN":
             raise ValueError("Pool is still running")
         self._wait_done()
+        for pool in self._roles.values():
+            pool.join()
 
     def _wait_done(self) -> None:
         if threading.current_thread() is self._thread:
@@ -376,7 +505,15 @@ class Pool(Master):
         return f"<{type(self).__name__} state={self._state} pool_size={self._processes}>"
 
     @property
+    def worker_resources(self) -> dict[str, Any]:
+        """What each worker's job asks for (Fiber extension): ``cpu``, ``memory``, ``gpu``,
+        ``gpu_type``, ``image``, from the pool's keywords and the initializer's ``meta``."""
+        return dict(self._resources)
+
+    @property
     def _pool(self) -> list[Process]:
         """The worker processes (the stdlib attribute some programs read)."""
         with self._lock:
-            return [w.process for w in self._workers.values()]
+            mine = [w.process for w in self._workers.values()]
+        # (each role's workers too: the stdlib's name for them, read through the same property)
+        return mine + [p for pool in self._roles.values() for p in pool._pool]  # noqa: SLF001 - the stdlib's name

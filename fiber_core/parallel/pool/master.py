@@ -9,20 +9,30 @@ then it dispatches work, starts or retires workers, and expires deadlines.
 from __future__ import annotations
 
 import heapq
+import operator
 import threading
 import time
 from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.log import log
+from fiber_core.parallel.pool import notebook
 from fiber_core.parallel.pool.dispatch import BACKUP_CHECK_SECONDS
 from fiber_core.parallel.pool.events import Events
+from fiber_core.parallel.pool.history import output_lines_per_worker
 from fiber_core.parallel.pool.liveness import check_interval
 from fiber_core.parallel.pool.table import THROUGHPUT_SECONDS, Worker
+
+SAMPLE_SECONDS = 1.0
+"""How often the master notes each worker's state in the live view's timeline (a few
+microseconds per worker: nothing in the path of a task)."""
 
 STATUS_WAIT_SECONDS = 2.0
 """How long a snapshot for the live view waits for the master thread (then it is taken
 from another thread, its counts possibly one batch apart)."""
+
+
+_COUNT = operator.attrgetter("count")  # a unit's items
 
 
 class StatusAsk:
@@ -55,6 +65,7 @@ class Master(Events):
 
     _thread: threading.Thread
     _status_asks: list[StatusAsk]
+    _batch_items: dict[int, int] = {}  # (replaced, never changed in place: see _snapshot_locked)
 
     def _master(self) -> None:
         try:
@@ -95,6 +106,9 @@ class Master(Events):
         while not self._incoming.empty():
             self._adopt(*self._incoming.get())
         with self._lock:
+            now = time.monotonic()
+            if now >= self._sample_at:
+                self._sample_states(now)
             if self._status_asks:
                 self._answer_status()
             if self._state == "TERMINATE":
@@ -137,6 +151,15 @@ class Master(Events):
                 return False
         return True
 
+    def _sample_states(self, now: float) -> None:
+        """Note each worker's state in the timeline, which keeps only changes (lock held)."""
+        self._sample_at = now + SAMPLE_SECONDS
+        observe = self._timeline.observe
+        for w in self._workers.values():
+            job = w.process.job
+            observe(now, w.id, w.process.name, job.id if job is not None else None,
+                    job.host if job is not None else None, worker_state(w))
+
     def _set_deadline(self, call: Any, deadline: float | None) -> None:
         if deadline is None:
             return
@@ -178,6 +201,14 @@ class Master(Events):
         with self._lock:
             return self._snapshot_locked()
 
+    def _repr_html_(self) -> str:
+        """The pool's summary as HTML (a notebook shows it): :func:`notebook.pool_html`."""
+        return notebook.pool_html(self.status_snapshot())
+
+    def _ipython_display_(self) -> None:
+        """``display(pool)`` in a notebook: the summary, updated while the pool runs."""
+        notebook.show_pool(self)
+
     def _answer_status(self) -> None:
         """Answer the snapshots asked for (lock held)."""
         asks, self._status_asks = self._status_asks, []
@@ -189,20 +220,32 @@ class Master(Events):
 
     def _snapshot_locked(self) -> dict[str, Any]:
         now = time.monotonic()
-        queued = sum(u.count for u in self._queue)
+        queued = sum(map(_COUNT, self._queue))
         running = 0
-        seen: set[int] = set()  # a unit that a backup copy runs too is counted once
+        # A unit that a backup copy runs too is counted once; only a pool with backups has such.
+        seen: set[int] | None = set() if self._backup is not None else None
         workers = []
+        lines = output_lines_per_worker(len(self._workers))
+        # Items per pending batch, counted once per batch: a batch does not change while it
+        # is pending, and a million units in flight would take the master tens of ms a look.
+        known, self._batch_items = self._batch_items, {}
         for w in list(self._workers.values()):
-            units = [u for batch in list(w.pending.values()) for u in batch]
-            if w.culprit is not None:  # lost while it ran this one: its exit decides
-                units.append(w.culprit[0])
             in_flight = 0
-            for u in units:
-                in_flight += u.count
-                if id(u) not in seen:
-                    seen.add(id(u))
-                    running += u.count
+            for batch_id, batch in list(w.pending.items()):
+                n = known.get(batch_id)
+                self._batch_items[batch_id] = n = sum(map(_COUNT, batch)) if n is None else n
+                in_flight += n
+            batches = list(w.pending.values()) if seen is not None else []
+            if w.culprit is not None:  # lost while it ran this one: its exit decides
+                in_flight += w.culprit[0].count
+                batches.append([w.culprit[0]])
+            if seen is None:
+                running += in_flight
+            else:
+                for u in (u for batch in batches for u in batch):
+                    if id(u) not in seen:
+                        seen.add(id(u))
+                        running += u.count
             job = w.process.job
             workers.append({
                 "name": w.process.name,
@@ -211,13 +254,11 @@ class Master(Events):
                 "host": job.host if job is not None else None,
                 "state": worker_state(w),
                 "for_seconds": round(now - w.since, 3),
-                "done": w.done,
+                "done": w.items_done,
                 "in_flight": in_flight,
+                "output": w.process.output_tail(lines),
                 **w.usage.view(now),
             })
-        window_start = max(self._created, now - THROUGHPUT_SECONDS)
-        recent = sum(n for second, n in self._done_per_second if second >= int(window_start))
-        span = now - window_start
         return {
             "id": self._id[:8],
             "state": self._state,
@@ -229,10 +270,12 @@ class Master(Events):
             "age_seconds": round(now - self._created, 3),
             "tasks": {"queued": queued, "running": running, "done": self._tasks_done,
                       "failed": self._tasks_failed},
-            "throughput": round(recent / span, 3) if span > 0 else 0.0,
+            "throughput": round(self._throughput.rate(now, THROUGHPUT_SECONDS, self._created), 3),
             "throughput_seconds": THROUGHPUT_SECONDS,
+            "throughput_history": self._throughput.series(now),
             "losses": dict(self._losses_by),
             "last_loss": self._last_loss,
             "calls": [call.progress() for call in list(self._calls.values())],
             "workers": workers,
+            **self._timeline.view(now),
         }

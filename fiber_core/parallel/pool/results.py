@@ -23,6 +23,7 @@ from fiber_core.base.log import log
 from fiber_core.base.memory import release_free_memory
 
 if TYPE_CHECKING:
+    from fiber_core.parallel.durable.journal import CallKey
     from fiber_core.parallel.pool.facade import Pool
     from fiber_core.parallel.pool.table import Unit
 
@@ -95,12 +96,13 @@ class ApplyResult:
                  call: str = "apply_async") -> None:
         self._pool = pool
         self._event = threading.Event()
-        self._callback = callback
+        self.call_nameback = callback
         self._error_callback = error_callback
         self._success = False
         self._value: Any = None
         self.call_id = next(job_counter)
-        self._call = call  # how errors name the call: apply_async(f)
+        self.call_name = call  # how errors name the call: apply_async(f)
+        self.durable: CallKey | None = None  # its ordinal, what the journal holds of it
 
     def ready(self) -> bool:
         return self._event.is_set()
@@ -145,11 +147,11 @@ class ApplyResult:
 
     def progress(self) -> dict[str, Any]:
         """The call as the live view shows it: its name, and units done of how many."""
-        return {"call": self._call, "units_done": int(self.ready()), "units": 1}
+        return {"call": self.call_name, "units_done": int(self.ready()), "units": 1}
 
     def expire(self, seconds: float) -> None:
         """The deadline passed (master thread, lock held, the call already cancelled)."""
-        self._finish(False, DeadlineError(f"{self._call}: its deadline of {seconds:g} s passed "
+        self._finish(False, DeadlineError(f"{self.call_name}: its deadline of {seconds:g} s passed "
                                           "before it finished; it was cancelled", [None], 0, 1))
 
     # Called by the master thread.
@@ -160,7 +162,7 @@ class ApplyResult:
         if self._event.is_set():
             return
         self._success, self._value = ok, value
-        cb = self._callback if ok else self._error_callback
+        cb = self.call_nameback if ok else self._error_callback
         if cb is not None:
             try:
                 cb(value)
@@ -191,7 +193,7 @@ class MapResult(ApplyResult):
 
     def progress(self) -> dict[str, Any]:
         total = len(self._chunks)
-        return {"call": self._call, "units_done": total - self._left, "units": total}
+        return {"call": self.call_name, "units_done": total - self._left, "units": total}
 
     def expire(self, seconds: float) -> None:
         results: list = []
@@ -203,7 +205,7 @@ class MapResult(ApplyResult):
                 results.extend(chunk)
                 done += size
         self._finish(False, DeadlineError(
-            f"{self._call}: its deadline of {seconds:g} s passed with {done} of {len(results)} "
+            f"{self.call_name}: its deadline of {seconds:g} s passed with {done} of {len(results)} "
             f"tasks finished; the others were cancelled (their results are None in .results)",
             results, done, len(results)))
 
@@ -243,7 +245,8 @@ class IMapIterator:
         self._length: int | None = None  # units, known once the input is consumed
         self._yielded_units = 0
         self.call_id = next(job_counter)
-        self._call = call  # how errors name the call: imap(f)
+        self.call_name = call  # how errors name the call: imap(f)
+        self.durable: CallKey | None = None  # its ordinal, what the journal holds of it
         self._closed = False
 
     def __iter__(self) -> Iterator:
@@ -252,7 +255,7 @@ class IMapIterator:
     def progress(self) -> dict[str, Any]:
         """The call as the live view shows it: its name, and units done of how many (None: the
         input is not all read yet)."""
-        return {"call": self._call, "units_done": self._yielded_units + len(self._ready),
+        return {"call": self.call_name, "units_done": self._yielded_units + len(self._ready),
                 "units": self._length}
 
     def close(self) -> None:
@@ -277,7 +280,7 @@ class IMapIterator:
 
     def expire(self, seconds: float) -> None:
         self.fail(DeadlineError(
-            f"{self._call}: its deadline of {seconds:g} s passed; the results before this "
+            f"{self.call_name}: its deadline of {seconds:g} s passed; the results before this "
             f"error are what finished, the other tasks were cancelled"))
         with self._cond:
             self._closed = True  # results that come later are dropped

@@ -26,6 +26,7 @@ from fiber_core.base.errors import BackendError
 from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import log
 from fiber_core.contract.jobs import EndReason
+from fiber_core.parallel.pool.history import Throughput, Timeline
 from fiber_core.parallel.pool.ledger import (
     LOSS_LIMIT,
     LOSS_WINDOW,
@@ -98,7 +99,7 @@ def out_of_descriptors(e: BaseException | None) -> OSError | None:
 
 class Unit:
     __slots__ = ("call", "index", "data", "charges", "call_id", "func_bytes", "kind", "count",
-                 "start", "watch", "retries", "done", "copies")
+                 "start", "watch", "retries", "delivered", "copies", "attempt")
 
     def __init__(self, call: Any, index: int, data: bytes, call_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
@@ -109,14 +110,15 @@ class Unit:
         self.charges: dict[tuple[int, Fault], int] | None = None  # deaths charged, per item and kind
         self.watch = False  # a worker died while it may have run: it runs alone, watched
         self.retries = retries  # runs left after it raised (an opt-in)
-        self.done = False  # its result was delivered: another copy's is dropped
+        self.delivered = False  # its result was delivered: another copy's is dropped
         self.copies = 0  # workers that hold it (two while a backup copy runs)
-        # (done and copies are kept only in a pool with backup tasks: elsewhere a unit is
+        self.attempt = 0  # times it went back to the queue (its tasks' attempt, current_task)
+        # (delivered and copies are kept only in a pool with backup tasks: elsewhere a unit is
         # never in two places, and the pool's hot path does not pay for them)
 
     def name(self, item: int | None = None) -> str:
         """The task, as an error names it: ``item 17 of map(f)``, ``apply_async(f, (3,))``."""
-        call = getattr(self.call, "_call", "a task")
+        call = getattr(self.call, "call_name", "a task")
         if type(self.call) is ApplyResult:
             try:  # only for an error: the arguments are shown from this process's own pickle
                 args = loads(self.data)[0][0]
@@ -149,7 +151,7 @@ class Worker:
         self.funcs: collections.OrderedDict[int, None] = collections.OrderedDict()
         self.last_work = time.monotonic()  # when it was last given work or answered
         self.since = self.last_work  # when its state (as the live view shows it) last changed
-        self.done = 0  # tasks (items) whose results it delivered
+        self.items_done = 0  # tasks (items) whose results it delivered
         self.heard = self.last_work  # when its last heartbeat or result came
         self.unresponsive: str | None = None  # why the master found it frozen and stopped it
         self.usage = UsageLog()  # what it uses, from its heartbeats, for the live view
@@ -185,6 +187,7 @@ class WorkerTable:
         meta = getattr(initializer, "__fiber_meta__", None) or {}
         self._resources = {k: v for k, v in {**meta, **resources}.items() if v is not None}
         self._processes = processes
+        self._worker_name = "PoolWorker"  # a role's workers: PoolWorker-<role> (facade.py)
         self._id = os.urandom(16).hex()
         self._lock = threading.RLock()  # callbacks may call back into the pool
         self._queue: collections.deque[Unit] = collections.deque()
@@ -210,8 +213,9 @@ class WorkerTable:
         self._created = time.monotonic()
         self._tasks_done = 0  # tasks (items) whose result was delivered, failed ones too
         self._tasks_failed = 0
-        self._done_per_second: collections.deque[list[int]] = collections.deque(
-            maxlen=THROUGHPUT_SECONDS + 2)  # [monotonic second, tasks done in it]
+        self._throughput = Throughput()  # tasks done over time
+        self._timeline = Timeline()  # each worker's states and end, the losses
+        self._sample_at = 0.0  # when the master next notes each worker's state in the timeline
         self._losses_by: collections.Counter[str] = collections.Counter()  # EndReason value
         self._last_loss = ""
         # What the workers' backend reaches this process at (also put in pickled queues).
@@ -227,7 +231,7 @@ class WorkerTable:
         for _ in range(n):
             wid = next(self._wid)
             made.append((wid, Process(
-                target=worker_main, name=f"PoolWorker-{wid}", daemon=True, backend=self._backend,
+                target=worker_main, name=f"{self._worker_name}-{wid}", daemon=True, backend=self._backend,
                 args=(self._hub, self._id, wid, self._initializer, self._initargs, self._maxtasks,
                       heartbeat_interval(self._heartbeat_timeout)),
                 **self._resources)))
@@ -433,7 +437,9 @@ class WorkerTable:
     def _requeue(self, units: list[Unit]) -> None:
         """Put units back at the front of the queue, in their order (those of live calls)."""
         with self._lock:
-            live = [u for u in units if u.call_id in self._calls and not u.done and not u.copies]
+            live = [u for u in units if u.call_id in self._calls and not u.delivered and not u.copies]
+            for u in live:
+                u.attempt += 1
             if live:
                 self._queue.extendleft(reversed(live))
                 self._requeued = True

@@ -26,6 +26,7 @@ from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.usage import Sampler
+from fiber_core.parallel.durable import task as current
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
@@ -35,6 +36,7 @@ from fiber_core.wire.messages import (
     POOL_READY,
     POOL_RESULTS,
     POOL_TASKS,
+    TaskField,
     decode_pool_cancel,
     decode_pool_tasks,
     encode_pool_drain,
@@ -83,7 +85,7 @@ def run_unit(func: Callable, kind: int, data: bytes,
     except Exception as e:
         return None, (repr(e), traceback.format_exc())
     try:
-        if notify is not None:  # a watched batch: the master learns which item runs
+        if notify is not None:  # each item's start is told (current_task; a watched batch's master)
             out = []
             for i, item in enumerate(items):
                 notify(i)
@@ -236,18 +238,21 @@ def _claim(conn: Connection, drain: Drain, batch_id: int, call_id: int,
 
 def _run_batch(conn: Connection, drain: Drain, look: Callable[[], None], cancelled: Any,
                batch_id: int, call_id: int, func: Callable, kind: int, units: list[bytes],
-               watch: bool) -> None:
+               watch: bool, task: TaskField) -> None:
     """Run a batch's units and send their results; ``look`` reads what has arrived meanwhile."""
-    notify = None
-    if watch:
-        def notify(item: int) -> None:
-            if item:  # the first was announced when the batch was claimed
-                with drain.lock:
-                    conn.send_frame(encode_pool_running(batch_id, item))
+    def watched(item: int) -> None:
+        current.at(item)
+        if item:  # the first was announced when the batch was claimed
+            with drain.lock:
+                conn.send_frame(encode_pool_running(batch_id, item))
+    notify = watched if watch else current.at  # each item's position, for current_task()
+    ordinal, seed, firsts, attempts = task
     start = checked = time.perf_counter()
     results = []
-    for unit in units:
+    for i, unit in enumerate(units):
+        current.enter(ordinal, firsts[i], attempts[i], seed)
         results.append(run_unit(func, kind, unit, notify))
+        current.leave()
         now = time.perf_counter()
         if now - checked > CANCEL_CHECK_SECONDS:  # between units: was the call cancelled?
             checked = now
@@ -306,14 +311,15 @@ def worker_main(hub: str, pool_id: str, worker_id: int, initializer: Callable | 
             continue
         if op != POOL_TASKS:
             raise unexpected(msg, "a pool worker's connection")
-        batch_id, call_id, func_bytes, kind, units, watch = decode_pool_tasks(msg)
+        batch_id, call_id, func_bytes, kind, units, watch, task = decode_pool_tasks(msg)
         claimed = _claim(conn, drain, batch_id, call_id, cancelled, watch)
         if func_bytes is not None:  # (sent once per worker: kept even for a batch not run)
             funcs[call_id] = load_func(func_bytes)
             if len(funcs) > FUNC_CACHE:
                 funcs.popitem(last=False)
         if claimed:
-            _run_batch(conn, drain, look, cancelled, batch_id, call_id, funcs[call_id], kind, units, watch)
+            _run_batch(conn, drain, look, cancelled, batch_id, call_id, funcs[call_id], kind, units,
+                       watch, task)
             done += len(units)
     with lock:
         if beat is not None:

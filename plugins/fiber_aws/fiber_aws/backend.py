@@ -19,6 +19,7 @@ never when the plugin is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -33,8 +34,10 @@ from typing import Any
 from fiber_core.contract import (
     ENV_AUTHKEY,
     EXTRA_ENV,
+    FALLBACK_WAIT,
     Backend,
     BackendError,
+    EndReason,
     Job,
     JobSpec,
     Option,
@@ -45,11 +48,13 @@ from fiber_aws.api import AwsError, call, list_jobs, local_ipv4_addresses
 from fiber_aws.poller import Poller
 from fiber_aws.spec import (
     SECTION,
+    capacity_queue,
+    choice_spec,
     command,
     group_spec,
     job_name,
-    parse_gpu_queues,
     queue_for,
+    queue_lists,
     refuse_credentials,
     resources,
     sanitise_tag,
@@ -66,9 +71,11 @@ DEFAULT_MEMORY = 2048  # MiB
 
 OPTIONS: tuple[Option, ...] = (
     Option("region", str, None, "AWS region of the job queues (default: the boto3 chain, e.g. AWS_DEFAULT_REGION)"),
-    Option("queue", str, None, "job queue for CPU jobs"),
+    Option("queue", str, None, "job queue for CPU jobs (several, comma-separated, for capacity kinds: the first is "
+           "the default)"),
     Option("gpu_queues", list, [], "job queue per GPU type: a10g:QUEUE,v100:QUEUE; the type is matched "
-           "case-insensitively against meta(gpu_type=...)"),
+           "case-insensitively against meta(gpu_type=...); a type listed again names another queue (the first is "
+           "the default; capacity=spot/on-demand takes the first of that kind)"),
     Option("image", str, None, "container image of the jobs (default: the global image setting)"),
     Option("job_role", str, None, "ARN of the IAM role the jobs run as (their own AWS credentials)"),
     Option("log_group", str, DEFAULT_LOG_GROUP, "CloudWatch Logs group the jobs log to (another group is set in "
@@ -85,6 +92,7 @@ OPTIONS: tuple[Option, ...] = (
            "seconds a job may wait for capacity (SUBMITTED/PENDING/RUNNABLE) before Fiber terminates it and "
            "fails the process with an explanation; 0: forever"),
     Option("api_timeout", float, 30.0, "seconds one AWS API call may take before it is an error"),
+    FALLBACK_WAIT,
 )
 
 _MAX_ARRAY = 10_000  # children of one array job
@@ -108,6 +116,8 @@ class AwsBatchBackend(Backend):
     package = "fiber-aws"
     options = OPTIONS
     config_section = SECTION
+    gpu_alternatives = True  # the queues of the alternatives in order, each after fallback_wait
+    capacity_kinds = True  # the queues whose compute environments are of the kind asked
     describe_batch = 100
     """Job ids per DescribeJobs call (the API takes at most 100)."""
 
@@ -115,9 +125,12 @@ class AwsBatchBackend(Backend):
                  rundir: str | None = None) -> None:
         super().__init__(settings, run_id, rundir)
         refuse_credentials(self.settings, {o.name for o in OPTIONS})
-        self.gpu_queues = parse_gpu_queues(self.settings["gpu_queues"])
+        self.queues = queue_lists(self.settings["queue"], self.settings["gpu_queues"])
+        """Every queue of each GPU type (``None``: CPU jobs), in order; the first is the default."""
+        self.gpu_queues = {t: qs[0] for t, qs in self.queues.items() if t is not None}
         self.job_env(JobSpec(command=[]))  # a bad extra_env entry fails here, at once
         self._lock = threading.Lock()
+        self._moving = threading.RLock()  # held while a job moves to its next GPU alternative
         self._poller = Poller(self)
         self._jobdef_lock = threading.Lock()
         self._jobdefs: dict[str, str] = {}
@@ -189,8 +202,22 @@ class AwsBatchBackend(Backend):
     # -- routing and job definitions ---------------------------------------------------
 
     def queue_for(self, spec: JobSpec) -> tuple[str, int]:
-        """The job queue for ``spec`` and its GPU count; BackendError if none is configured."""
-        return queue_for(spec, self.settings["queue"], self.gpu_queues)
+        """The job queue for ``spec`` and its GPU count; BackendError if none is configured. A
+        job of one capacity kind goes to the first queue of its hardware with compute
+        environments of that kind (asked of Batch once per queue)."""
+        cpu = self.queues.get(None)
+        queue, gpus = queue_for(spec, cpu[0] if cpu else None, self.gpu_queues)
+        if spec.capacity is None:
+            return queue, gpus
+        key = None if not gpus else (spec.gpu_type or "").lower() or next(iter(self.gpu_queues))
+        candidates = self.queues.get(key) or [queue]
+        kinds = {q: "spot" if self._poller.queue_is_spot(q) else "on-demand" for q in candidates}
+        what = f"{spec.name} ({f'{gpus} GPU(s) of type {spec.gpu_type}' if gpus else 'CPU'})"
+        return capacity_queue(spec.capacity, candidates, kinds, what), gpus
+
+    def all_queues(self) -> list[str]:
+        """Every configured queue, once."""
+        return list(dict.fromkeys(q for qs in self.queues.values() for q in qs))
 
     # -- the run's key ------------------------------------------------------------------
 
@@ -302,6 +329,8 @@ class AwsBatchBackend(Backend):
     # -- the contract ------------------------------------------------------------------
 
     def create_job(self, spec: JobSpec) -> Job:
+        for i in range(1, len(spec.alternatives)):  # every alternative has a queue: known before the first is submitted
+            self.queue_for(choice_spec(spec, i))
         return self._submit([spec])[0]
 
     def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
@@ -310,7 +339,7 @@ class AwsBatchBackend(Backend):
         Each child of the array job (``PARENT:INDEX``) is a :class:`Job`, watched, stopped and
         explained like any other; its command tells it apart by ``AWS_BATCH_JOB_ARRAY_INDEX``.
         """
-        if 2 <= len(specs) <= _MAX_ARRAY:
+        if 2 <= len(specs) <= _MAX_ARRAY and len(specs[0].alternatives) < 2:  # alternatives move one by one
             if all(s == specs[0] for s in specs):
                 return self._submit(specs)
             common = group_spec(specs)
@@ -321,7 +350,44 @@ class AwsBatchBackend(Backend):
     def _submit(self, specs: Sequence[JobSpec], common: JobSpec | None = None) -> list[Job]:
         """Submit ``specs`` (one, or several as an array job whose children all run
         ``common``, by default the first); return their jobs."""
-        spec = common or specs[0]
+        job_id, handle = self._send(choice_spec(common or specs[0], 0), len(specs))
+        ids = [job_id] if len(specs) == 1 else [f"{job_id}:{i}" for i in range(len(specs))]
+        jobs = [self.track_job(Job(id=i, spec=s, handle=dataclasses.replace(handle)))
+                for i, s in zip(ids, specs)]
+        self._poller.ensure()
+        return jobs
+
+    def next_choice(self, job: Job) -> None:
+        """Move a job that waited ``fallback_wait`` for capacity to the queue of its next GPU
+        alternative: terminate its Batch job (nothing of it ran) and submit it again there;
+        the job's id becomes the new Batch job's."""
+        old: BatchJob = job.handle
+        index = old.choice + 1
+        spec = choice_spec(job.spec, index)
+        waited = self.settings["fallback_wait"]
+        alternatives = job.spec.alternatives
+        why = (f"fiber: no capacity within fallback_wait={waited:g}s on queue {old.queue}; moved to the queue "
+               f"of {alternatives[index]} (run {self.run_id})")
+        with self._moving:  # a terminate meanwhile stops the old job, or waits and stops the new one
+            if job.handle is not old or old.stop_reason is not None or job.state.done():
+                return
+            try:
+                self.terminate(job, why)
+                job_id, handle = self._send(spec, 1)
+            except BackendError as e:
+                job.state.finish(1, EndReason.NEVER_STARTED, f"could not move {job.spec.name} to its next "
+                                                             f"alternative {alternatives[index]}: {e}")
+                return
+            handle.choice = index
+            job.handle = handle
+            self.rename_job(job, job_id)
+        log.info("fiber: %s found no capacity for %s on queue %s within fallback_wait=%gs; trying %s on queue "
+                 "%s (AWS Batch job %s)", job.spec.name, alternatives[index - 1], old.queue, waited,
+                 alternatives[index], handle.queue, job_id)
+
+    def _send(self, spec: JobSpec, count: int) -> tuple[str, BatchJob]:
+        """Submit ``spec`` (an array job of ``count`` children when more than one): the Batch
+        job's id, and the handle its jobs start with."""
         queue, gpus = self.queue_for(spec)
         image = self.job_image(spec)
         vcpus = max(1, math.ceil(spec.cpu)) if spec.cpu else DEFAULT_VCPUS
@@ -340,23 +406,23 @@ class AwsBatchBackend(Backend):
                     "environment": [{"name": k, "value": v} for k, v in env.items()],
                     "resourceRequirements": resources(vcpus, memory, gpus),
                 },
-                tags=tags(spec, self.run_id), **({"arrayProperties": {"size": len(specs)}} if len(specs) > 1 else {}),
+                tags=tags(spec, self.run_id), **({"arrayProperties": {"size": count}} if count > 1 else {}),
             )
         except AwsError as e:
             hint = (f"check that job queue {queue!r} exists in {self.region} and is ENABLED "
                     "([aws] queue / gpu_queues)") if e.code in ("ClientException", "") else \
                 "check the credentials' batch:SubmitJob permission and the endpoint"
             raise self._error(e, f"AWS Batch did not accept {spec.name} on queue {queue!r}", hint) from None
-        ids = [resp["jobId"]] if len(specs) == 1 else [f"{resp['jobId']}:{i}" for i in range(len(specs))]
-        jobs = [self.track_job(Job(id=i, spec=s, handle=BatchJob(job_name=name, queue=queue, memory=memory)))
-                for i, s in zip(ids, specs)]
-        self._poller.ensure()
-        return jobs
+        return resp["jobId"], BatchJob(job_name=name, queue=queue, memory=memory)
 
     def terminate_job(self, job: Job) -> None:
         self.terminate(job, f"fiber: terminated by its parent (run {self.run_id})")
 
     def terminate(self, job: Job, reason: str) -> None:
+        with self._moving:
+            self._terminate(job, reason)
+
+    def _terminate(self, job: Job, reason: str) -> None:
         handle: BatchJob = job.handle
         with self._lock:
             if job.state.done() or handle.stop_reason is not None:
@@ -435,7 +501,7 @@ class AwsBatchBackend(Backend):
         """The CIDR blocks of the VPCs where the configured queues run their jobs."""
         if self._networks is not None:
             return self._networks
-        queues = [q for q in (self.settings["queue"], *self.gpu_queues.values()) if q]
+        queues = self.all_queues()
         networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
         try:
             subnets: list[str] = []
@@ -491,7 +557,7 @@ class AwsBatchBackend(Backend):
         backend = cls(settings, run_id or "")
         prefix = f"fiber-{run_id}-" if run_id else "fiber-"
         removed = []
-        for queue in {q for q in (backend.settings["queue"], *backend.gpu_queues.values()) if q}:
+        for queue in backend.all_queues():
             try:
                 for summary in list_jobs(backend.batch, queue, prefix):
                     if summary.get("status") in FINAL:

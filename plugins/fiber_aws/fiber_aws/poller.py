@@ -9,7 +9,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from fiber_core.contract import HOST_LOST_EXITCODE, BackendError, EndReason, Job, Watcher
+from fiber_core.contract import (
+    HOST_LOST_EXITCODE,
+    BackendError,
+    EndReason,
+    Job,
+    Watcher,
+    waiting_verdict,
+)
 
 from fiber_aws.api import AwsError, call, list_jobs
 from fiber_aws.spec import run_part
@@ -117,12 +124,12 @@ class Poller:
         handle: BatchJob = job.handle
         failed = handle.status == "FAILED"
         reason, said = end_reason(handle.described, stop_reason=handle.stop_reason, memory=handle.memory,
-                                  spot=failed and self._queue_is_spot(handle.queue))
+                                  spot=failed and self.queue_is_spot(handle.queue))
         first = job.state.finish(final_code(handle.described, handle.stop_reason), reason, said)
         if first and failed and said and reason is not EndReason.STOPPED:
             log.warning("fiber: %s", explain(job).removeprefix("fiber-aws: "))
 
-    def _queue_is_spot(self, queue: str) -> bool:
+    def queue_is_spot(self, queue: str) -> bool:
         """Whether a compute environment of ``queue`` runs on Spot capacity (asked once per queue)."""
         with self.lock:
             known = self._spot.get(queue)
@@ -152,12 +159,18 @@ class Poller:
     def _check_queued(self, pending: list[Job]) -> None:
         b = self.backend
         limit = b.settings["runnable_timeout"]
-        if not limit:
-            return
         now = time.monotonic()
         for job in pending:
             handle: BatchJob = job.handle
-            if handle.status not in QUEUED or job.state.done() or now - handle.submitted <= limit:
+            if handle.status not in QUEUED or job.state.done():
+                continue
+            verdict = waiting_verdict(handle.choice, len(job.spec.alternatives), now - handle.submitted,
+                                      b.settings["fallback_wait"], limit or 0)
+            if verdict == "next":
+                if handle.stop_reason is None:  # not one being stopped
+                    b.next_choice(job)
+                continue
+            if verdict != "fail":
                 continue
             reason = f"fiber: no capacity within runnable_timeout={limit:g}s on queue {handle.queue} (run {b.run_id})"
             handle.note = (

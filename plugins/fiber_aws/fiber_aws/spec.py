@@ -31,17 +31,44 @@ _TAG_CHARS = re.compile(r"[^\w .:/=+\-@]")
 
 
 def parse_gpu_queues(entries: list[str]) -> dict[str, str]:
-    """``["a10g:queue-a", "V100:queue-b"]`` to ``{"a10g": "queue-a", "v100": "queue-b"}``."""
-    out: dict[str, str] = {}
+    """``["a10g:queue-a", "V100:queue-b"]`` to ``{"a10g": "queue-a", "v100": "queue-b"}``: the
+    first queue of each type (a type listed again names more queues: :func:`queue_lists`)."""
+    return {t: qs[0] for t, qs in queue_lists(None, entries).items() if t is not None}
+
+
+def queue_lists(queue: str | None, entries: list[str]) -> dict[str | None, list[str]]:
+    """Every queue of each GPU type (``None``: CPU jobs, the ``queue`` setting, which may list
+    several, comma-separated), in the order written; the first is a job's unless it asks for a
+    capacity kind (:func:`capacity_queue`)."""
+    out: dict[str | None, list[str]] = {}
+    cpu = [q.strip() for q in (queue or "").split(",") if q.strip()]
+    if cpu:
+        out[None] = cpu
     for entry in entries:
-        gpu_type, sep, queue = entry.partition(":")
-        if not sep or not gpu_type.strip() or not queue.strip():
+        gpu_type, sep, name = entry.partition(":")
+        if not sep or not gpu_type.strip() or not name.strip():
             raise ConfigError(
                 f"bad gpu_queues entry {entry!r} in [{SECTION}]: expected GPU_TYPE:QUEUE, "
                 "e.g. gpu_queues = a10g:gpu-a10g-queue,v100:gpu-v100-queue"
             )
-        out[gpu_type.strip().lower()] = queue.strip()
+        listed = out.setdefault(gpu_type.strip().lower(), [])
+        if name.strip() not in listed:
+            listed.append(name.strip())
     return out
+
+
+def capacity_queue(kind: str, candidates: Sequence[str], kinds: Mapping[str, str], what: str) -> str:
+    """The first of ``candidates`` (the queues of a job's hardware) whose compute environments
+    are of capacity ``kind`` (``kinds``: queue -> ``"spot"`` or ``"on-demand"``), else a
+    BackendError naming each candidate's kind; ``what`` names the job's hardware."""
+    for queue in candidates:
+        if kinds.get(queue) == kind:
+            return queue
+    found = ", ".join(f"{q} ({kinds.get(q, 'unknown')})" for q in candidates) or "none"
+    raise BackendError(
+        f"no job queue of {kind} capacity for {what}: its queues are {found}. Add a queue whose compute "
+        f"environments are {'SPOT or FARGATE_SPOT' if kind == 'spot' else 'EC2 or FARGATE'} to [aws] "
+        "gpu_queues (a type may be listed once per queue) or queue (several, comma-separated)")
 
 
 def queue_for(spec: JobSpec, queue: str | None, gpu_queues: Mapping[str, str]) -> tuple[str, int]:
@@ -178,3 +205,14 @@ def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
             found.append(f"an access key id in setting {key!r}")
     if found:
         raise ConfigError(f"refusing AWS credentials in fiber's configuration ({'; '.join(found)}). {advice}.")
+
+
+def choice_spec(spec: JobSpec, choice: int) -> JobSpec:
+    """The spec of the Batch job for alternative ``choice`` (0-based) of ``spec``
+    (``JobSpec.alternatives``: GPU types within capacity kinds): its type and count, so
+    :func:`queue_for` picks its queue, its capacity kind, and the record that tells the job
+    what it got. A job that names neither as it is."""
+    alternatives = spec.alternatives
+    if not alternatives:
+        return spec
+    return spec.choosing(alternatives[choice])

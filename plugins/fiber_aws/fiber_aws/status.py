@@ -41,6 +41,8 @@ class BatchJob:
     note: str | None = None
     """Fiber's own explanation of a failure (no capacity, job lost)."""
     missing: int = 0
+    choice: int = 0
+    """Which GPU alternative of the job's spec it was submitted for (its queue's)."""
 
     @property
     def status(self) -> str:

@@ -420,6 +420,81 @@ def test_program_runs_cpu_and_gpu_pools_on_their_queues(batch, tmp_path: Path) -
         (d["jobName"], d["jobQueue"], d["status"], d.get("arrayProperties")) for d in described])
 
 
+OUTAGE_PROGRAM = textwrap.dedent("""
+    import json, sys, time
+    import fiber_core as multiprocessing
+
+
+    def square(x):
+        return x * x
+
+
+    if __name__ == "__main__":
+        with multiprocessing.Pool(2) as pool:
+            first = pool.map(square, range(10))
+            started = [p.job.id for p in pool._pool]
+            print(json.dumps(started), flush=True)
+            sys.stdin.readline()  # the API goes away and a worker is terminated meanwhile
+            rest = pool.map(square, range(10, 400), chunksize=1)
+            assert first + rest == [x * x for x in range(400)]
+            print("exact", flush=True)
+            sys.stdin.readline()  # the API is back: the lost worker's replacement starts
+            deadline = time.monotonic() + 120
+            new = []
+            while not new and time.monotonic() < deadline:
+                new = [p.job.id for p in pool._pool if p.job is not None and p.job.id not in started]
+                time.sleep(0.05)
+            print(json.dumps(new), flush=True)
+            print(sum(pool.map(square, range(20))), flush=True)
+""")
+
+
+@pytest.mark.timeout(400)
+def test_a_program_rides_out_the_batch_api_going_away_and_coming_back(batch, tmp_path: Path) -> None:  # noqa: ANN001
+    """The Batch endpoint goes away mid-run (every connection reset, new ones refused), and a
+    worker's job is terminated meanwhile: the surviving worker finishes the map exactly, the
+    terminated one is seen when the API answers again, a new worker is submitted then, and
+    the program ends normally."""
+    from urllib.parse import urlsplit
+
+    from fiber_core.testing.outage import Outage
+
+    target = urlsplit(os.environ["FIBER_AWS_ENDPOINT_URL"])
+    assert target.hostname is not None and target.port is not None
+    (tmp_path / "app.py").write_text(OUTAGE_PROGRAM)
+    with Outage(target.hostname, target.port) as api:
+        env = {**os.environ, "FIBER_BACKEND": "aws-batch", "FIBER_AWS_ENDPOINT_URL": api.url,
+               "FIBER_AWS_API_TIMEOUT": "3"}
+        prog = subprocess.Popen([sys.executable, "app.py"], cwd=tmp_path, env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert prog.stdout is not None and prog.stdin is not None
+            jobs = json.loads(prog.stdout.readline() or "null")
+            assert jobs and len(jobs) == 2, prog.stderr.read() if prog.stderr else ""
+            api.cut()
+            batch.terminate_job(jobId=jobs[0], reason="host reclaimed while the API was away")
+            prog.stdin.write("\n")
+            prog.stdin.flush()
+            assert prog.stdout.readline().strip() == "exact"
+            threading.Event().wait(3.0)  # the rest of the outage, not a synchronisation
+            api.restore()
+            prog.stdin.write("\n")
+            prog.stdin.flush()
+            replaced = json.loads(prog.stdout.readline() or "null")
+            assert replaced, "no worker replaced the one lost while the API was away"
+            assert prog.stdout.readline().strip() == str(sum(x * x for x in range(20)))
+            _, err = prog.communicate(timeout=WAIT)
+        finally:
+            if prog.poll() is None:
+                prog.kill()
+                prog.communicate()
+        assert prog.returncode == 0, err
+        assert api.accepted > 0
+    described = batch.describe_jobs(jobs=[jobs[0], *replaced])["jobs"]
+    assert [d["status"] for d in described][0] == "FAILED"
+    assert "host reclaimed while the API was away" in described[0]["statusReason"]
+
+
 # -- failures that Batch reports, and fiber's own ---------------------------------------
 
 
@@ -471,6 +546,89 @@ def test_job_stuck_before_running_is_failed_with_advice(moto: str, batch) -> Non
         _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
         b.cleanup()
     wait_batch_status(batch, job.id, ("FAILED",))  # the terminated job never runs its command
+
+
+# -- GPU alternatives: the queues in order -----------------------------------------------
+
+THREE_QUEUES = f"a10g:{GPU_QUEUES['a10g'][0]},t4:{GPU_QUEUES['t4'][0]},l4:{SPOT_QUEUE}"
+
+
+def test_a_job_the_first_queue_never_runs_moves_to_the_second_and_loses_nothing(moto: str, batch) -> None:  # noqa: ANN001
+    # moto has no capacity model: while its state manager holds every new job before it starts
+    # (see test_job_stuck_before_running_is_failed_with_advice), the first queue gets no capacity;
+    # it is let go once the job has moved, before the second queue's fallback_wait ends.
+    show = "import os; print('GOT', os.environ['FIBER_RESOURCES'], flush=True)"
+    b = make_backend(gpu_queues=THREE_QUEUES.split(","), fallback_wait=3.0)
+    _moto_api(moto, "/moto-api/state-manager/set-transition",
+              {"model_name": "batch::job", "transition": {"progression": "manual", "times": 2}})
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", show], name="learner",
+                                  gpu_type=["a10g", "t4", ("l4", 2)]))  # type: ignore[arg-type]
+        first = job.id
+        assert job.handle.queue == GPU_QUEUES["a10g"][0]
+        deadline = time.monotonic() + WAIT
+        while job.handle.queue == GPU_QUEUES["a10g"][0]:
+            assert time.monotonic() < deadline and b.poll_job(job) is None, b.get_job_logs(job)
+            time.sleep(0.02)  # the poller moves it: nothing to wait on from here
+    finally:
+        _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
+    try:
+        assert job.id != first and job.handle.queue == GPU_QUEUES["t4"][0]
+        assert b.wait_for_job(job, WAIT) == 0, b.get_job_logs(job)
+        line = next(ln for ln in b.get_job_logs(job).splitlines() if ln.startswith("GOT "))
+        assert json.loads(line.split(" ", 1)[1])["gpu_type"] == "t4"
+        assert describe(batch, job.id)["jobQueue"].endswith(f"/{GPU_QUEUES['t4'][0]}")
+        old = wait_batch_status(batch, first, ("FAILED",))  # terminated before it ran: nothing lost
+        assert old["statusReason"].startswith("fiber: no capacity within fallback_wait=3s on queue fiber-gpu-a10g")
+    finally:
+        b.cleanup()
+
+
+def test_every_alternative_needs_a_queue_before_any_is_submitted(aws: AwsBatchBackend) -> None:
+    with pytest.raises(BackendError, match=r"no job queue for GPU type 'h100'"):
+        aws.start_job(JobSpec(command=["true"], gpu_type=["a10g", "h100"]))  # type: ignore[arg-type]
+    assert aws.jobs == []
+
+
+def test_a_capacity_kind_goes_to_the_queue_whose_compute_environments_are_of_it(moto: str) -> None:
+    show = "import os; print('GOT', os.environ['FIBER_RESOURCES'], flush=True)"
+    b = make_backend(queue=f"{CPU_QUEUE},{SPOT_QUEUE}")
+    try:
+        spot = b.start_job(JobSpec(command=["python3", "-c", show], name="s", capacity="spot"))
+        on_demand = b.start_job(JobSpec(command=["python3", "-c", show], name="o", capacity="on-demand"))
+        plain = b.start_job(JobSpec(command=["python3", "-c", show], name="p"))
+        assert (spot.handle.queue, on_demand.handle.queue, plain.handle.queue) == (SPOT_QUEUE, CPU_QUEUE, CPU_QUEUE)
+        for job, kind in ((spot, "spot"), (on_demand, "on-demand")):
+            assert b.wait_for_job(job, WAIT) == 0, b.get_job_logs(job)
+            line = next(ln for ln in b.get_job_logs(job).splitlines() if ln.startswith("GOT "))
+            assert json.loads(line.split(" ", 1)[1])["capacity"] == kind
+        with pytest.raises(BackendError, match=rf"no job queue of spot capacity .*{GPU_QUEUES['a10g'][0]} \(on-demand\)"):
+            b.start_job(JobSpec(command=["true"], name="g", gpu_type="a10g", capacity="spot"))
+    finally:
+        b.cleanup()
+
+
+def test_spot_then_on_demand_moves_a_job_spot_never_runs_to_on_demand(moto: str) -> None:  # noqa: ANN001
+    show = "import os; print('GOT', os.environ['FIBER_RESOURCES'], flush=True)"
+    b = make_backend(queue=f"{CPU_QUEUE},{SPOT_QUEUE}", fallback_wait=3.0)
+    _moto_api(moto, "/moto-api/state-manager/set-transition",
+              {"model_name": "batch::job", "transition": {"progression": "manual", "times": 2}})
+    try:
+        job = b.start_job(JobSpec(command=["python3", "-c", show], name="w", capacity="spot-then-on-demand"))
+        assert job.handle.queue == SPOT_QUEUE
+        deadline = time.monotonic() + WAIT
+        while job.handle.queue == SPOT_QUEUE:
+            assert time.monotonic() < deadline and b.poll_job(job) is None, b.get_job_logs(job)
+            time.sleep(0.02)  # the poller moves it: nothing to wait on from here
+    finally:
+        _moto_api(moto, "/moto-api/state-manager/unset-transition", {"model_name": "batch::job"})
+    try:
+        assert job.handle.queue == CPU_QUEUE
+        assert b.wait_for_job(job, WAIT) == 0, b.get_job_logs(job)
+        line = next(ln for ln in b.get_job_logs(job).splitlines() if ln.startswith("GOT "))
+        assert json.loads(line.split(" ", 1)[1])["capacity"] == "on-demand"
+    finally:
+        b.cleanup()
 
 
 HOST_LOSS = "Host EC2 (instance i-0a1b2c3d4e5f60718) terminated."

@@ -6,11 +6,14 @@ import pytest
 from fiber_core.contract import BackendError, ConfigError, JobSpec
 
 from fiber_aws.spec import (
+    capacity_queue,
+    choice_spec,
     command,
     group_spec,
     job_name,
     parse_gpu_queues,
     queue_for,
+    queue_lists,
     refuse_credentials,
     resources,
     tags,
@@ -34,6 +37,25 @@ def test_a_job_goes_to_the_queue_of_its_hardware() -> None:
             queue_for(spec, None, GPU_QUEUES)
     with pytest.raises(ConfigError, match="GPU_TYPE:QUEUE"):
         parse_gpu_queues(["nocolon"])
+
+
+def test_each_gpu_alternative_goes_to_its_own_queue() -> None:
+    spec = JobSpec(command=[], gpu_type=["a10g", ("v100", 4)])  # type: ignore[arg-type]
+    assert queue_for(choice_spec(spec, 0), None, GPU_QUEUES) == ("gpu-a10g", 1)
+    assert queue_for(choice_spec(spec, 1), None, GPU_QUEUES) == ("gpu-v100", 4)
+    spot_first = JobSpec(command=[], capacity="spot-then-on-demand")
+    assert [choice_spec(spot_first, i).capacity for i in range(2)] == ["spot", "on-demand"]
+
+
+def test_a_type_listed_again_names_more_queues_and_a_capacity_kind_picks_among_them() -> None:
+    lists = queue_lists("cpu-od, cpu-spot", ["a10g:a-od", "A10G:a-spot", "v100:v"])
+    assert lists == {None: ["cpu-od", "cpu-spot"], "a10g": ["a-od", "a-spot"], "v100": ["v"]}
+    assert parse_gpu_queues(["a10g:a-od", "a10g:a-spot"]) == {"a10g": "a-od"}  # the first is the default
+    kinds = {"a-od": "on-demand", "a-spot": "spot"}
+    assert capacity_queue("spot", lists["a10g"], kinds, "x") == "a-spot"
+    assert capacity_queue("on-demand", lists["a10g"], kinds, "x") == "a-od"
+    with pytest.raises(BackendError, match=r"no job queue of spot capacity for w: its queues are v \(on-demand\)"):
+        capacity_queue("spot", ["v"], {"v": "on-demand"}, "w")
 
 
 def test_resources_volumes_and_the_working_directory() -> None:

@@ -38,6 +38,7 @@ from typing import Any
 from fiber_core.contract import (
     ENV_AUTHKEY,
     EXTRA_ENV,
+    FALLBACK_WAIT,
     Backend,
     BackendError,
     EndReason,
@@ -45,7 +46,9 @@ from fiber_core.contract import (
     JobSpec,
     Option,
     Watcher,
+    choice_text,
     remove_all,
+    waiting_verdict,
 )
 
 from fiber_k8s.cluster import Cluster, http_status, in_pod
@@ -54,6 +57,7 @@ from fiber_k8s.spec import (
     DEFAULT_GPU_LABEL,
     build_pod,
     build_secret,
+    choice_spec,
     label_value,
     load_pod_template,
     pod_name,
@@ -87,7 +91,12 @@ OPTIONS: tuple[Option, ...] = (
     EXTRA_ENV,
     Option("gpu_resource", str, "nvidia.com/gpu", "extended resource that counts GPUs (amd.com/gpu)"),
     Option("gpu_label", str, DEFAULT_GPU_LABEL, "node label that gpu_type must equal (GKE: cloud.google.com/gke-accelerator)"),
-    Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever)"),
+    Option("schedule_timeout", float, 300.0, "seconds a pod may wait for a node before its job fails (0: forever); "
+           "with GPU alternatives, the pod of the last one"),
+    FALLBACK_WAIT,
+    Option("spot_label", str, None, "node label of spot nodes, key=value, for capacity=spot/on-demand (GKE: "
+           "cloud.google.com/gke-spot=true; EKS: eks.amazonaws.com/capacityType=SPOT; Karpenter: "
+           "karpenter.sh/capacity-type=spot; AKS: kubernetes.azure.com/scalesetpriority=spot)"),
     Option("grace_period", int, 10, "seconds a terminated pod has between SIGTERM and SIGKILL"),
     Option("api_timeout", float, 30.0, "seconds one Kubernetes API call may take before it is an error; the watch may be down 4 times this before polls fail"),
     Option("signal_shell", bool, True, "run the command under /bin/sh, which passes SIGTERM on (a PID 1 ignores it)"),
@@ -102,6 +111,7 @@ class _Pod:
     """``Job.handle`` of a pod: what the watch saw of it, and what Fiber asked of it."""
 
     created: float
+    choice: int = 0  # which GPU alternative of the job's spec this pod asks for
     pod: dict[str, Any] | None = None
     deleted: bool = False
     stop_signal: int | None = None  # SIGTERM / SIGKILL once terminate / kill deleted it
@@ -118,6 +128,8 @@ class KubernetesBackend(Backend):
     aliases = ("k8s",)
     options = OPTIONS
     package = "fiber-k8s"
+    gpu_alternatives = True  # one pod per alternative, in order, each after fallback_wait (docs/placement.md)
+    capacity_kinds = True  # by the spot_label setting: node affinity and a toleration (spec.capacity_terms)
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:
@@ -243,7 +255,7 @@ class KubernetesBackend(Backend):
         self._ensure_watch()
         self._ensure_secret(spec)
         for _ in range(3):
-            body = self.manifest(spec)
+            body = self.manifest(choice_spec(spec, 0))
             name = body["metadata"]["name"]
             job = self.track_job(Job(id=name, spec=spec, handle=_Pod(time.monotonic())))  # its first events
             try:  # may come before create_pod returns
@@ -255,6 +267,35 @@ class KubernetesBackend(Backend):
                     continue  # the random part of the name collided
                 raise
         raise BackendError(f"could not find a free pod name for {spec.name} in {cluster.namespace}")
+
+    def _next_choice(self, job: Job, pod: _Pod, why: str) -> None:
+        """Replace the waiting pod of ``job`` by one for its next GPU alternative (the job's id
+        becomes the new pod's name), and delete the old one."""
+        with self._lock:
+            if job.handle is not pod or job.state.done() or pod.stop_signal is not None:
+                return  # another poll moved it, or it ended or is being stopped
+            old, index = job.id, pod.choice + 1
+            spec = choice_spec(job.spec, index)
+            alternatives = job.spec.alternatives
+            for _ in range(3):
+                body = self.manifest(spec)
+                job.handle = _Pod(time.monotonic(), choice=index)
+                self.rename_job(job, body["metadata"]["name"])  # before create_pod: its first events
+                try:
+                    self.cluster.create_pod(body)
+                    break
+                except BackendError as e:
+                    if http_status(e) == 409:
+                        continue  # the random part of the name collided
+                    self._finish(job, NO_EXIT_STATUS, EndReason.NEVER_STARTED,
+                                 f"could not create the pod of {alternatives[index]} for {job.spec.name}: {e}")
+                    break
+        waited = float(self.settings.get("fallback_wait") or 0)
+        log.info("fiber: no node took %s (pod %s) for %s within fallback_wait=%gs%s; trying %s (pod %s)",
+                 job.spec.name, old, alternatives[index - 1], waited, f": {why}" if why else "",
+                 alternatives[index], job.id)
+        threading.Thread(target=self._delete_quietly, args=(old,), daemon=True,
+                         name=f"fiber-k8s-delete-{old}").start()
 
     @property
     def create_concurrency(self) -> int:  # type: ignore[override]
@@ -303,9 +344,16 @@ class KubernetesBackend(Backend):
             p = job.handle
             timeout = float(self.settings.get("schedule_timeout") or 0)
             waiting = pod_unschedulable(p.pod)
-            if timeout > 0 and waiting is not None and time.monotonic() - p.created > timeout:
+            verdict = "wait" if waiting is None else waiting_verdict(
+                p.choice, len(job.spec.alternatives), time.monotonic() - p.created,
+                float(self.settings.get("fallback_wait") or 0), timeout)
+            if verdict == "next":
+                self._next_choice(job, p, waiting or "")
+            elif verdict == "fail":
+                tried = (f" (after {choice_text(job.spec.alternatives[:-1])}, each for fallback_wait="
+                         f"{float(self.settings.get('fallback_wait') or 0):g}s)") if p.choice else ""
                 self._finish(job, NO_EXIT_STATUS, EndReason.NEVER_STARTED, (
-                    f"pod {job.id} was not scheduled within schedule_timeout={timeout:g}s: "
+                    f"pod {job.id} was not scheduled within schedule_timeout={timeout:g}s{tried}: "
                     f"{waiting or 'no node took it'}. Check its cpu/memory/gpu/gpu_type requests, "
                     "node_selector and tolerations against the cluster's nodes, or raise "
                     "FIBER_KUBERNETES_SCHEDULE_TIMEOUT."), delete=True)
@@ -342,10 +390,12 @@ class KubernetesBackend(Backend):
     def _stop(self, job: Job, sig: int, grace: int) -> None:
         if job.state.done():
             return
-        p = job.handle
-        if p.stop_signal != signal.SIGKILL:
-            p.stop_signal = sig
-        self._delete(job.id, grace)
+        with self._lock:  # not while _next_choice replaces the pod: the new one is stopped, or none is made
+            p = job.handle
+            if p.stop_signal != signal.SIGKILL:
+                p.stop_signal = sig
+            name = job.id
+        self._delete(name, grace)
 
     def terminate_job(self, job: Job) -> None:
         self._stop(job, signal.SIGTERM, int(self.settings.get("grace_period") or 0))
@@ -489,8 +539,8 @@ class _PodWatch:
         started = time.monotonic()
         listed = self.cluster.list_pods(self.selector)
         for pod in listed.get("items") or []:
-            self.backend._on_event("MODIFIED", pod)
-        self.backend._on_relist({p["metadata"]["name"] for p in listed.get("items") or []}, started)
+            self.backend._on_event("MODIFIED", pod)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
+        self.backend._on_relist({p["metadata"]["name"] for p in listed.get("items") or []}, started)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
         self.rv = listed["metadata"]["resourceVersion"]
         self.resp = self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
 
@@ -516,7 +566,7 @@ class _PodWatch:
                     break
                 self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
                 if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                    self.backend._on_event(event["type"], obj)
+                    self.backend._on_event(event["type"], obj)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
             return 0.0
         except Exception as e:
             if not self.closed:

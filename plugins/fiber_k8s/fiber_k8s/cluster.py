@@ -101,10 +101,11 @@ class Cluster:
                                or context_ns or "default")
 
     def request(self, verb: str, resource: str, method: str, path: str, query: Mapping[str, Any] | None = None,
-                body: Any = None, stream: bool = False, timeout: Any = None) -> Any:
+                body: Any = None, stream: bool = False, timeout: Any = None, api: str = "/api/v1") -> Any:
         """One API request with the official client's ``ApiClient``; errors wrapped in BackendError.
 
-        ``path`` is relative to ``/api/v1/namespaces/<namespace>``. Returns the decoded JSON
+        ``path`` is relative to ``<api>/namespaces/<namespace>`` (``api``: the core group's
+        ``/api/v1``, or a group's, such as ``/apis/batch/v1``). Returns the decoded JSON
         (plain dicts: the client's model classes take seconds to import and are not needed),
         the text of a ``text/plain`` answer, or with ``stream`` the unread ``urllib3``
         response (watches, followed logs). ``verb`` and ``resource`` name the permission the
@@ -118,7 +119,7 @@ class Cluster:
         params = [(k, str(v).lower() if isinstance(v, bool) else v) for k, v in (query or {}).items()
                   if v is not None]
         try:
-            req = self.api.param_serialize(method=method, resource_path=f"/api/v1/namespaces/{{namespace}}{path}",
+            req = self.api.param_serialize(method=method, resource_path=f"{api}/namespaces/{{namespace}}{path}",
                                            path_params={"namespace": self.namespace}, query_params=params,
                                            header_params=headers, body=body, auth_settings=["BearerToken"])
             resp = self.api.call_api(*req, _request_timeout=timeout or self.timeout)
@@ -172,6 +173,18 @@ class Cluster:
         if follow:
             return answer
         return answer if isinstance(answer, str) else ""
+
+    def create_batch_job(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A batch/v1 Job (``fiber run --durable``)."""
+        return self.request("create", "jobs", "POST", "/jobs", None, body, api="/apis/batch/v1")
+
+    def read_batch_job(self, name: str) -> dict[str, Any]:
+        return self.request("get", "jobs", "GET", f"/jobs/{name}", api="/apis/batch/v1")
+
+    def delete_batch_job(self, name: str) -> dict[str, Any]:
+        """Delete the Job and, in the background, its pods."""
+        return self.request("delete", "jobs", "DELETE", f"/jobs/{name}", {"propagationPolicy": "Background"},
+                            api="/apis/batch/v1")
 
     def create_secret(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self.request("create", "secrets", "POST", "/secrets", None, body)

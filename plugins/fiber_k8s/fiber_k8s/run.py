@@ -6,6 +6,9 @@ service account (``rbac.yaml``), streams its logs until it ends, and exits with 
 code. In the cluster the program's processes are pods that the parent pod creates and
 owns. ``--build`` builds the project's Dockerfile with the docker SDK and pushes it to
 ``registry``; ``--dry-run`` prints the parent pod's manifest instead of creating it.
+``--durable`` runs the parent pod as a Job that starts the program again when its pod is
+evicted or its node lost (see :mod:`fiber_k8s.durable`); with a journal the program picks up
+where it was.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from fiber_core.contract import (
 # a command of the CLI, it forwards the settings made here, which only the runtime resolves.
 from fiber_core.runtime.config import GLOBAL_OPTIONS, config, selected_backend_name
 
+from fiber_k8s import durable
 from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend, load_pod_template
 from fiber_k8s.rbac import SERVICE_ACCOUNT
 
@@ -64,6 +68,11 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set in the parent pod")
     p.add_argument("--volume", action="append", default=[], metavar="SOURCE:PATH[:ro]",
                    help="mount in the parent pod: a claim name or a /host/path")
+    p.add_argument("--durable", action="store_true",
+                   help="run the parent pod as a Job that starts the program again when its pod is evicted "
+                        "or its node lost (give it a journal: --env FIBER_JOURNAL=PATH on a --volume)")
+    p.add_argument("--retries", type=int, default=0,
+                   help="with --durable: starts again after the program's own failures (default 0)")
     p.add_argument("--dry-run", action="store_true", help="print the parent pod's manifest and exit")
     p.add_argument("--detach", action="store_true", help="create the pod, print its name and exit")
     p.add_argument("--keep", action="store_true", help="keep the parent pod after it ends (for kubectl logs)")
@@ -163,20 +172,11 @@ def run(args: argparse.Namespace) -> int:
     registry_name = args.registry if args.registry is not None else settings.get("registry")
     options: dict[str, Any] = {"service_account": args.service_account,
                                "volumes": [*settings.get("volumes", []), *args.volume]}
-    if args.build:
-        if args.dry_run:  # not built: the tag is the image id of a build
-            image = image_repository(args.context, registry_name) + ":dry-run"
-        else:
-            image = build_image(args.context, args.dockerfile, registry_name)
-        if not registry_name:
-            options["image_pull_policy"] = "IfNotPresent"  # only on this Docker: never pull it
-    else:
-        image = args.image or settings.get("image") or config.get("image")
-        if not image:
-            raise FiberError("fiber run needs an image: --image IMAGE, --build (from ./Dockerfile), or "
-                             "the image setting (FIBER_KUBERNETES_IMAGE)")
+    image = _image(args, settings, registry_name, options)
     run_id = uuid.uuid4().hex[:12]
-    env = {**_forwarded_env(), "FIBER_BACKEND": KubernetesBackend.name, ENV_RUN_ID: run_id, **parse_pairs(args.env, "--env")}
+    # A durable run's every start is a run of its own (its pods, its key); the label ties them.
+    own_id = {} if args.durable else {ENV_RUN_ID: run_id}
+    env = {**_forwarded_env(), "FIBER_BACKEND": KubernetesBackend.name, **own_id, **parse_pairs(args.env, "--env")}
     if settings.get("pod_template"):  # its file is on this machine: the parent pod gets its content
         env["FIBER_KUBERNETES_POD_TEMPLATE"] = json.dumps(load_pod_template(settings["pod_template"]),
                                                           separators=(",", ":"))
@@ -185,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
                    labels={"fiber.run": run_id, "fiber.role": "main"}, backend_options=options)
     backend = KubernetesBackend(settings, run_id)
     env["FIBER_KUBERNETES_NAMESPACE"] = backend.namespace  # the jobs go beside the parent pod
+    if args.durable:
+        return _run_durable(args, backend, spec, image, run_id)
     if args.dry_run:
         _print_manifest(backend.manifest(spec))
         return 0
@@ -210,6 +212,51 @@ def run(args: argparse.Namespace) -> int:
         if not args.keep:
             backend.cleanup()
     assert code is not None
+    return code if code >= 0 else 128 - code
+
+
+def _image(args: argparse.Namespace, settings: dict[str, Any], registry_name: str | None,
+           options: dict[str, Any]) -> str:
+    """The parent pod's image: --image, the one --build makes, or the setting."""
+    if args.build:
+        if not registry_name:
+            options["image_pull_policy"] = "IfNotPresent"  # only on this Docker: never pull it
+        if args.dry_run:  # not built: the tag is the image id of a build
+            return image_repository(args.context, registry_name) + ":dry-run"
+        return build_image(args.context, args.dockerfile, registry_name)
+    image = args.image or settings.get("image") or config.get("image")
+    if not image:
+        raise FiberError("fiber run needs an image: --image IMAGE, --build (from ./Dockerfile), or "
+                         "the image setting (FIBER_KUBERNETES_IMAGE)")
+    return image
+
+
+def _run_durable(args: argparse.Namespace, backend: KubernetesBackend, spec: JobSpec, image: str,
+                 run_id: str) -> int:
+    """``fiber run --durable``: the parent pod as a Job; its pods' logs until it ends."""
+    manifest = durable.job_manifest(backend.manifest(spec), args.retries)
+    if args.dry_run:
+        _print_manifest(manifest)
+        return 0
+    cluster = backend.cluster
+    name = cluster.create_batch_job(manifest)["metadata"]["name"]
+    where = f"{backend.namespace}/{name}"
+    if args.detach:
+        print(where)
+        return 0
+    print(f"fiber run: job {where} (image {image}, run {run_id}, durable)", file=sys.stderr)
+    try:
+        code = durable.follow(cluster, name, CONTAINER)
+    except KeyboardInterrupt:
+        print(f"fiber run: interrupted: deleting job {where}", file=sys.stderr)
+        code = -signal.SIGINT
+    finally:
+        if not args.keep:
+            try:
+                cluster.delete_batch_job(name)
+            except BackendError as e:
+                print(f"fiber run: cannot delete job {where}: {e}", file=sys.stderr)
+            backend.cleanup()
     return code if code >= 0 else 128 - code
 
 

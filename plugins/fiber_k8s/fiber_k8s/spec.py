@@ -17,9 +17,11 @@ from typing import Any
 
 from fiber_core.contract import (
     ENV_AUTHKEY,
+    ENV_NODE,
     BackendError,
     ConfigError,
     JobSpec,
+    capacity_kinds,
     clean_name,
     gpu_count,
     job_environment,
@@ -264,6 +266,7 @@ def _env(spec: JobSpec, opts: Mapping[str, Any], secret: str | None) -> list[dic
         "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
+        ENV_NODE: {"fieldRef": {"fieldPath": "spec.nodeName"}},  # the host of current_process().resources
     }
     env.update(job_environment(spec.env, opts.get("extra_env"), "[kubernetes]"))
     if secret and ENV_AUTHKEY in env:
@@ -326,4 +329,68 @@ def build_pod(spec: JobSpec, settings: Mapping[str, Any], *, name: str, namespac
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
     if opts.get("pod_template"):
         pod = merge_pod_template(pod, load_pod_template(opts["pod_template"]))
+    return _on_capacity(pod, spec, opts)
+
+
+def _on_capacity(pod: dict[str, Any], spec: JobSpec, opts: Mapping[str, Any]) -> dict[str, Any]:
+    """``pod`` kept on the capacity kind of ``spec`` (after the template: each of its terms too)."""
+    kinds = capacity_kinds(spec.capacity)
+    expressions, tolerations = capacity_terms(kinds[0] if kinds else None, opts.get("spot_label"))
+    if tolerations:
+        pod["spec"]["tolerations"] = [*(pod["spec"].get("tolerations") or []), *tolerations]
+    return require_node(pod, expressions)
+
+
+def choice_spec(spec: JobSpec, choice: int) -> JobSpec:
+    """The spec of the pod for alternative ``choice`` (0-based) of ``spec``
+    (``JobSpec.alternatives``: GPU types within capacity kinds): that type and count, that
+    capacity kind, and the record that tells the job what it got. A job that names neither as it is."""
+    alternatives = spec.alternatives
+    if not alternatives:
+        return spec
+    return spec.choosing(alternatives[choice])
+
+
+SPOT_LABELS = {
+    "gke": "cloud.google.com/gke-spot=true",
+    "eks": "eks.amazonaws.com/capacityType=SPOT",
+    "karpenter": "karpenter.sh/capacity-type=spot",
+    "aks": "kubernetes.azure.com/scalesetpriority=spot",
+}
+"""The label of spot nodes on the managed clusters (GKE Spot VMs, EKS managed node groups,
+Karpenter, AKS spot node pools): what the ``spot_label`` setting is set to there."""
+
+
+def capacity_terms(kind: str | None, spot_label: str | None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(node affinity match expressions, tolerations) that keep a pod on ``kind`` of capacity:
+    a spot pod requires ``spot_label`` (``key=value``) and tolerates NoSchedule taints of its
+    key (AKS taints its spot nodes so; others may); an on-demand pod requires its absence (a
+    node without the label, or with another value, as EKS's ``ON_DEMAND``)."""
+    if kind is None:
+        return [], []
+    key, sep, value = (spot_label or "").partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise ConfigError(
+            f"capacity={kind!r} needs [kubernetes] spot_label (FIBER_KUBERNETES_SPOT_LABEL), the label of "
+            f"spot nodes as key=value{'' if not spot_label else f' (not {spot_label!r})'}: "
+            + "; ".join(f"{where.upper()}: {label}" for where, label in SPOT_LABELS.items()))
+    key, value = key.strip(), value.strip()
+    if kind == "spot":
+        return ([{"key": key, "operator": "In", "values": [value]}],
+                [{"key": key, "operator": "Exists", "effect": "NoSchedule"}])
+    return [{"key": key, "operator": "NotIn", "values": [value]}], []
+
+
+def require_node(pod: dict[str, Any], expressions: list[dict[str, Any]]) -> dict[str, Any]:
+    """``pod`` with ``expressions`` required of its node: added to every required node
+    affinity term (terms are ORed: each must hold them), or as the one term if it has none."""
+    if not expressions:
+        return pod
+    affinity = pod["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), *copy.deepcopy(expressions)]
     return pod

@@ -143,7 +143,9 @@ def build_pod_site(target: Path) -> Path:
     The test image ``fiber-test`` has Python 3.11 and fiber-core only. This copies the
     files of ``kubernetes`` and everything it requires from this (3.11) environment, and
     fiber_k8s with a dist-info holding its entry point, so that ``PYTHONPATH=<target>``
-    (or the image built from it) runs a parent process that starts pods.
+    (or the image built from it) runs a parent process that starts pods. This tree's
+    fiber_core goes with it: the plugin may need what the image's (built from another
+    commit) does not have yet.
     """
     target.mkdir(parents=True, exist_ok=True)
     seen: set[str] = set()
@@ -167,8 +169,9 @@ def build_pod_site(target: Path) -> Path:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dst)
         todo.extend(_requirements(name))
-    shutil.copytree(PLUGIN / "fiber_k8s", target / "fiber_k8s", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in (PLUGIN / "fiber_k8s", PLUGIN.parents[1] / "fiber_core"):
+        shutil.copytree(package, target / package.name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     dist = importlib.metadata.distribution("fiber-k8s")  # installed (editable) for the tests
     info = target / f"fiber_k8s-{dist.version}.dist-info"
     info.mkdir(exist_ok=True)

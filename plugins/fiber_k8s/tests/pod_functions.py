@@ -41,3 +41,12 @@ def meet(x: int, barrier) -> str:  # noqa: ANN001 - a fiber_core.Barrier
 
 def put_rank(q, rank: int, size: int) -> None:  # noqa: ANN001 - a fiber_core.Queue
     q.put((rank, size))
+
+
+def resources() -> str:
+    """What this job got (``current_process().resources``), as JSON."""
+    import json
+
+    import fiber_core
+
+    return json.dumps(fiber_core.current_process().resources)

@@ -499,3 +499,93 @@ def test_empty_optional_fields_are_dropped(v1: client.CoreV1Api, ns: str) -> Non
     assert "args" not in c and "workingDir" not in c and c["env"] == [{"name": "E"}]
     assert c["resources"] == {}  # an empty struct stays, as in the API server's JSON
     v1.delete_namespaced_pod(created["metadata"]["name"], ns, grace_period_seconds=0)
+
+
+# --- batch/v1 Jobs and their controller ------------------------------------------------------------
+
+
+def job(command: list[str], image: str, backoff: int = 0) -> client.V1Job:
+    """A Job whose pods' disruptions (eviction, node loss) are not counted, as `fiber run --durable` makes."""
+    policy = client.V1PodFailurePolicy(rules=[client.V1PodFailurePolicyRule(
+        action="Ignore", on_pod_conditions=[client.V1PodFailurePolicyOnPodConditionsPattern(
+            type="DisruptionTarget", status="True")])])
+    spec = client.V1PodSpec(restart_policy="Never", containers=[client.V1Container(
+        name="main", image=image, command=command)])
+    return client.V1Job(metadata=client.V1ObjectMeta(generate_name="emujob-"), spec=client.V1JobSpec(
+        backoff_limit=backoff, pod_failure_policy=policy, template=client.V1PodTemplateSpec(spec=spec)))
+
+
+def until(check: Callable[[], Any], what: str) -> Any:
+    """Poll the API (Jobs have no watch here) until ``check()`` returns something true."""
+    import time
+
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {WAIT} s")
+
+
+def job_pods(v1: client.CoreV1Api, ns: str, name: str) -> list[client.V1Pod]:
+    return v1.list_namespaced_pod(ns, label_selector=f"batch.kubernetes.io/job-name={name}").items
+
+
+def job_ended(batch: client.BatchV1Api, ns: str, name: str, ctype: str) -> client.V1Job:
+    def ended() -> client.V1Job | None:
+        j = batch.read_namespaced_job(name, ns)
+        return j if any(c.type == ctype and c.status == "True" for c in j.status.conditions or []) else None
+    return until(ended, f"job {name} {ctype}")
+
+
+def new_running_pod(v1: client.CoreV1Api, ns: str, name: str, old: set[str]) -> client.V1Pod:
+    def running() -> client.V1Pod | None:
+        return next((p for p in job_pods(v1, ns, name) if p.metadata.name not in old
+                     and p.status.phase == "Running" and not p.metadata.deletion_timestamp), None)
+    return until(running, f"a new running pod of job {name}")
+
+
+def test_a_job_runs_its_pod_to_completion_and_counts_a_failure_against_its_limit(
+        v1: client.CoreV1Api, ns: str, image: str) -> None:
+    batch = client.BatchV1Api(v1.api_client)
+    done = batch.create_namespaced_job(ns, job(["python3", "-c", "print('ok')"], image))
+    j = job_ended(batch, ns, done.metadata.name, "Complete")
+    assert j.status.succeeded == 1 and [c.type for c in j.status.conditions] == ["SuccessCriteriaMet", "Complete"]
+    [p] = job_pods(v1, ns, done.metadata.name)
+    assert p.metadata.owner_references[0].kind == "Job" and p.metadata.labels["job-name"] == done.metadata.name
+    failing = batch.create_namespaced_job(ns, job(["python3", "-c", "raise SystemExit(3)"], image, backoff=1))
+    j = job_ended(batch, ns, failing.metadata.name, "Failed")
+    assert j.status.failed == 2 and j.status.conditions[-1].reason == "BackoffLimitExceeded"
+    assert len(job_pods(v1, ns, failing.metadata.name)) == 2
+    with pytest.raises(ApiException) as e:
+        batch.create_namespaced_job(ns, client.V1Job(metadata=client.V1ObjectMeta(name="bad"), spec=client.V1JobSpec(
+            template=client.V1PodTemplateSpec(spec=client.V1PodSpec(restart_policy="Always", containers=[
+                client.V1Container(name="main", image=image)])))))
+    assert e.value.status == 422 and "restartPolicy" in error(e.value)["message"]
+    batch.delete_namespaced_job(failing.metadata.name, ns, propagation_policy="Background")
+    with pytest.raises(ApiException) as e:
+        batch.read_namespaced_job(failing.metadata.name, ns)
+    assert e.value.status == 404
+    until(lambda: not [p for p in job_pods(v1, ns, failing.metadata.name) if not p.metadata.deletion_timestamp],
+          "the deleted job's pods deleted")
+
+
+def test_a_job_replaces_a_pod_lost_to_eviction_or_node_loss_without_counting_it(
+        emu: Emu, v1: client.CoreV1Api, ns: str, image: str, restore_config: None) -> None:
+    emu.admin("config", {"nodes": [{"name": "node-a"}, {"name": "node-b"}]}, "PUT")
+    batch = client.BatchV1Api(v1.api_client)
+    name = batch.create_namespaced_job(ns, job(["sleep", "300"], image)).metadata.name
+    first = new_running_pod(v1, ns, name, set())
+    v1.create_namespaced_pod_eviction(first.metadata.name, ns, client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=first.metadata.name),
+        delete_options=client.V1DeleteOptions(grace_period_seconds=1)))
+    second = new_running_pod(v1, ns, name, {first.metadata.name})
+    lost = emu.admin("lose-node", {"name": second.spec.node_name}, "POST")
+    assert second.metadata.name in lost["pods"]
+    third = new_running_pod(v1, ns, name, {first.metadata.name, second.metadata.name})
+    assert third.spec.node_name != second.spec.node_name  # the lost node takes nothing any more
+    j = until(lambda: (lambda j: j if j.status.active == 1 else None)(batch.read_namespaced_job(name, ns)),
+              "the job's status counting its new pod")
+    assert not j.status.failed and not j.status.conditions  # neither loss was counted
+    batch.delete_namespaced_job(name, ns, propagation_policy="Background")

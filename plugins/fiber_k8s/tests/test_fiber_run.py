@@ -266,3 +266,90 @@ def test_fiber_run_is_for_kubernetes(env: dict[str, str], tmp_path: Path) -> Non
     assert out.returncode == 2 and "Kubernetes only" in out.stderr
     out = fiber("run", env=env, cwd=tmp_path)
     assert out.returncode == 2 and "give the command" in out.stderr
+
+
+# -- --durable ------------------------------------------------------------------------------------
+
+DURABLE_PROGRAM = """
+import time
+import fiber_core as multiprocessing
+
+
+def slow_square(x):
+    time.sleep(0.03)
+    return x * x
+
+
+if __name__ == "__main__":
+    print("start", flush=True)
+    with multiprocessing.Pool(2) as pool:
+        total = sum(pool.map(slow_square, range(200), chunksize=1))
+    print("result", total, flush=True)
+"""
+
+
+def test_dry_run_durable_is_a_job_that_ignores_disruptions(env: dict[str, str], tmp_path: Path) -> None:
+    out = fiber("run", "--dry-run", "--durable", "--retries", "2", "--image", "fiber-test:latest", "python3", "app.py",
+                env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    job = yaml.safe_load(out.stdout)
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    assert job["spec"]["backoffLimit"] == 2
+    assert job["spec"]["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    pod = job["spec"]["template"]
+    assert pod["spec"]["restartPolicy"] == "Never" and pod["metadata"]["labels"]["fiber.role"] == "main"
+    env_names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "FIBER_RUN_ID" not in env_names  # every start is a run of its own
+
+
+def test_a_durable_run_survives_its_pod_evicted_and_then_its_node_lost(
+        emu: Emu, v1: client.CoreV1Api, ns: str, env: dict[str, str], pod_args: list[str], image: str,
+        tmp_path: Path, restore_config: None) -> None:
+    """The program's pod is evicted mid-run (Eviction API), then the node of the pod that
+    replaced it is lost: the Job starts the program a third time, which finishes; `fiber run`
+    shows all three starts' output and exits 0, with the same result as an undisturbed run."""
+    emu.admin("config", {"nodes": [{"name": "node-a"}, {"name": "node-b"}, {"name": "node-c"}]}, "PUT")
+    prog = subprocess.Popen([sys.executable, "-m", "fiber_core.cli", "run", "--durable", "--image", image,
+                             *pod_args, "python3", "-c", DURABLE_PROGRAM], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    errors: list[str] = []
+    threading.Thread(target=lambda: errors.extend(prog.stderr), daemon=True).start()  # type: ignore[arg-type]
+    assert prog.stdout is not None
+    lines: list[str] = []
+
+    def next_start() -> client.V1Pod:
+        """Read the program's output until one more start, and give the pod that runs it."""
+        for line in prog.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.strip() == "start":
+                break
+        else:
+            raise AssertionError(f"fiber run ended: {''.join(lines)}{''.join(errors)}")
+        running = [p for p in v1.list_namespaced_pod(ns, label_selector="fiber.role=main,job-name").items
+                   if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        assert len(running) == 1, [p.metadata.name for p in running]
+        return running[0]
+
+    try:
+        first = next_start()
+        v1.create_namespaced_pod_eviction(first.metadata.name, ns, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=first.metadata.name),
+            delete_options=client.V1DeleteOptions(grace_period_seconds=1)))
+        second = next_start()
+        assert second.metadata.name != first.metadata.name
+        emu.admin("lose-node", {"name": second.spec.node_name}, "POST")
+        third = next_start()
+        assert third.spec.node_name != second.spec.node_name
+        lines.extend(prog.stdout)
+        assert prog.wait(3 * WAIT) == 0, "".join(lines) + "".join(errors)
+    finally:
+        if prog.poll() is None:
+            prog.kill()
+    assert [line.split() for line in lines if line.startswith("result")] == [
+        ["result", str(sum(x * x for x in range(200)))]]
+    assert sum(1 for line in lines if line.strip() == "start") == 3
+    said = "".join(errors)
+    assert "was disrupted (EvictionByEvictionAPI" in said and "start 3" in said
+    assert not v1.list_namespaced_pod(ns, label_selector="fiber.role=main,job-name").items or all(
+        p.metadata.deletion_timestamp for p in v1.list_namespaced_pod(ns, label_selector="fiber.role=main,job-name").items)

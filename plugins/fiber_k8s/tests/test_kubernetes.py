@@ -553,6 +553,51 @@ def test_pool_map_under_evictions_charges_no_task(v1: client.CoreV1Api, ns: str,
             assert p.job is not None and p.job.state.reason is EndReason.PREEMPTED, p.job.state
 
 
+@pytest.mark.timeout(300)
+def test_a_pool_rides_out_an_api_server_that_goes_away_and_comes_back(
+        v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str], image: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server restarts mid-map (as a client sees it: every connection, the pod watch
+    included, reset; new ones refused for 5 s; then the same state on the same address), and
+    a worker pod is evicted while it is away. The pods keep running, the map finishes with
+    every result once and in order, and the watch that resumes sees the eviction."""
+    from urllib.parse import urlsplit
+
+    from fiber_core.testing.outage import Outage
+
+    kubeconfig = yaml.safe_load(Path(k8s_env["FIBER_KUBERNETES_KUBECONFIG"]).read_text())
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    target = urlsplit(cluster["server"])
+    assert target.hostname is not None and target.port is not None
+    with Outage(target.hostname, target.port) as api:
+        cluster["server"] = f"{target.scheme}://127.0.0.1:{api.port}"
+        through = tmp_path / "kubeconfig"
+        through.write_text(yaml.safe_dump(kubeconfig))
+        monkeypatch.setenv("FIBER_KUBERNETES_KUBECONFIG", str(through))  # a new backend: through it
+        n = 600
+        with fiber_core.Pool(3, backend="kubernetes") as pool:
+            results = pool.imap(pod_functions.ms_task, range(n), chunksize=2)
+            first = [next(results) for _ in range(100)]
+            with pool._lock:
+                victim = next(w.process for w in pool._workers.values()
+                              if w.ready and not w.lost and w.process.job is not None)
+            api.cut()
+            before = api.accepted
+            assert before > 0  # the backend talks through it
+            assert victim.job is not None
+            v1.create_namespaced_pod_eviction(victim.job.id, ns, client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=victim.job.id),
+                delete_options=client.V1DeleteOptions(grace_period_seconds=1)))
+            threading.Event().wait(5.0)  # the length of the outage, not a synchronisation
+            api.restore()
+            out = first + list(results)
+            assert out == list(range(n))
+            victim.join(WAIT)
+            assert victim.job.state.reason is EndReason.PREEMPTED, victim.job.state
+            assert pool.map(pod_functions.square, range(8)) == [x * x for x in range(8)]
+        assert api.accepted > before  # it came back to the same address
+
+
 def test_process_roundtrip_and_cleanup_after_normal_exit(v1: client.CoreV1Api, ns: str, k8s_env: dict[str, str],
                                                          image: str, tmp_path: Path) -> None:
     script = tmp_path / "app.py"

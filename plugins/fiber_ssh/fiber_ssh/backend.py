@@ -38,6 +38,7 @@ paramiko is imported when a backend is created, never when the plugin is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import socket
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from fiber_core.contract import (
     HOST_LOST_EXITCODE,
     TIMEOUT_ALIAS,
+    Alternative,
     Backend,
     BackendError,
     EndReason,
@@ -58,11 +60,12 @@ from fiber_core.contract import (
     Option,
     Watcher,
     gpu_count,
+    resources_env,
 )
 
 from fiber_ssh.channels import IDLE, Channels, Run
 from fiber_ssh.connect import Connector, Host, Unreachable
-from fiber_ssh.hosts import Placement, Slots, place, release
+from fiber_ssh.hosts import Placement, Slots, place, place_choice, release
 from fiber_ssh.spec import job_env, job_line, supervisor_command
 from fiber_ssh.status import Seen, job_end
 from fiber_ssh.upload import DEFAULT_EXCLUDE, remove_upload, upload
@@ -75,7 +78,7 @@ log = logging.getLogger("fiber")
 OPTIONS: tuple[Option, ...] = (
     Option("hosts", str, None,
            "hosts that run the jobs, comma- or space-separated: "
-           "[user@]host[:port][*slots][[gpu=N,gpu_type=T]]"),
+           "[user@]host[:port][*slots][[gpu=N,gpu_type=T,cost=C]]"),
     Option("user", str, None, "login for hosts that name none (default: ~/.ssh/config, then the local user)"),
     Option("port", int, None, "SSH port for hosts that name none (default: ~/.ssh/config, then 22)"),
     Option("key", str, None,
@@ -116,6 +119,7 @@ class SshBackend(Backend):
     name = "ssh"
     package = "fiber-ssh"
     options = OPTIONS
+    gpu_alternatives = True  # the first alternative with free room on a host (hosts.place_choice)
     renamed_options = {"timeout": "api_timeout"}
     create_concurrency = 16  # a group start opens channels on several hosts at once
     spare_jobs = 1  # an idle worker holds one slot of a host
@@ -167,14 +171,13 @@ class SshBackend(Backend):
         for _ in range(len(self._hosts) + 1):
             with self._lock:
                 try:
-                    gpu = gpu_count(spec)  # a type alone means one GPU
-                    placement = place(self._slots, spec.cpu, gpu, spec.gpu_type)
+                    placement, placed = self._place(spec)
                 except BackendError as e:
                     raise BackendError(f"{e}{self._lost_summary()}") from None
                 self._warn_if_full(placement)
             host = self._hosts[placement.index]
             try:
-                return self._launch(host, placement, spec)
+                return self._launch(host, placement, placed)
             except Unreachable as e:
                 with self._lock:
                     release(self._slots, placement)
@@ -184,6 +187,18 @@ class SshBackend(Backend):
                     release(self._slots, placement)
                 raise
         raise BackendError(f"could not start {spec.name} on any SSH host{self._lost_summary()}")
+
+    def _place(self, spec: JobSpec) -> tuple[Placement, JobSpec]:
+        """Where ``spec`` runs (under the lock), and what runs there: the spec of the GPU
+        alternative chosen, its environment saying what the job got (the host's cost too)."""
+        if spec.gpu_choices:
+            placement, choice = place_choice(self._slots, spec.cpu, spec.gpu_choices)
+            return placement, spec.choosing(choice, cost_per_hour=self._slots[placement.index].cost)
+        placement = place(self._slots, spec.cpu, gpu_count(spec), None)
+        cost = self._slots[placement.index].cost  # the host's label, else the prices setting's
+        got = resources_env(None, gpu=len(placement.gpus), cost_per_hour=spec.costs.get(Alternative()) if cost is None
+                            else cost)
+        return placement, dataclasses.replace(spec, env={**spec.env, **got})
 
     def terminate_job(self, job: Job) -> None:
         if not job.state.done():
@@ -248,7 +263,7 @@ class SshBackend(Backend):
             slots = []
             for h, reason in zip(hosts, results):
                 n = h.spec.slots or (h.info or {}).get("cpus") or 1
-                slots.append(Slots(h.name, n, h.spec.gpu, h.spec.gpu_type, alive=reason is None))
+                slots.append(Slots(h.name, n, h.spec.gpu, h.spec.gpu_type, alive=reason is None, cost=h.spec.cost))
                 if reason is not None:
                     h.lost_reason, h.lost_at = reason, time.monotonic()
                     log.warning("fiber-ssh: host %s is unreachable: %s", h.name, reason)

@@ -4,17 +4,18 @@ Syntax of one host (hosts are separated by commas or spaces)::
 
     [user@]host[:port][*slots][[key=value,...]]
 
-    alice@gpu1:2222*8[gpu=2,gpu_type=a10g]
+    alice@gpu1:2222*8[gpu=2,gpu_type=a10g,cost=1.2]
     gpu2*4
     [fe80::1%eth0]:22          (an IPv6 address goes in brackets)
 
 ``slots`` is how many jobs the host runs at once before it counts as full
 (default: its CPU count, read when Fiber connects). Keys in brackets: ``gpu``
 (number of GPUs), ``gpu_type`` (their model, matched case-insensitively against
-``meta(gpu_type=...)``) and ``slots``.
+``meta(gpu_type=...)``), ``slots`` and ``cost`` (what the host costs per hour, which its
+jobs see in ``current_process().resources``).
 
-Placement (:func:`place`) is pure bookkeeping, kept apart from SSH so that it can be
-read and tested alone.
+Placement (:func:`place`, and :func:`place_choice` for GPU alternatives in order of
+preference) is pure bookkeeping, kept apart from SSH so that it can be read and tested alone.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from fiber_core.contract import BackendError, ConfigError
+from fiber_core.contract import BackendError, ConfigError, GpuChoice, choice_text
 
 _HOST = re.compile(
     r"""^(?:(?P<user>[^@\s\[\]]+)@)?
@@ -34,7 +35,7 @@ _HOST = re.compile(
         (?:\[(?P<opts>[^\]]*)\])?$""",
     re.X,
 )
-_OPTION_KEYS = ("gpu", "gpu_type", "slots")
+_OPTION_KEYS = ("gpu", "gpu_type", "slots", "cost")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class HostSpec:
     gpu_type: str | None = None
     text: str = ""
     """The entry as written, for messages."""
+    cost: float | None = None
+    """What the host costs per hour (the ``cost`` label), if given."""
 
 
 def split_hosts(text: str) -> list[str]:
@@ -83,25 +86,9 @@ def parse_host(text: str) -> HostSpec:
     host = m["host"]
     if host.startswith("["):
         host = host[1:-1]
-    slots = int(m["slots"]) if m["slots"] else None
-    gpu, gpu_type = 0, None
-    for item in filter(None, (part.strip() for part in (m["opts"] or "").split(","))):
-        key, sep, value = item.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if not sep or key not in _OPTION_KEYS or not value:
-            raise ConfigError(
-                f"bad option {item!r} of host {text!r} in [ssh] hosts: expected key=value "
-                f"with key one of {', '.join(_OPTION_KEYS)}"
-            )
-        if key == "gpu_type":
-            gpu_type = value
-            continue
-        if not value.isdigit():
-            raise ConfigError(f"bad option {item!r} of host {text!r} in [ssh] hosts: {key} is a count")
-        if key == "gpu":
-            gpu = int(value)
-        else:
-            slots = int(value)
+    labels = _labels(m["opts"] or "", text)
+    slots = int(labels["slots"]) if "slots" in labels else int(m["slots"]) if m["slots"] else None
+    gpu, gpu_type, cost = int(labels.get("gpu", 0)), labels.get("gpu_type"), labels.get("cost")
     if slots is not None and slots < 1:
         raise ConfigError(f"bad host {text!r} in [ssh] hosts: slots must be at least 1")
     if gpu_type and not gpu:
@@ -110,7 +97,33 @@ def parse_host(text: str) -> HostSpec:
     if port is not None and not 0 < port < 65536:
         raise ConfigError(f"bad port in host {text!r} of [ssh] hosts")
     return HostSpec(host=host, user=m["user"], port=port, slots=slots, gpu=gpu,
-                    gpu_type=gpu_type, text=text.strip())
+                    gpu_type=gpu_type, text=text.strip(), cost=float(cost) if cost is not None else None)
+
+
+def _labels(opts: str, text: str) -> dict[str, str]:
+    """The ``key=value`` labels in a host's brackets, each checked: counts are whole numbers,
+    a cost a non-negative number."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in opts.split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not sep or key not in _OPTION_KEYS or not value:
+            raise ConfigError(
+                f"bad option {item!r} of host {text!r} in [ssh] hosts: expected key=value "
+                f"with key one of {', '.join(_OPTION_KEYS)}"
+            )
+        if key in ("gpu", "slots") and not value.isdigit():
+            raise ConfigError(f"bad option {item!r} of host {text!r} in [ssh] hosts: {key} is a count")
+        if key == "cost":
+            try:
+                ok = float(value) >= 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"bad option {item!r} of host {text!r} in [ssh] hosts: cost is what the host "
+                                  "costs per hour, a number at least 0 (cost=1.2)")
+        out[key] = value
+    return out
 
 
 def parse_hosts(text: str | None) -> list[HostSpec]:
@@ -140,6 +153,8 @@ class Slots:
     gpus: int = 0
     gpu_type: str | None = None
     used: int = 0
+    cost: float | None = None
+    """What the host costs per hour, if its labels say."""
     gpu_used: list[int] = field(default_factory=list)
     """Jobs using each GPU, by index."""
     alive: bool = True
@@ -201,10 +216,17 @@ def place(hosts: Sequence[Slots], cpu: float | None = None, gpu: int | None = No
     if not alive:
         names = ", ".join(hosts[i].name for i in candidates)
         raise BackendError(f"no SSH host is reachable to run the job (lost: {names})")
+    return _reserve(hosts, alive, need, gpu or 0)
+
+
+def _reserve(hosts: Sequence[Slots], candidates: Sequence[int], need: int, gpu: int) -> Placement:
+    """Take ``need`` slots and ``gpu`` GPUs on the best of ``candidates``: for a GPU job the host
+    with the most free GPUs, then the most free slots; else the most free slots (the first
+    listed on a tie). The job gets the least used GPUs."""
     if gpu:
-        best = max(alive, key=lambda i: (hosts[i].free_gpus, hosts[i].free, -i))
+        best = max(candidates, key=lambda i: (hosts[i].free_gpus, hosts[i].free, -i))
     else:
-        best = max(alive, key=lambda i: (hosts[i].free, -i))
+        best = max(candidates, key=lambda i: (hosts[i].free, -i))
     h = hosts[best]
     gpus: tuple[int, ...] = ()
     if gpu:
@@ -215,6 +237,28 @@ def place(hosts: Sequence[Slots], cpu: float | None = None, gpu: int | None = No
             h.gpu_used[g] += 1
     h.used += need
     return Placement(best, need, gpus)
+
+
+def place_choice(hosts: Sequence[Slots], cpu: float | None, choices: Sequence[GpuChoice]) -> tuple[Placement, GpuChoice]:
+    """Place a job that names GPU alternatives in order of preference: on the first alternative
+    that a live host has free room for (free GPUs of its type and free slots); when none has,
+    as :func:`place` places the first alternative any host can take (sharing GPUs, over the
+    slots). Raise :class:`BackendError` when no host can ever take any of them."""
+    need = job_slots(cpu)
+    for choice in choices:
+        free = [i for i, h in enumerate(hosts) if h.alive and h.free >= need and _gpu_fits(h, choice.count, choice.type)
+                and h.free_gpus >= (h.gpus if choice.count < 0 else choice.count)]
+        if free:
+            return _reserve(hosts, free, need, choice.count), choice
+    errors: list[str] = []
+    for choice in choices:
+        try:
+            return place(hosts, cpu, choice.count, choice.type), choice
+        except BackendError as e:
+            errors.append(str(e))
+    if len(choices) == 1:
+        raise BackendError(errors[0])
+    raise BackendError(f"no SSH host can run any of the GPU alternatives {choice_text(choices)}: {errors[0]}")
 
 
 def release(hosts: Sequence[Slots], placement: Placement) -> None:

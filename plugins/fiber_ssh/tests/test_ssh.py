@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import getpass
+import json
 import logging
 import multiprocessing.process
 import os
@@ -566,6 +567,50 @@ def test_gpu_jobs_get_their_gpus_and_impossible_ones_fail_clearly(make_backend: 
         ["fiber-h1", "0"], ["fiber-h1", "1"], ["fiber-h1", "0,1"], ["fiber-h2", "None"]]
     with pytest.raises(BackendError, match=rf"1 GPU\(s\) of type 'v100'.*root@{re.escape(h1)} \(2x a10g\)"):
         b.start_job(py(show, gpu=1, gpu_type="v100"))
+
+
+def _put_resources(q: Any) -> None:
+    q.put(json.dumps(fiber_core.current_process().resources))
+
+
+GOT = "import os, time; print('GOT', os.environ['FIBER_RESOURCES'], flush=True); time.sleep(60)"
+
+
+def _record(b: Any, job: Job) -> dict[str, Any]:
+    """The resource record a job printed (it waits until the job has printed it)."""
+    deadline = time.monotonic() + T
+    while "GOT " not in b.get_job_logs(job):
+        assert time.monotonic() < deadline and b.poll_job(job) is None, b.get_job_logs(job)
+        time.sleep(0.02)  # the output arrives on the job's channel: nothing to wait on here
+    line = next(ln for ln in b.get_job_logs(job).splitlines() if ln.startswith("GOT "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+def test_jobs_go_to_the_first_gpu_alternative_with_free_room(make_backend: Any, hosts: dict[str, str]) -> None:
+    h1, h2, h3 = hosts["FIBER_SSH_HOSTS"].split()
+    b = make_backend(hosts=f"{h1}*2[gpu=1,gpu_type=a100,cost=4], {h2}*4[gpu=2,gpu_type=l4,cost=1.5], {h3}*8")
+    jobs = [b.start_job(py(GOT, gpu_type=["a100", ("l4", 2)])) for _ in range(3)]
+    got = [(j.host, *(_record(b, j)[k] for k in ("gpu_type", "gpu", "cost_per_hour"))) for j in jobs]
+    # The A100 first; then two L4s; then no alternative has free room: the A100 again, shared.
+    assert got == [("fiber-h1", "a100", 1, 4.0), ("fiber-h2", "l4", 2, 1.5), ("fiber-h1", "a100", 1, 4.0)]
+    cpu = b.start_job(py(GOT))
+    assert _record(b, cpu) == {"gpu_type": None, "gpu": 0, "capacity": None, "cost_per_hour": None}
+    assert cpu.host == "fiber-h3"
+    for job in [*jobs, cpu]:
+        b.stop_job(job, force=True)
+
+
+def test_a_process_knows_the_gpu_alternative_host_and_cost_it_got(hosts: dict[str, str]) -> None:
+    h1, h2, _ = hosts["FIBER_SSH_HOSTS"].split()
+    env = {**ssh_env(hosts), "FIBER_SSH_HOSTS": f"{h1}*2, {h2}*2[gpu=2,gpu_type=l4,cost=1.5]", "FIBER_SPARE_JOBS": "0"}
+    with fresh_runtime(env):
+        q = fiber_core.Queue()
+        p = fiber_core.Process(target=_put_resources, args=(q,), gpu_type=["h100", "l4"])
+        p.start()
+        got = json.loads(q.get(timeout=T))
+        p.join(T)
+    assert p.exitcode == 0
+    assert got == {"gpu_type": "l4", "gpu": 1, "capacity": None, "cost_per_hour": 1.5, "host": "fiber-h2"}
 
 
 def test_upload_copies_the_working_directory(make_backend: Any, tmp_path: Path,

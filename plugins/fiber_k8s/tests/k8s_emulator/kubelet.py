@@ -52,8 +52,40 @@ def tolerates(pod: dict[str, Any], taint: dict[str, Any]) -> bool:
     return False
 
 
+def _term_matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    """One nodeSelectorTerm: every matchExpression holds (In, NotIn, Exists, DoesNotExist, Gt, Lt)."""
+    for e in term.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        have = labels.get(key)
+        ok = {"In": have in values, "NotIn": have not in values, "Exists": key in labels,
+              "DoesNotExist": key not in labels,
+              "Gt": have is not None and have.isdigit() and bool(values) and int(have) > int(values[0]),
+              "Lt": have is not None and have.isdigit() and bool(values) and int(have) < int(values[0])}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def node_matches(pod: dict[str, Any], labels: dict[str, str]) -> bool:
+    """The pod's nodeSelector (every label equal) and its required node affinity (any term),
+    as the scheduler's NodeAffinity filter checks them. Preferred affinity only scores nodes:
+    it never keeps a pod off one."""
+    if any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
+        return False
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(_term_matches(t, labels) for t in terms)
+
+
 def schedule(pod: dict[str, Any], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> tuple[str | None, str]:
-    """Pick a node like the default scheduler's filters; else the FailedScheduling message."""
+    """Pick a node like the default scheduler's filters; else the FailedScheduling message.
+
+    The filters a placement depends on, as kube-scheduler applies them: the node is not
+    cordoned, its NoSchedule/NoExecute taints are tolerated, its labels match the pod's
+    nodeSelector and required node affinity, and the requests of the pods bound to it plus
+    this pod's fit its allocatable (cpu, memory, pods and extended resources such as
+    ``nvidia.com/gpu``, whose request the API server defaults from the limit)."""
     if not nodes:
         return None, "no nodes available to schedule pods"
     want, reasons, preempt = pod_requests(pod), Counter[str](), Counter[str]()
@@ -66,7 +98,7 @@ def schedule(pod: dict[str, Any], nodes: list[dict[str, Any]], pods: list[dict[s
             why = ["node(s) were unschedulable"]
         elif bad is not None:
             why = [f"node(s) had untolerated taint {{{bad.get('key')}: {bad.get('value', '')}}}"]
-        elif any(labels.get(k) != v for k, v in (pod["spec"].get("nodeSelector") or {}).items()):
+        elif not node_matches(pod, labels):
             why = ["node(s) didn't match Pod's node affinity/selector"]
         else:
             used: Counter[str] = Counter()
@@ -493,6 +525,38 @@ class Kubelet:
             self.docker.kill(cid)  # type: ignore[union-attr]  # the next tick records their end
         self.store.wakeup.set()
         return self.store.get_pod(meta["namespace"], meta["name"])
+
+    def lose_node(self, name: str) -> dict[str, Any]:
+        """A node that is gone for good, as the cluster sees it once it has given up on it.
+
+        The node leaves the config (nothing is scheduled there again); its containers die
+        with it (killed, nothing sent first); then, as PodGC does for pods of a node that no
+        longer exists (Kubernetes >= 1.26), each of its pods becomes ``Failed`` with the
+        condition ``DisruptionTarget`` (reason ``DeletionByPodGC``) and is deleted at once.
+        """
+        with self.store.cond:
+            nodes = self.store.config["nodes"]
+            if not any(n["name"] == name for n in nodes):
+                raise ApiError(404, "NotFound", f'nodes "{name}" not found')
+            self.store.config["nodes"] = [n for n in nodes if n["name"] != name]
+            pods = [copy.deepcopy(p) for p in self.store.pods.values() if p["spec"].get("nodeName") == name]
+        for pod in pods:
+            rt = self.runtime.get(pod["metadata"]["uid"])
+            for cid in (rt.containers.values() if rt and self.docker else ()):
+                try:
+                    self.docker.kill(cid)  # type: ignore[union-attr]
+                except DockerError:
+                    pass
+
+            def mark(p: dict[str, Any]) -> None:
+                p["status"].update(phase="Failed")
+                set_condition(p["status"], "DisruptionTarget", "True", "DeletionByPodGC",
+                              "PodGC: node no longer exists")
+            self._update(pod, mark)
+            m = pod["metadata"]
+            self.store.remove_pod(m["namespace"], m["name"], m["uid"])
+        self.store.wakeup.set()
+        return {"node": name, "pods": [p["metadata"]["name"] for p in pods]}
 
     def _finalize(self, pod: dict[str, Any], rt: Runtime) -> None:
         """End of a graceful delete: kill what still runs, record it, remove containers and the pod."""

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .dockerapi import Docker, DockerError
+from .jobs import JobController, check_job, delete_job
 from .kubelet import Kubelet, set_condition
 from .store import (
     ApiError,
@@ -96,17 +97,20 @@ class Emulator:
         self.url = f"{'https' if tls else 'http'}://{host}:{self.port}"
         self.docker = Docker(docker_host) if docker_host else None
         self.kubelet = Kubelet(self.store, self.docker, instance or uuid.uuid4().hex[:12], self.port)
+        self.jobs = JobController(self.store, admit_pod)
         self._thread: threading.Thread | None = None
         self.revision = source_revision()
 
     def start(self) -> Emulator:
         self.kubelet.start()
+        self.jobs.start()
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="k8s-emulator", daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
         self.kubelet.start()
+        self.jobs.start()
         try:
             self.httpd.serve_forever()
         finally:
@@ -198,6 +202,46 @@ def check_config(cfg: dict[str, Any]) -> None:
         assert rbac is None or all(isinstance(v, list) for v in rbac.values()), "rbac: {resource: [verbs]} or null"
     except (AssertionError, AttributeError, BadRequest) as e:
         raise ApiError(400, "BadRequest", f"invalid emulator config: {e}") from None
+
+
+def admit_pod(pod: Any, ns: str) -> dict[str, Any]:
+    """A pod as the API server admits it (defaults, validation), or the error it answers with."""
+    if not isinstance(pod, dict):
+        raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
+    if pod.get("kind", "Pod") != "Pod" or pod.get("apiVersion", "v1") != "v1":
+        raise ApiError(400, "BadRequest", f'the API version in the data ({pod.get("apiVersion")}) does not match '
+                       f'the expected API version (v1) or kind ({pod.get("kind")}) is not Pod')
+    pod = drop_empty(copy.deepcopy(pod))  # what its JSON would leave out is not stored
+    pod.update(kind="Pod", apiVersion="v1")
+    meta = pod.setdefault("metadata", {})
+    if meta.get("namespace") not in (None, "", ns):
+        raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                       "namespace sent on the request")
+    if not meta.get("name") and meta.get("generateName"):
+        meta["name"] = generated_name(meta["generateName"])
+    meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
+    for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+        meta.pop(k, None)
+    try:
+        default_pod(pod)
+        add_token_volume(pod, "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5)))
+        errs = validate_pod(pod)
+    except BadRequest as e:
+        raise ApiError(400, "BadRequest", f'Pod in version "v1" cannot be handled as a Pod: {e}') from None
+    name = meta.get("name") or ""
+    if errs:
+        raise ApiError(422, "Invalid", invalid_message("Pod", name, errs),
+                       {"name": name, "kind": "Pod", "causes": [e.cause() for e in errs]})
+    if pod["spec"]["restartPolicy"] != "Never":
+        rp = pod["spec"]["restartPolicy"]
+        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec.restartPolicy: Unsupported value: '
+                       f'"{rp}": supported values: "Never" (k8s emulator: the test kubelet never restarts '
+                       'containers; set restartPolicy: Never)',
+                       {"name": name, "kind": "Pod", "causes": [{"reason": "FieldValueNotSupported",
+                                                                   "field": "spec.restartPolicy",
+                                                                   "message": f'Unsupported value: "{rp}"'}]})
+    pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
+    return pod
 
 
 def generated_name(base: str) -> str:
@@ -317,7 +361,16 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{self.emu.port}"}]})
         if method == "GET" and path == "/apis":
-            return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []})
+            batch = {"groupVersion": "batch/v1", "version": "v1"}
+            return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": "batch", "versions": [batch], "preferredVersion": batch}]})
+        if method == "GET" and path == "/apis/batch/v1":
+            return self._send(200, {"kind": "APIResourceList", "groupVersion": "batch/v1", "resources": [
+                {"name": "jobs", "singularName": "job", "namespaced": True, "kind": "Job",
+                 "verbs": ["create", "delete", "get", "list"]}]})
+        m = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?", path)
+        if m:
+            return self._jobs(method, m[1], m[2], body)
         if method == "GET" and path == "/api/v1":
             return self._send(200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
                 {"name": n, "singularName": "" if "/" in n else n[:-1], "namespaced": nsd, "kind": k, "verbs": v,
@@ -395,43 +448,46 @@ class Handler(BaseHTTPRequestHandler):
 
     # pods
     def _create(self, ns: str, pod: Any) -> None:
-        if not isinstance(pod, dict):
-            raise ApiError(400, "BadRequest", "the body of the request was in an unknown format")
-        if pod.get("kind", "Pod") != "Pod" or pod.get("apiVersion", "v1") != "v1":
-            raise ApiError(400, "BadRequest", f'the API version in the data ({pod.get("apiVersion")}) does not match '
-                           f'the expected API version (v1) or kind ({pod.get("kind")}) is not Pod')
-        pod = drop_empty(copy.deepcopy(pod))  # what its JSON would leave out is not stored
-        pod.update(kind="Pod", apiVersion="v1")
-        meta = pod.setdefault("metadata", {})
-        if meta.get("namespace") not in (None, "", ns):
-            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
-                           "namespace sent on the request")
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = generated_name(meta["generateName"])
-        meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
-        for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
-            meta.pop(k, None)
-        try:
-            default_pod(pod)
-            add_token_volume(pod, "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5)))
-            errs = validate_pod(pod)
-        except BadRequest as e:
-            raise ApiError(400, "BadRequest", f'Pod in version "v1" cannot be handled as a Pod: {e}') from None
-        name = meta.get("name") or ""
-        if errs:
-            raise ApiError(422, "Invalid", invalid_message("Pod", name, errs),
-                           {"name": name, "kind": "Pod", "causes": [e.cause() for e in errs]})
-        if pod["spec"]["restartPolicy"] != "Never":
-            rp = pod["spec"]["restartPolicy"]
-            raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec.restartPolicy: Unsupported value: '
-                           f'"{rp}": supported values: "Never" (k8s emulator: the test kubelet never restarts '
-                           'containers; set restartPolicy: Never)',
-                           {"name": name, "kind": "Pod", "causes": [{"reason": "FieldValueNotSupported",
-                                                                       "field": "spec.restartPolicy",
-                                                                       "message": f'Unsupported value: "{rp}"'}]})
-        pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
-        dry = self.query.get("dryRun") == "All"
-        self._send(201, self.emu.store.create_pod(pod, dry_run=dry))
+        pod = admit_pod(pod, ns)
+        self._send(201, self.emu.store.create_pod(pod, dry_run=self.query.get("dryRun") == "All"))
+
+    def _jobs(self, method: str, ns: str, name: str | None, body: Any) -> None:
+        """batch/v1 Jobs: create, get, list, delete (no watch, no update); see jobs.py."""
+        store = self.emu.store
+        store.get_namespace(ns)
+        if name is None and method == "GET":
+            self._authorize("list", "jobs", ns)
+            match = parse_label_selector(self.query.get("labelSelector"))
+            with store.cond:
+                items = [copy.deepcopy(j) for (jns, _), j in sorted(store.jobs.items())
+                         if jns == ns and match(j["metadata"].get("labels") or {})]
+            return self._send(200, {"kind": "JobList", "apiVersion": "batch/v1",
+                                    "metadata": {"resourceVersion": str(store.rv)}, "items": items})
+        if name is None and method == "POST":
+            self._authorize("create", "jobs", ns)
+            job = check_job(body, ns)
+            with store.cond:
+                key = (ns, job["metadata"]["name"])
+                if key in store.jobs:
+                    raise ApiError(409, "AlreadyExists", f'jobs.batch "{key[1]}" already exists',
+                                   {"name": key[1], "group": "batch", "kind": "jobs"})
+                if self.query.get("dryRun") != "All":
+                    store.rv += 1
+                    job["metadata"]["resourceVersion"] = str(store.rv)
+                    store.jobs[key] = job
+            return self._send(201, job)
+        if name is not None and method == "GET":
+            self._authorize("get", "jobs", ns, name)
+            with store.cond:
+                if (ns, name) not in store.jobs:
+                    raise not_found("jobs.batch", name)
+                return self._send(200, copy.deepcopy(store.jobs[(ns, name)]))
+        if name is not None and method == "DELETE":
+            self._authorize("delete", "jobs", ns, name)
+            propagation = self.query.get("propagationPolicy") or (body or {}).get("propagationPolicy")
+            return self._send(200, delete_job(store, ns, name, propagation))
+        raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource "
+                       "(k8s emulator: jobs are created, read, listed and deleted only)")
 
     def _secrets(self, method: str, ns: str, name: str | None, body: Any) -> None:
         """Secrets: create, get, list, delete (no watch, no update)."""
@@ -643,10 +699,12 @@ class Handler(BaseHTTPRequestHandler):
             body = body or {}
             pod = emu.store.get_pod(body.get("namespace") or "default", body.get("name") or "")
             return self._send(200, emu.kubelet.evict(pod, body.get("resource") or "memory"))
+        if path == "/_emulator/lose-node" and method == "POST":
+            return self._send(200, emu.kubelet.lose_node((body or {}).get("name") or ""))
         if path == "/_emulator/kubeconfig" and method == "GET":
             return self._send(200, emu.kubeconfig().encode(), "application/yaml")
         raise ApiError(404, "NotFound", "unknown emulator admin endpoint; have GET /_emulator/state, GET|PUT "
-                       "/_emulator/config, POST /_emulator/reset, POST /_emulator/evict, "
+                       "/_emulator/config, POST /_emulator/reset, POST /_emulator/evict, POST /_emulator/lose-node, "
                        "GET /_emulator/kubeconfig", {})
 
 

@@ -115,6 +115,7 @@ class Store:
         self.rv = 1
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}  # batch/v1 (jobs.py)
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.history: list[tuple[int, str, dict[str, Any]]] = []
         self.trimmed_rv = 0  # events up to this resourceVersion were dropped from the history
@@ -221,13 +222,17 @@ class Store:
             if pod is None or pod["metadata"]["uid"] != uid:
                 return None
             del self.pods[(ns, name)]
-            # The garbage collector: what the pod owned goes with it (Secrets are all it can own here).
+            # The garbage collector: what the pod owned goes with it (Secrets at once, pods
+            # gracefully, as its background deletion does).
             for key, secret in list(self.secrets.items()):
                 if any(r.get("uid") == uid for r in secret["metadata"].get("ownerReferences") or []):
                     del self.secrets[key]
             pod["metadata"].setdefault("deletionTimestamp", now())
             pod["metadata"].setdefault("deletionGracePeriodSeconds", 0)
             self._emit("DELETED", pod)
+            for (ons, oname), owned in list(self.pods.items()):
+                if any(r.get("uid") == uid for r in owned["metadata"].get("ownerReferences") or []):
+                    self.delete_pod(ons, oname, None)
             return copy.deepcopy(pod)
 
     # secrets (no watch)

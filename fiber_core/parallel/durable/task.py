@@ -1,0 +1,77 @@
+"""A task's stable identity and seed, as :func:`fiber_core.current_task` tells it inside a task.
+
+A task is one item of a Pool or executor call. Its identity is the call's ordinal (its
+place in the program's sequence of Pool and executor calls), the item's position in the
+call's input, and the attempt (0, then 1 more each time its unit went back to the queue:
+a lost worker, a retry after it raised, a drain). Its seed is derived from the run's seed,
+the call and the item, never the attempt: the same on a retry, on a backup copy and, with
+a journal (which keeps the run's seed), after the master restarted. The worker sets the
+identity around each item it runs (:func:`enter`, :func:`at`); this module is all a
+worker loads for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from typing import NamedTuple
+
+_SEED = struct.Struct("!QQQ")
+
+
+class Task(NamedTuple):
+    """The task that runs now: ``call`` (its call's ordinal), ``item`` (its position in the
+    call's input), ``attempt`` (0 the first time), ``seed`` (a 64-bit seed of the run, the
+    call and the item)."""
+
+    call: int
+    item: int
+    attempt: int
+    seed: int
+
+
+def seed_of(run_seed: int, call: int, item: int) -> int:
+    """The seed of item ``item`` of call ``call`` in a run seeded with ``run_seed``: 64 bits of
+    BLAKE2b, so that neighbouring items get unrelated seeds."""
+    key = _SEED.pack(run_seed & 0xFFFF_FFFF_FFFF_FFFF, call, item)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"fiber-task").digest(), "big")
+
+
+class _Now:
+    __slots__ = ("call", "start", "attempt", "run_seed", "offset")
+
+    def __init__(self) -> None:
+        self.call = -1  # no task runs
+        self.start = self.attempt = self.run_seed = self.offset = 0
+
+
+_now = _Now()
+
+
+def enter(call: int, start: int, attempt: int, run_seed: int) -> None:
+    """A unit of call ``call`` whose first item is at ``start`` begins (in the worker)."""
+    now = _now
+    now.call, now.start, now.attempt, now.run_seed, now.offset = call, start, attempt, run_seed, 0
+
+
+def at(offset: int) -> None:
+    """The unit's item ``offset`` begins."""
+    _now.offset = offset
+
+
+def leave() -> None:
+    _now.call = -1
+
+
+def current_task() -> Task | None:
+    """The task this process runs now (in a Pool's worker, inside a task), else None.
+
+    Use ``seed`` for the task's random numbers and ``(call, item)`` as the key of a side
+    effect that must happen once (a write keyed by it is the same write when the task
+    runs again); see docs/durable.md.
+    """
+    now = _now
+    if now.call < 0:
+        return None
+    item = now.start + now.offset
+    return Task(now.call, item, now.attempt, seed_of(now.run_seed, now.call, item))
