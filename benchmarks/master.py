@@ -6,7 +6,8 @@ Each simulated job is started by a backend of this script (``sim``) through the 
 ``Process``/``Pool`` machinery: it dials the parent's hub with the run's key as a job
 does, receives its process object, dials the pool, says it is ready, and answers every
 batch of tasks by running the task function (``noop``) and sending the real results
-message, after ``--task-ms`` per task of waiting that costs no CPU (a timer).
+message, after ``--task-ms`` per task of waiting that costs no CPU (a timer). Like a real
+worker, each sends ``POOL_HEARTBEAT`` at the interval its process object names.
 
 For each pool size: the CPU time of the pool's master thread (its own thread clock)
 and of the whole parent process during ``map``, divided by the number of tasks, and
@@ -61,6 +62,7 @@ def simulate(control: Any, task_ms: float) -> None:  # noqa: C901 - its closures
         POOL_TASKS,
         decode_pool_tasks,
         decode_process_object,
+        encode_pool_heartbeat,
         encode_pool_hello,
         kind_of,
     )
@@ -94,6 +96,7 @@ def simulate(control: Any, task_ms: float) -> None:  # noqa: C901 - its closures
     due: list[tuple[float, int, Connection, bytes]] = []
     sequence = itertools.count()
     busy: dict[str, float] = {}  # when each worker's last batch is done
+    beat = {"every": 0.0, "next": float("inf")}  # every worker's heartbeat, as a real one sends it
 
     def start(job_id: str, env: dict[str, str]) -> None:
         key = bytes.fromhex(env[ENV_AUTHKEY])
@@ -101,6 +104,9 @@ def simulate(control: Any, task_ms: float) -> None:  # noqa: C901 - its closures
         proc_conn.recv_bytes()  # the prelude
         proc = decode_process_object(proc_conn.recv_bytes())
         hub, pool_id, wid = proc._args[:3]
+        if len(proc._args) > 6 and proc._args[6] > 0:  # its heartbeat interval
+            beat["every"] = proc._args[6]
+            beat["next"] = min(beat["next"], time.monotonic() + beat["every"])
         pool_conn = Connection(dial(hub, key, f"pool:{pool_id}"))
         pool_conn.send_frame(encode_pool_hello(wid))
         pool_conn.send_frame(POOL_READY)
@@ -119,6 +125,9 @@ def simulate(control: Any, task_ms: float) -> None:  # noqa: C901 - its closures
 
     while True:
         timeout = None if not due else max(0.0, due[0][0] - time.monotonic())
+        if beat["every"]:
+            left = max(0.0, beat["next"] - time.monotonic())
+            timeout = left if timeout is None else min(timeout, left)
         for key, _ in sel.select(timeout):
             if key.data is None:
                 wake_r.recv(4096)
@@ -162,6 +171,14 @@ def simulate(control: Any, task_ms: float) -> None:  # noqa: C901 - its closures
                     except OSError:
                         stop(job_id)
         now = time.monotonic()
+        if beat["every"] and now >= beat["next"]:
+            frame = encode_pool_heartbeat(0.0, 1 << 25, None, None)
+            for _, pool_conn in list(jobs.values()):
+                try:
+                    pool_conn.send_frame(frame)
+                except OSError:
+                    pass
+            beat["next"] = now + beat["every"]
         while due and due[0][0] <= now:
             _, _, conn, payload = heapq.heappop(due)
             try:

@@ -33,6 +33,15 @@ def serving(pool: object) -> Callable[[], list[int]]:
     return pids
 
 
+def connected(pool: object) -> Callable[[], list[int]]:
+    """The pids of a pool's workers that have connected and are not lost, by worker number."""
+    def pids() -> list[int]:
+        with pool._lock:  # type: ignore[attr-defined]
+            return [w.process.pid for _, w in sorted(pool._workers.items())  # type: ignore[attr-defined]
+                    if not w.lost and w.conn is not None and w.process.pid is not None]
+    return pids
+
+
 class Chaos:
     """Strikes as the schedule says while the pool runs: ``with Chaos(pool, schedule):``."""
 

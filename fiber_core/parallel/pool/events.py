@@ -54,19 +54,19 @@ class Events(Dispatcher):
         except (EOFError, OSError):
             self._lose(w)
             return
-        w.heard = time.monotonic()
         op = kind_of(msg)
         if op == POOL_RESULTS:
             self._on_results(w, msg)
         elif op == POOL_RUNNING:
             w.running = decode_pool_running(msg)
-        elif op == POOL_HEARTBEAT:
+        elif op == POOL_HEARTBEAT:  # (a result counts as a heartbeat too: _on_results)
+            w.heard = time.monotonic()
             w.usage.add(w.heard, decode_pool_heartbeat(msg))
         elif op == POOL_DRAIN:
             self._on_drain(w, decode_pool_drain(msg))
         elif op == POOL_READY:
             w.ready = True
-            w.since = time.monotonic()
+            w.heard = w.since = time.monotonic()
             self._streak.ready()
             with self._lock:
                 if self._state == "RUN" or self._queue:
@@ -85,7 +85,7 @@ class Events(Dispatcher):
             self._on_unreadable(w, e)
             return
         units = w.pending.pop(batch_id)
-        w.last_work = now = time.monotonic()
+        w.last_work = w.heard = now = time.monotonic()
         if not w.pending:
             w.since = now
         if w.sent:
@@ -225,8 +225,6 @@ class Events(Dispatcher):
     def _check_silence(self, now: float) -> None:
         """Every heartbeat interval: a worker silent past ``heartbeat_timeout`` is lost."""
         timeout = self._heartbeat_timeout
-        if not timeout or now < self._silence_check_at:
-            return
         self._silence_check_at = now + check_interval(timeout)
         for w in list(self._workers.values()):
             if w.conn is None or w.lost or not silent(w.heard, now, timeout):

@@ -64,4 +64,3 @@ class UsageLog:
         (``[seconds_ago, cpu, rss]``, oldest first)."""
         return {"usage": self.latest,
                 "usage_history": [[round(now - at, 3), cpu, rss] for at, cpu, rss in self.history]}
-

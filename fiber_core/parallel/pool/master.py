@@ -96,8 +96,10 @@ class Master(Events):
             if left is not None:
                 timeout = min(timeout, left)
         touched = self._take_events(self._sel.select(timeout))
-        if self._heartbeat_timeout:
-            self._check_silence(time.monotonic())
+        if self._heartbeat_timeout:  # the throttle written out: this runs once per round
+            now = time.monotonic()
+            if now >= self._silence_check_at:
+                self._check_silence(now)
         if self._requeued:
             self._requeued = False
             touched = None

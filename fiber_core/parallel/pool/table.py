@@ -161,7 +161,7 @@ class Worker:
         self.last_work = time.monotonic()  # when it was last given work or answered
         self.since = self.last_work  # when its state (as the live view shows it) last changed
         self.items_done = 0  # tasks (items) whose results it delivered
-        self.heard = self.last_work  # when its last message (a heartbeat, any) came
+        self.heard = self.last_work  # when its last heartbeat or result came
         self.unresponsive: str | None = None  # why the master found it frozen and stopped it
         self.usage = UsageLog()  # what it uses, from its heartbeats, for the live view
 

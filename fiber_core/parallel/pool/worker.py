@@ -6,8 +6,9 @@ and answers each with its results (``POOL_RESULTS``) until told to quit. A *watc
 batch names each item as it starts it (``POOL_RUNNING``), so that a death is charged
 to the item that ran (:mod:`fiber_core.parallel.pool.ledger`). SIGTERM makes it
 drain (:class:`Drain`). A thread of its own sends ``POOL_HEARTBEAT`` at a low rate
-(:class:`Heartbeat`), so that the master can tell a frozen worker from a busy one. Its process imports this module and the wire, never the
-master's modules (the package's ``__init__`` loads them on first use only).
+(:class:`Heartbeat`), so that the master can tell a frozen worker from a busy one. Its
+process imports this module and the wire, never the master's modules (the package's
+``__init__`` loads them on first use only).
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class Heartbeat:
     """A daemon thread that sends ``POOL_HEARTBEAT`` every ``interval`` seconds, with a sample
     of the worker's use, under the lock of every frame the worker sends.
 
-    It needs the GIL only for a few microseconds per beat: a task that sleeps, waits or
+    It needs the GIL for some 50 microseconds per beat: a task that sleeps, waits or
     runs a C call that releases the GIL (numpy, hashlib on big buffers, I/O) does not stop
     it; one that holds the GIL past ``heartbeat_timeout`` does, and looks frozen.
     """
