@@ -358,3 +358,24 @@ def test_a_program_without_a_file_is_refused_until_it_is_named_and_then_replays(
     again = run(FIBER_PROGRAM="negate")
     assert again.returncode == 0, again.stderr
     assert again.stdout == first.stdout and len(ran.read_text().split()) == 6
+
+
+def test_a_journal_set_after_the_first_call_is_refused_saying_to_set_it_first(run_script, tmp_path: Path) -> None:  # noqa: ANN001
+    proc = run_script(f"""
+        import fiber_core as mp
+
+        if __name__ == "__main__":
+            with mp.Pool(1) as pool:
+                pool.map(abs, [-1])
+                mp.init(seed=3)  # another setting: nothing to say
+                pool.map(abs, [-2])
+                mp.init(journal={str(tmp_path / "journal")!r})
+                pool.map(abs, [-3])
+    """)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fiber_core.base.errors.JournalError: journal was set to {str(tmp_path / 'journal')!r} after "
+        "this program's first Pool or executor call (it was None then), and a journal records a "
+        "program from its start: set it before the first call, and start the program again (in a "
+        "notebook: in its first cell, then restart the kernel)")
+    assert not (tmp_path / "journal").exists()

@@ -287,6 +287,16 @@ class CallKey:
         journal.written += 1
 
 
+def settings_changed(opened: tuple[Any, Any], now: tuple[Any, Any]) -> str:
+    """What a program is told when its ``journal`` or ``program`` setting changed after its
+    first Pool or executor call (``(journal, program)`` then and now)."""
+    key, was, value = next((k, a, b) for k, a, b in zip(("journal", "program"), opened, now) if a != b)
+    return (f"{key} was set to {value!r} after this program's first Pool or executor call "
+            f"(it was {was!r} then), and a journal records a program from its start: set it before "
+            "the first call, and start the program again (in a notebook: in its first cell, then "
+            "restart the kernel)")
+
+
 class Program:
     """This process's sequence of Pool and executor calls, and its journal if one is set."""
 
@@ -297,13 +307,29 @@ class Program:
         self._resolved = without_journal
         self.journal: Journal | StoredJournal | None = None
         self.seed = 0
+        self._settings: tuple[Any, Any] | None = None  # (journal, program) as opened
+        self._generation = -1  # the settings' generation when they were last compared
+
+    def _ready(self) -> None:
+        """Resolve the journal on the first call; on a later one, refuse a journal or
+        program setting that changed since (it would be ignored: the journal records the
+        program from its start)."""
+        if not self._resolved:
+            self._resolve()
+        elif self._settings is not None and config.generation != self._generation:
+            self._generation = config.generation
+            now = (config.get("journal"), config.get("program"))
+            if now != self._settings:
+                raise JournalError(settings_changed(self._settings, now))
 
     def _resolve(self) -> None:
         """Open the journal (and take its lease) on the program's first call. One that is
         refused (no program name, another master holds it) is asked for again at the next
         call, so that a notebook that then sets what the error said gets its journal."""
+        self._generation = config.generation
+        self._settings = (config.get("journal"), config.get("program"))
         seed = config.get("seed")
-        path = config.get("journal")
+        path = self._settings[0]
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         if path and not runtime().is_worker:  # a job's calls are its master's business
             try:
@@ -324,8 +350,7 @@ class Program:
     def journalled(self) -> bool:
         """Whether this program has a journal (it is opened on the first question)."""
         with self._lock:
-            if not self._resolved:
-                self._resolve()
+            self._ready()
             return self.journal is not None
 
     def begin(self, name: str, func: Callable, func_bytes: bytes,
@@ -334,8 +359,7 @@ class Program:
         pickled arguments as a whole (asked only with a journal), or is None where they come
         unit by unit (``imap``)."""
         with self._lock:
-            if not self._resolved:
-                self._resolve()
+            self._ready()
             ordinal = self._next
             self._next += 1
             journal = self.journal
