@@ -329,3 +329,53 @@ def test_a_journal_in_storage_no_plugin_serves_is_refused_at_the_first_call_sayi
         "fiber_core.base.errors.JournalError: journal='gs://bucket/run-1': no installed plugin serves "
         "this kind of storage (s3:// needs fiber-aws: pip install fiber-aws); or set journal to a local "
         "directory or one on a mounted volume that outlives the master")
+
+
+# -- a program without a file ---------------------------------------------------------------
+
+
+def test_a_program_without_a_file_is_refused_until_it_is_named_and_then_replays(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    code = ("import fiber_core as mp\n"
+            "def f(x):\n"
+            f"    open({str(ran)!r}, 'a').write(f'{{x}}\\n')\n"
+            "    return -x\n"
+            "with mp.Pool(2) as pool:\n"
+            "    print(pool.map(f, range(6)))\n")
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "FIBER_JOURNAL": str(tmp_path / "journal"), **extra}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=T)
+
+    refused = run()
+    assert refused.returncode == 1 and not ran.exists()
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "fiber_core.base.errors.JournalError: a journal needs to know which program it belongs to")
+    first = run(FIBER_PROGRAM="negate")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "[0, -1, -2, -3, -4, -5]\n" and len(ran.read_text().split()) == 6
+    again = run(FIBER_PROGRAM="negate")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout and len(ran.read_text().split()) == 6
+
+
+def test_a_journal_set_after_the_first_call_is_refused_saying_to_set_it_first(run_script, tmp_path: Path) -> None:  # noqa: ANN001
+    proc = run_script(f"""
+        import fiber_core as mp
+
+        if __name__ == "__main__":
+            with mp.Pool(1) as pool:
+                pool.map(abs, [-1])
+                mp.init(seed=3)  # another setting: nothing to say
+                pool.map(abs, [-2])
+                mp.init(journal={str(tmp_path / "journal")!r})
+                pool.map(abs, [-3])
+    """)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"fiber_core.base.errors.JournalError: journal was set to {str(tmp_path / 'journal')!r} after "
+        "this program's first Pool or executor call (it was None then), and a journal records a "
+        "program from its start: set it before the first call, and start the program again (in a "
+        "notebook: in its first cell, then restart the kernel)")
+    assert not (tmp_path / "journal").exists()

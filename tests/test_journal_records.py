@@ -1,10 +1,15 @@
-"""The journal's record format and its replay decisions, without I/O (durable/records.py, replay.py)."""
+"""The journal's record format, its replay decisions and a program's name, without I/O (durable/records.py, replay.py, journal.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 
+from fiber_core.base.errors import JournalError
 from fiber_core.parallel.durable import records
+from fiber_core.parallel.durable.journal import name_program
 from fiber_core.parallel.durable.lease import holder_gone
 from fiber_core.parallel.durable.records import CallIdentity
 from fiber_core.parallel.durable.replay import Recorded, Replay
@@ -154,3 +159,44 @@ def test_a_reader_of_segments_starts_at_the_newest_base_and_reads_the_rest_in_or
     assert segment_order(["journal/000000000001", "journal/000000000000"]) == [
         "journal/000000000000", "journal/000000000001"]
     assert segment_order([]) == []
+
+
+# -- the program a journal belongs to -------------------------------------------------------
+
+
+def _main(**attrs: str) -> ModuleType:
+    """A main module as a script or a notebook's kernel has it."""
+    main = ModuleType("__main__")
+    for name, value in attrs.items():
+        setattr(main, name, value)
+    return main
+
+
+def test_a_script_is_named_by_the_real_path_of_its_file_and_the_program_setting_beats_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    (tmp_path / "link.py").symlink_to(script)
+    assert name_program(None, _main(__file__=str(tmp_path / "link.py"))) == str(script)
+    assert name_program("es-run", _main(__file__=str(script))) == "es-run"
+
+
+@pytest.mark.parametrize("attr", ["__session__", "__vsc_ipynb_file__"])
+def test_a_notebook_is_named_by_the_path_its_kernel_knows_unless_the_setting_names_it(
+        tmp_path: Path, attr: str) -> None:
+    notebook = tmp_path / "analysis.ipynb"
+    notebook.write_text("{}")
+    (tmp_path / "link.ipynb").symlink_to(notebook)
+    assert name_program(None, _main(**{attr: str(tmp_path / "link.ipynb")})) == str(notebook)
+    assert name_program(None, _main(**{attr: "work/analysis.ipynb"})) == "work/analysis.ipynb"
+    assert name_program("my-analysis", _main(**{attr: str(notebook)})) == "my-analysis"
+
+
+@pytest.mark.parametrize("main", [_main(), _main(__session__=""), None])
+def test_a_program_without_a_file_or_a_notebook_path_is_refused_saying_what_to_set(main: ModuleType | None) -> None:
+    with pytest.raises(JournalError) as raised:
+        name_program(None, main)
+    assert str(raised.value) == (
+        "a journal needs to know which program it belongs to, and this one has no file (a "
+        "notebook whose kernel does not know the notebook's path, python -c, a console): name "
+        'it with the program setting, fiber_core.init(journal=..., program="my-analysis") or '
+        "FIBER_PROGRAM=my-analysis, the same name each time it runs")

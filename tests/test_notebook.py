@@ -8,13 +8,19 @@ final state when the cell ends; the workers' output still comes in the cell with
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from fiber_core.parallel.durable import records
 
 nbformat = pytest.importorskip("nbformat", reason="nbformat (requirements-test.txt) writes the notebook")
 nbclient = pytest.importorskip("nbclient", reason="nbclient (requirements-test.txt) runs the notebook")
@@ -133,3 +139,98 @@ def test_what_a_notebook_shows_is_escaped_and_counts_only_the_cells_tasks() -> N
     summary = pool_html(snap)
     for shown in (html, summary):
         assert "<img" not in shown and "&lt;img src=x onerror=alert(1)&gt;" in shown
+
+
+# -- a journalled map in a notebook whose kernel restarts ---------------------------------------
+
+
+class Kernel:
+    """One notebook's kernel, driven cell by cell; it can be restarted like Jupyter's button does."""
+
+    def __init__(self, client: nbclient.NotebookClient) -> None:
+        self.client = client
+        self.nb = client.nb
+
+    def run(self, code: str, raises: bool = False) -> tuple[str, Any]:
+        """Run ``code`` as a new cell: what it printed to stderr (and its error), and its
+        result (the value its ``text/plain`` shows; None without one)."""
+        cell = nbformat.v4.new_code_cell(code, metadata={"tags": ["raises-exception"] if raises else []})
+        self.nb.cells.append(cell)
+        self.client.execute_cell(cell, len(self.nb.cells) - 1)
+        errors = "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stderr")
+        errors += "".join(f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error")
+        results = [o.data["text/plain"] for o in cell.outputs if o.output_type == "execute_result"]
+        return errors, ast.literal_eval(results[0]) if results else None
+
+    def restart(self) -> None:
+        nbclient.util.run_sync(self.client.km.restart_kernel)()
+        nbclient.util.run_sync(self.client.kc.wait_for_ready)(timeout=T)
+
+
+@contextlib.contextmanager
+def kernel(tmp_path: Path, **env: str) -> Iterator[Kernel]:
+    """A kernel started in ``tmp_path`` with ``env`` added to its environment."""
+    client = nbclient.NotebookClient(nbformat.v4.new_notebook(), timeout=T, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    with client.setup_kernel(env={**os.environ, **env}):
+        yield Kernel(client)
+
+
+def _setup(journal: Path, ran: Path) -> str:
+    """The notebook's first cell: a journal, a function that counts its runs, a pool."""
+    return f"""\
+import fiber_core
+fiber_core.init(journal={str(journal)!r})
+
+def f(x):
+    with open({str(ran)!r}, "a") as out:
+        out.write(f"{{x}}\\n")
+    return x * x
+
+pool = fiber_core.Pool(2)"""
+
+
+def _runs(ran: Path) -> list[int]:
+    return sorted(int(x) for x in ran.read_text().split()) if ran.exists() else []
+
+
+def test_a_restarted_kernel_that_runs_the_cells_again_gets_the_recorded_results_and_runs_no_task(
+        tmp_path: Path) -> None:
+    journal, ran, notebook = tmp_path / "journal", tmp_path / "ran", tmp_path / "durable.ipynb"
+    expected = [x * x for x in range(20)]
+    with kernel(tmp_path, JPY_SESSION_NAME=str(notebook)) as nb:  # as Jupyter's server starts it
+        assert nb.run(_setup(journal, ran)) == ("", None)
+        assert nb.run("pool.map(f, range(20))") == ("", expected)
+        assert _runs(ran) == list(range(20))
+
+        nb.restart()
+        assert nb.run(_setup(journal, ran)) == ("", None)
+        assert nb.run("pool.map(f, range(20))") == ("", expected)
+        assert _runs(ran) == list(range(20))  # no task ran again
+
+        nb.restart()  # and now the cell's input changes: the replay ends there, with one warning
+        nb.run(_setup(journal, ran))
+        errors, result = nb.run("pool.map(f, range(1, 21))")
+        assert result == [x * x for x in range(1, 21)]
+        assert errors == ("fiber: the journal's replay ends at call 0, map(f): its arguments differ from "
+                          "the recorded ones; it and the calls after it run again\n")
+        assert _runs(ran) == sorted([*range(20), *range(1, 21)])
+    scan = records.scan((journal / "journal").read_bytes())
+    assert records.read_header(scan.records[0][1])["program"] == str(notebook)
+
+
+def test_a_kernel_that_does_not_know_its_notebook_is_refused_a_journal_until_the_program_is_named(
+        tmp_path: Path) -> None:
+    journal, ran = tmp_path / "journal", tmp_path / "ran"
+    with kernel(tmp_path) as nb:
+        nb.run(_setup(journal, ran))
+        errors, _ = nb.run("pool.map(f, range(5))", raises=True)
+        assert errors.startswith("JournalError: a journal needs to know which program it belongs to")
+        assert 'fiber_core.init(journal=..., program="my-analysis")' in errors and not ran.exists()
+        nb.run('fiber_core.init(program="squares")')
+        assert nb.run("pool.map(f, range(5))") == ("", [0, 1, 4, 9, 16])
+
+        nb.restart()
+        nb.run(_setup(journal, ran) + '\nfiber_core.init(program="squares")')
+        assert nb.run("pool.map(f, range(5))") == ("", [0, 1, 4, 9, 16])
+        assert _runs(ran) == list(range(5))

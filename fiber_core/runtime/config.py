@@ -57,6 +57,7 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("status", bool, False, "show the program's state (pools, workers, tasks) to fiber top in another terminal of the same user; nothing is shown unless this or status_port is set"),
     Option("journal", str, None, "directory of the journal of a durable run: every finished Pool and executor call is recorded there, and a rerun of the program replays what it finds (docs/durable.md); unset: no journal"),
     Option("journal_wait", float, 0.0, "seconds a master waits for the journal's lease while another master of the program holds it, before it refuses to start (0: refuse at once)"),
+    Option("program", str, None, "the name of the program in its journal, the same in each run that continues it; unset: the real path of its main module, in a notebook the notebook's path where its kernel knows it (a journal refuses a program without either)"),
     Option("seed", int, None, "the run's seed, from which each task's seed is derived (fiber_core.current_task); unset: random, kept in the journal when there is one"),
     Option("status_port", int, None, "also serve the status page on 127.0.0.1 at this port (0: any free port); its address, with the token that opens it, is printed to stderr"),
 )

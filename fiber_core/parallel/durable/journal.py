@@ -46,12 +46,39 @@ NAME = "journal"
 """The records' file in the journal's directory."""
 
 
+NOTEBOOK_NAMES = ("__session__", "__vsc_ipynb_file__")
+"""Where a notebook's kernel keeps the notebook's path in its namespace (``__main__``):
+ipykernel from ``JPY_SESSION_NAME``, which Jupyter's server sets; VS Code's own name."""
+
+
+def name_program(setting: str | None, main: object) -> str:
+    """The name of the program a journal belongs to: the ``program`` setting if given, else
+    the real path of the main module ``main``'s file, else the path of the notebook its
+    kernel runs (:data:`NOTEBOOK_NAMES`). Its source is not part of it: a changed program
+    replays the calls that did not change (each call's identity says which).
+
+    Without any (a kernel that does not know its notebook, ``python -c``, a console), a
+    :class:`JournalError` that says what to set: every such program would otherwise be the
+    same one, and one's journal would be replayed (and voided) by another's."""
+    if setting:
+        return setting
+    path = getattr(main, "__file__", None)
+    if path:
+        return os.path.realpath(path)
+    for attr in NOTEBOOK_NAMES:
+        notebook = getattr(main, attr, None)
+        if isinstance(notebook, str) and notebook:
+            return os.path.realpath(notebook) if os.path.isabs(notebook) else notebook
+    raise JournalError(
+        "a journal needs to know which program it belongs to, and this one has no file (a "
+        "notebook whose kernel does not know the notebook's path, python -c, a console): name "
+        'it with the program setting, fiber_core.init(journal=..., program="my-analysis") or '
+        "FIBER_PROGRAM=my-analysis, the same name each time it runs")
+
+
 def program_name() -> str:
-    """The program a journal belongs to: the real path of its main module (``<interactive>``
-    without one). Its source is not part of it: a changed program replays the calls that
-    did not change (each call's identity says which)."""
-    path = getattr(sys.modules.get("__main__"), "__file__", None)
-    return os.path.realpath(path) if path else "<interactive>"
+    """The name of this process's program (:func:`name_program`)."""
+    return name_program(config.get("program"), sys.modules.get("__main__"))
 
 
 def function_digest(func: Callable, func_bytes: bytes) -> bytes:
@@ -72,7 +99,7 @@ def function_digest(func: Callable, func_bytes: bytes) -> bytes:
 class Journal(OpenJournal):
     """A journal directory, open for this run: its lease held, its records read and appended to."""
 
-    def __init__(self, path: str, wait: float, seed: int | None) -> None:
+    def __init__(self, path: str, program: str, wait: float, seed: int | None) -> None:
         super().__init__(os.path.abspath(path))
         self._dirty = False
         self._dir = self._open_dir()
@@ -83,7 +110,7 @@ class Journal(OpenJournal):
             os.close(self._dir)
             raise
         try:
-            recorded, run_seed, self._fd = self._open_file(program_name(), seed)
+            recorded, run_seed, self._fd = self._open_file(program, seed)
         except BaseException:
             self.lease.release()
             os.close(self._dir)
@@ -196,15 +223,16 @@ class Journal(OpenJournal):
 
 def open_journal(path: str, wait: float, seed: int | None) -> Journal | StoredJournal:
     """The journal the setting names: a directory, or object storage a plugin opens (``s3://``)."""
+    program = program_name()  # (before anything is opened: it may be refused)
     if "://" not in path:
-        return Journal(path, wait, seed)
+        return Journal(path, program, wait, seed)
     store = plugins().journal_store(path)
     if store is None:
         raise JournalError(
             f"journal={path!r}: no installed plugin serves this kind of storage (s3:// needs "
             "fiber-aws: pip install fiber-aws); or set journal to a local directory or one on a "
             "mounted volume that outlives the master")
-    return StoredJournal(store, program_name(), wait, seed)
+    return StoredJournal(store, program, wait, seed)
 
 
 class CallKey:
@@ -259,6 +287,16 @@ class CallKey:
         journal.written += 1
 
 
+def settings_changed(opened: tuple[Any, Any], now: tuple[Any, Any]) -> str:
+    """What a program is told when its ``journal`` or ``program`` setting changed after its
+    first Pool or executor call (``(journal, program)`` then and now)."""
+    key, was, value = next((k, a, b) for k, a, b in zip(("journal", "program"), opened, now) if a != b)
+    return (f"{key} was set to {value!r} after this program's first Pool or executor call "
+            f"(it was {was!r} then), and a journal records a program from its start: set it before "
+            "the first call, and start the program again (in a notebook: in its first cell, then "
+            "restart the kernel)")
+
+
 class Program:
     """This process's sequence of Pool and executor calls, and its journal if one is set."""
 
@@ -269,12 +307,29 @@ class Program:
         self._resolved = without_journal
         self.journal: Journal | StoredJournal | None = None
         self.seed = 0
+        self._settings: tuple[Any, Any] | None = None  # (journal, program) as opened
+        self._generation = -1  # the settings' generation when they were last compared
+
+    def _ready(self) -> None:
+        """Resolve the journal on the first call; on a later one, refuse a journal or
+        program setting that changed since (it would be ignored: the journal records the
+        program from its start)."""
+        if not self._resolved:
+            self._resolve()
+        elif self._settings is not None and config.generation != self._generation:
+            self._generation = config.generation
+            now = (config.get("journal"), config.get("program"))
+            if now != self._settings:
+                raise JournalError(settings_changed(self._settings, now))
 
     def _resolve(self) -> None:
-        """Open the journal (and take its lease) on the program's first call."""
-        self._resolved = True
+        """Open the journal (and take its lease) on the program's first call. One that is
+        refused (no program name, another master holds it) is asked for again at the next
+        call, so that a notebook that then sets what the error said gets its journal."""
+        self._generation = config.generation
+        self._settings = (config.get("journal"), config.get("program"))
         seed = config.get("seed")
-        path = config.get("journal")
+        path = self._settings[0]
         self.seed = seed if seed is not None else int.from_bytes(os.urandom(8), "big")
         if path and not runtime().is_worker:  # a job's calls are its master's business
             try:
@@ -282,19 +337,20 @@ class Program:
             except OSError as e:
                 if isinstance(e, PermissionError):  # (ForeignObjectError, a directory not ours)
                     raise
+                self._resolved = True
                 log.warning("fiber: the journal at %s cannot be written (%s): the run goes on without "
                             "it; what it did not record runs again after a restart",
                             os.path.abspath(path), e.strerror or e)
                 return
             runtime().at_shutdown(self.journal.close)
             self.seed = self.journal.seed
+        self._resolved = True
 
     @property
     def journalled(self) -> bool:
         """Whether this program has a journal (it is opened on the first question)."""
         with self._lock:
-            if not self._resolved:
-                self._resolve()
+            self._ready()
             return self.journal is not None
 
     def begin(self, name: str, func: Callable, func_bytes: bytes,
@@ -303,8 +359,7 @@ class Program:
         pickled arguments as a whole (asked only with a journal), or is None where they come
         unit by unit (``imap``)."""
         with self._lock:
-            if not self._resolved:
-                self._resolve()
+            self._ready()
             ordinal = self._next
             self._next += 1
             journal = self.journal
