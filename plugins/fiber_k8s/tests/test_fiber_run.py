@@ -317,6 +317,7 @@ def test_a_durable_run_survives_its_pod_evicted_and_then_its_node_lost(
     journal.mkdir()
     prog = subprocess.Popen([sys.executable, "-m", "fiber_core.cli", "run", "--durable", "--image", image,
                              *pod_args, "--volume", f"{journal}:{journal}", "--env", f"FIBER_JOURNAL={journal}",
+                             "--env", "FIBER_PROGRAM=durable-test",
                              "python3", "-c", DURABLE_PROGRAM], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     errors: list[str] = []
