@@ -292,7 +292,8 @@ def test_the_page_of_a_run_with_a_loss_shows_the_lost_worker_its_reason_its_line
                          "each worker's last line")
         assert re.match(r"item \d+: done", browser.evaluate(
             "document.querySelector('tr.worker td.lines').innerText"))
-        assert browser.evaluate("document.querySelectorAll('tr.timeline-row svg.track rect').length") >= 4
+        browser.wait_for("document.querySelectorAll('tr.timeline-row svg.track rect').length >= 4",
+                         "the workers' states over time (sampled once a second)")
 
         # The chart has data: a bar for each second tasks were done.
         points = browser.wait_for("Number(document.querySelector('svg.chart').dataset.points) > 1 && "
