@@ -34,17 +34,9 @@ from fiber_core.base.errors import FiberError, JobStartError
 from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
 from fiber_core.base.log import log, tail
 from fiber_core.contract.env import (
-    ENV_AUTHKEY,
-    ENV_GROUP,
-    ENV_GROUP_INDEX,
-    ENV_HUB,
-    ENV_PARENT_RUNDIR,
-    ENV_RUN_ID,
-    ENV_TOKEN,
     JOB_ENV_KEYS,
     check_job_env,
     group_token,
-    program_environment,
 )
 from fiber_core.processes import spares
 from fiber_core.processes.host import (
@@ -61,6 +53,7 @@ from fiber_core.processes.host import (
     flush_std_streams,
 )
 from fiber_core.processes.host import cpu_count as cpu_count
+from fiber_core.processes.jobspec import RESOURCES, job_spec
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime, sending_to
 from fiber_core.wire.framing import Connection, framed
@@ -82,7 +75,6 @@ from fiber_core.wire.messages import (
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend, Job, JobSpec
 
-_RESOURCES = ("cpu", "memory", "gpu", "gpu_type", "capacity")
 
 
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
@@ -148,7 +140,7 @@ class Process(BaseProcess):
                  backend: str | None = None, **resources: Any) -> None:
         if group is not None:
             raise ValueError("group argument must be None for now")
-        unknown = set(resources) - set(_RESOURCES) - {"image", *JOB_ENV_KEYS}
+        unknown = set(resources) - set(RESOURCES) - {"image", *JOB_ENV_KEYS}
         if unknown:
             raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
         resources.update(check_job_env({k: resources.pop(k) for k in JOB_ENV_KEYS if k in resources}, "Process"))
@@ -409,62 +401,9 @@ class _JobRun:
         return p
 
     def _spec(self, backend: Backend, token: str, hub: str, group: tuple[str, int] | None) -> JobSpec:
-        from fiber_core.contract.backend import (  # a job that starts no process never loads it
-            JobSpec,  # a job that starts no process never loads it
-        )
-        from fiber_core.contract.placement import (  # with JobSpec
-            Alternative,
-            gpu_choices,
-            resources_env,
-        )
-
         p = self.process
-        rt = runtime()
         target_meta = getattr(p._target, "__fiber_meta__", None) or getattr(p, "__fiber_meta__", None) or {}  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
-        resources = {k: config.get(k) for k in _RESOURCES}
-        resources.update({k: v for k, v in target_meta.items() if v is not None})
-        resources.update(p._resources)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
-        python = config.get("python")
-        choices = gpu_choices(resources.get("gpu_type"), resources.get("gpu"))
-        passed, secret = program_environment(os.environ, backend.settings,
-                                             {k: resources[k] for k in JOB_ENV_KEYS if k in resources},
-                                             same_machine=backend.shares_this_machine)
-        env = {
-            **passed,
-            ENV_HUB: hub,
-            ENV_TOKEN: token,
-            ENV_RUN_ID: rt.run_id,
-            ENV_PARENT_RUNDIR: rt.rundir,  # where a job on this machine keeps its files
-            ENV_AUTHKEY: rt.authkey.hex(),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if group is not None:  # the token also derives from these (an array job's children)
-            env[ENV_GROUP], env[ENV_GROUP_INDEX] = group[0], str(group[1])
-        costs = {}
-        if config.get("prices"):  # only a program that prices its jobs loads placement here
-            from fiber_core.contract.placement import job_costs
-
-            costs = job_costs(choices, resources.get("capacity"), config.get("prices"))
-        # What a backend that honours the request gives; one that chooses or ignores it says so.
-        if len(choices) <= 1:
-            first = choices[0] if choices else None
-            env.update(resources_env(first, gpu=resources.get("gpu") or 0,
-                                     cost_per_hour=costs.get(Alternative(first, None))))
-        return JobSpec(
-            command=[*([python] if python else backend.worker_command()), "-m", "fiber_core.processes.worker"],
-            name=p.name,
-            image=resources.pop("image", None) or config.get("image"),
-            env=env,
-            cpu=resources.get("cpu"),
-            memory=resources.get("memory"),
-            gpu=resources.get("gpu"),
-            gpu_type=choices[0].type if choices else None,
-            gpu_choices=choices,
-            capacity=resources.get("capacity"),
-            costs=costs,
-            secret_env=secret,
-            labels={"fiber.run": rt.run_id, "fiber.parent": str(os.getpid()), "fiber.name": p.name},
-        )
+        return job_spec(p.name, target_meta, p._resources, backend, token, hub, group)  # noqa: SLF001 - _JobRun is the Process's own start machinery, in this module
 
     def start(self) -> None:
         """Start the job: on a spare of its kind when one is ready (:mod:`.spares`), else

@@ -25,14 +25,11 @@ import ipaddress
 import json
 import logging
 import math
-import os
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fiber_core.contract import (
-    ENV_AUTHKEY,
     ENV_OPTIONS,
     FALLBACK_WAIT,
     Backend,
@@ -45,6 +42,7 @@ from fiber_core.contract import (
 )
 
 from fiber_aws.api import AwsError, call, list_jobs, local_ipv4_addresses
+from fiber_aws.parameters import RunParameters
 from fiber_aws.poller import Poller
 from fiber_aws.spec import (
     SECTION,
@@ -58,7 +56,6 @@ from fiber_aws.spec import (
     queue_lists,
     refuse_credentials,
     resources,
-    sanitise_tag,
     tags,
     volumes,
 )
@@ -137,14 +134,14 @@ class AwsBatchBackend(Backend):
         self._jobdefs: dict[str, str] = {}
         self._count = 0
         self._networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
-        self._key_parameter: str | None = None  # the SSM parameter holding the run's key, once made
-        self._key_value: str | None = None
-        self._variable_parameters: dict[tuple[str, str], str] = {}  # (name, value) of a secret_env variable
         self._secret_jobdefs: list[str] = []  # job definitions naming that parameter: deregistered at cleanup
         self._session, self._client_config = self._session_and_config()
         self._clients: dict[str, Any] = {}
         self.batch = self.client("batch")
         """The boto3 Batch client."""
+        self.parameters = RunParameters(self.run_id, self.settings, lambda: self.client("ssm"),
+                                        self._error, self._where)
+        """The run's key and secret variables in SSM (:mod:`fiber_aws.parameters`)."""
 
     # -- set-up ----------------------------------------------------------------------
 
@@ -221,67 +218,15 @@ class AwsBatchBackend(Backend):
         """Every configured queue, once."""
         return list(dict.fromkeys(q for qs in self.queues.values() for q in qs))
 
-    # -- the run's key ------------------------------------------------------------------
+    # -- the run's key and secret variables (parameters.py) ----------------------------
 
     def key_parameter(self, value: str) -> str:
-        """The name of the SSM SecureString parameter that holds the run's key ``value``,
-        created on first use: ``/fiber/<run>/<random>/authkey``. The job definitions name it
-        in ``secrets``, so the key is in no job's description."""
-        with self._jobdef_lock:
-            if self._key_parameter is not None:
-                if value != self._key_value:
-                    raise BackendError("a job carries another run's key than this backend's: start it "
-                                       "from a backend of its run")
-                return self._key_parameter
-            name = self._put_parameter("authkey", value, f"fiber: the key of run {self.run_id}")
-            self._key_parameter, self._key_value = name, value
-            return name
-
-    def secret_parameters(self, env: Mapping[str, str], marked: Sequence[str]) -> dict[str, str]:
-        """``{variable: SSM parameter}`` for the run's key and the variables of ``env`` marked
-        secret (``secret_env``): each value in a SecureString parameter of the run, made on
-        first use (``/fiber/<run>/<random>/env-<NAME>-<n>``), deleted at cleanup."""
-        out = {ENV_AUTHKEY: self.key_parameter(env[ENV_AUTHKEY])} if ENV_AUTHKEY in env else {}
-        for variable in marked:
-            if variable not in env:
-                continue
-            with self._jobdef_lock:
-                name = self._variable_parameters.get((variable, env[variable]))
-                if name is None:
-                    n = len(self._variable_parameters)
-                    name = self._put_parameter(f"env-{variable}-{n}", env[variable],
-                                               f"fiber: {variable} of run {self.run_id}")
-                    self._variable_parameters[(variable, env[variable])] = name
-            out[variable] = name
-        return out
-
-    def _put_parameter(self, leaf: str, value: str, description: str) -> str:
-        """Store ``value`` in a new SecureString parameter ``/fiber/<run>/<random>/<leaf>``."""
-        if not self.settings["execution_role"]:
-            raise BackendError(
-                "the aws-batch backend passes the run's key (and variables marked secret) through SSM "
-                "Parameter Store, which needs an ECS execution role: set [aws] execution_role "
-                "(FIBER_AWS_EXECUTION_ROLE) to the ARN of a role with ssm:GetParameters on "
-                "arn:aws:ssm:*:*:parameter/fiber/*, or set key_from = environment (FIBER_AWS_KEY_FROM), "
-                "which lets anyone allowed batch:DescribeJobs read them and reach this process")
-        run = re.sub(r"[^A-Za-z0-9_.-]", "-", self.run_id) or "run"
-        name = f"/fiber/{run}/{os.urandom(4).hex()}/{leaf}"
-        try:
-            call(self.client("ssm"), "put_parameter", Name=name, Value=value, Type="SecureString",
-                 Description=description, Tags=[{"Key": "fiber.run", "Value": sanitise_tag(self.run_id, 256)}])
-        except AwsError as e:
-            raise self._error(e, f"cannot store a secret in SSM Parameter Store ({name}) on "
-                              f"{self._where()}", "allow ssm:PutParameter and ssm:DeleteParameter "
-                              "on parameter/fiber/* to these credentials, or set key_from = "
-                              "environment") from None
-        return name
+        """The SSM parameter that holds the run's key ``value``, made on first use."""
+        return self.parameters.key(value)
 
     def _drop_key(self) -> None:
-        """Delete the run's parameter and deregister the job definitions that name it."""
+        """Deregister the job definitions that name the run's parameters, then delete them."""
         with self._jobdef_lock:
-            name, self._key_parameter, self._key_value = self._key_parameter, None, None
-            names = [name, *self._variable_parameters.values()] if name else list(self._variable_parameters.values())
-            self._variable_parameters.clear()
             jobdefs, self._secret_jobdefs = self._secret_jobdefs, []
             for key in [k for k, arn in self._jobdefs.items() if arn in jobdefs]:
                 del self._jobdefs[key]
@@ -290,14 +235,7 @@ class AwsBatchBackend(Backend):
                 call(self.batch, "deregister_job_definition", jobDefinition=arn)
             except AwsError as e:
                 log.warning("fiber: cannot deregister job definition %s: %s", arn, e)
-        for name in names:
-            try:
-                call(self.client("ssm"), "delete_parameter", Name=name)
-            except AwsError as e:
-                if e.code != "ParameterNotFound":
-                    log.warning("fiber: cannot delete SSM parameter %s holding a secret of run %s: %s "
-                                "(`fiber clean --backend aws-batch --run %s` removes it)", name,
-                                self.run_id, e, self.run_id)
+        self.parameters.drop()
 
     def job_definition(self, image: str, vcpus: int, memory: int, gpus: int,
                        mounts: Mapping[str, str] | None = None, secrets: Sequence[Mapping[str, str]] = ()) -> str:
@@ -420,7 +358,7 @@ class AwsBatchBackend(Backend):
         vcpus = max(1, math.ceil(spec.cpu)) if spec.cpu else DEFAULT_VCPUS
         memory = spec.memory or DEFAULT_MEMORY
         env = self.job_env(spec)
-        parameters = self.secret_parameters(env, spec.secret_env) if self.settings["key_from"] == "ssm" else {}
+        parameters = self.parameters.for_job(env, spec.secret_env) if self.settings["key_from"] == "ssm" else {}
         environment, secrets = container_environment(env, parameters)
         jobdef = self.job_definition(image, vcpus, memory, gpus, spec.volumes, secrets)
         name = self._job_name(spec.name)
@@ -594,30 +532,5 @@ class AwsBatchBackend(Backend):
                 raise backend._error(e, f"cannot list or terminate the jobs in queue {queue!r} on "
                                      f"{backend._where()}", "check the credentials' batch:ListJobs and "
                                      "batch:TerminateJob permissions") from None
-        removed += backend._clean_keys(run_id)
+        removed += backend.parameters.clean(run_id)
         return removed
-
-    def _clean_keys(self, run_id: str | None) -> list[str]:
-        """Delete the SSM parameters holding the keys of ``run_id`` (or of every fiber run),
-        found by name (DescribeParameters: their values are not read)."""
-        run = re.sub(r"[^A-Za-z0-9_.-]", "-", run_id) if run_id else ""
-        path = f"/fiber/{run}/" if run else "/fiber/"
-        ssm, removed, token = self.client("ssm"), [], None
-        try:
-            while True:
-                page = call(ssm, "describe_parameters", ParameterFilters=[
-                    {"Key": "Path", "Option": "Recursive", "Values": [path.rstrip("/")]}],
-                    **({"NextToken": token} if token else {}))
-                for p in page.get("Parameters", []):
-                    leaf = p["Name"].rpartition("/")[2]
-                    if p["Name"].startswith(path) and (leaf == "authkey" or leaf.startswith("env-")):
-                        call(ssm, "delete_parameter", Name=p["Name"])
-                        removed.append(f"SSM parameter {p['Name']}")
-                token = page.get("NextToken")
-                if not token:
-                    return removed
-        except AwsError as e:
-            if self.settings["key_from"] == "ssm":
-                log.warning("fiber: cannot list or delete the SSM parameters under %s: %s", path, e)
-            return removed
-

@@ -23,8 +23,6 @@ Either way the job's exit code is 1, it ended :attr:`~EndReason.NEVER_STARTED`, 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import signal
@@ -45,13 +43,13 @@ from fiber_core.contract import (
     Job,
     JobSpec,
     Option,
-    Watcher,
     choice_text,
     remove_all,
     waiting_verdict,
 )
 
 from fiber_k8s.cluster import Cluster, http_status, in_pod
+from fiber_k8s.podwatch import PodWatch
 from fiber_k8s.spec import (
     CONTAINER,
     DEFAULT_GPU_LABEL,
@@ -74,9 +72,6 @@ from fiber_k8s.status import (
 )
 
 log = logging.getLogger("fiber")
-
-WATCH_SECONDS = 240
-"""Lifetime of one watch request; the watch is resumed from its last resourceVersion."""
 
 OPTIONS: tuple[Option, ...] = (
     Option("kubeconfig", str, None, "kubeconfig file (default: the pod's service account, else $KUBECONFIG or ~/.kube/config)"),
@@ -140,7 +135,7 @@ class KubernetesBackend(Backend):
         self._cluster: Cluster | None = None
         self._own_pod: dict[str, Any] | None = None
         self._parent_id = ""
-        self._watch: _PodWatch | None = None  # made by the first create_job
+        self._watch: PodWatch | None = None  # made by the first create_job
         self._secret_name = secret_name(run_id)
         self._secrets: dict[str, dict[str, str]] = {}  # the Secrets made, by name: what each holds
         if self.settings.get("pod_template"):
@@ -322,7 +317,7 @@ class KubernetesBackend(Backend):
     def _ensure_watch(self) -> None:
         with self._lock:
             if self._watch is None:
-                watch = _PodWatch(self)
+                watch = PodWatch(self.cluster, self.selector, self.run_id, self._on_event, self._on_relist)
                 watch.open()  # the first list and watch requests: errors are raised here
                 watch.watcher = self.watch(watch.step, "watch", interval=0.1, max_backoff=5.0)
                 self._watch = watch
@@ -525,82 +520,3 @@ def _delete_pods(cluster: Cluster, selector: str) -> list[str]:
         if errors:
             raise errors[0] from None
     return names
-
-
-class _PodWatch:
-    """The one watch on the pods of a backend's selector, feeding ``backend._on_event``.
-
-    :meth:`open` lists the pods and opens the watch request; the first time in the caller's
-    thread, so a missing permission is an error at the first ``create_job``. Then
-    :meth:`step`, run by the backend's :class:`~fiber_core.contract.Watcher` (which backs off
-    while it fails), reads events until the request ends, resumes from the last
-    resourceVersion, and relists when that is too old (410). If the API stays unreachable for
-    ``4 * api_timeout``, polling the jobs raises.
-    """
-
-    def __init__(self, backend: KubernetesBackend) -> None:
-        self.backend, self.cluster, self.selector = backend, backend.cluster, backend.selector
-        self.rv, self.closed, self.error = "", False, ""
-        self.resp: Any = None  # the open watch response
-        self.down_since: float | None = None
-        self.watcher: Watcher | None = None
-
-    def open(self) -> None:
-        started = time.monotonic()
-        listed = self.cluster.list_pods(self.selector)
-        for pod in listed.get("items") or []:
-            self.backend._on_event("MODIFIED", pod)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
-        self.backend._on_relist({p["metadata"]["name"] for p in listed.get("items") or []}, started)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
-        self.rv = listed["metadata"]["resourceVersion"]
-        self.resp = self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
-
-    def step(self) -> float:
-        """One watch request's events; the next one starts at once."""
-        from kubernetes.watch.watch import iter_resp_lines  # the client is loaded with the cluster
-
-        try:
-            if not self.rv:
-                self.open()
-            elif self.resp is None:
-                self.resp = self.cluster.watch_pods(self.selector, self.rv, WATCH_SECONDS)
-            if self.closed:
-                return 0.0
-            self.down_since = None
-            for line in iter_resp_lines(self.resp):
-                event = json.loads(line) if line else {}
-                obj = event.get("object") or {}
-                if event.get("type") == "ERROR":
-                    if obj.get("code") != 410:
-                        raise BackendError(f"watch error: {obj.get('message')}")
-                    self.rv = ""  # too old: the next round relists
-                    break
-                self.rv = (obj.get("metadata") or {}).get("resourceVersion") or self.rv
-                if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                    self.backend._on_event(event["type"], obj)  # noqa: SLF001 - the watch thread delivers to its backend, in this module
-            return 0.0
-        except Exception as e:
-            if not self.closed:
-                if http_status(e) == 410:
-                    self.rv = ""  # too old: the next round relists
-                self.down_since, self.error = self.down_since or time.monotonic(), str(e)
-            raise
-        finally:
-            resp, self.resp = self.resp, None
-            if resp is not None:
-                with contextlib.suppress(Exception):
-                    resp.release_conn()
-
-    def raise_if_lost(self) -> None:
-        since = self.down_since
-        if since is not None and time.monotonic() - since > 4 * self.cluster.timeout:
-            raise BackendError(f"lost the watch on the pods of run {self.backend.run_id} in namespace "
-                               f"{self.cluster.namespace} for {time.monotonic() - since:.0f}s: {self.error}")
-
-    def close(self) -> None:
-        self.closed = True
-        if self.watcher is not None:
-            self.watcher.stop()
-        resp = self.resp
-        if resp is not None:
-            with contextlib.suppress(Exception):
-                resp.shutdown()  # unblocks the reading thread (urllib3 >= 2.3)
