@@ -67,6 +67,7 @@ The rules every method follows
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 import warnings
@@ -144,6 +145,16 @@ class Job:
     handle: Any = None
     host: str | None = None
     state: JobState = field(default_factory=JobState)
+    channel: socket.socket | None = field(default=None, repr=False)
+    """The parent's end of a connection to the job's worker that the backend made and handed
+    down itself (the local backend's socket pair), or None: the worker then dials the parent.
+    Nobody else can reach such a connection, so it needs no handshake. Taken once by the
+    parent's process machinery (:meth:`take_channel`)."""
+
+    def take_channel(self) -> socket.socket | None:
+        """:attr:`channel`, which the job holds no longer."""
+        channel, self.channel = self.channel, None
+        return channel
 
     @property
     def exitcode(self) -> int | None:

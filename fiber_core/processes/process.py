@@ -503,6 +503,7 @@ class _JobRun:
     def launched(self, job: Job, payload: tuple[bytes | None, bytes]) -> None:
         """The backend started the job: watch it, and send ``payload`` once it connects."""
         self.job = job
+        spares.take_channel(job, self._on_connect)
         threading.Thread(target=self._monitor, args=(payload,), daemon=True,
                          name=f"fiber-monitor-{self.name}").start()
 
