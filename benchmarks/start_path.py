@@ -186,10 +186,10 @@ def breakdown_run(n: int, pools: int) -> list[dict]:
             os.remove(os.path.join(where, name))
         asked.clear()
         barrier = mp.Barrier(n)
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.process_time()
         pool = mp.Pool(n, initializer=probe_init, initargs=(barrier,))
         assert pool.map(probe_task, range(n), chunksize=1) == list(range(n))
-        total = time.monotonic() - start
+        total, cpu = time.monotonic() - start, time.process_time() - cpu
         workers = []
         for name in os.listdir(where):
             pid = int(name.split(".")[0])
@@ -198,7 +198,7 @@ def breakdown_run(n: int, pools: int) -> list[dict]:
             if pid in asked:
                 marks["asked"] = (asked[pid], 0.0)
             workers.append(marks)
-        out.append({"start": start, "total": total, "workers": workers})
+        out.append({"start": start, "total": total, "cpu": cpu, "workers": workers})
         pool.terminate()
         pool.join()
     return out
@@ -221,7 +221,8 @@ def breakdown(n: int, runs: int, repo: str) -> None:
     for which, label in ((0, "first Pool"), (1, "second Pool")):
         pools = [r[which] for r in rows]
         workers = [w for p in pools for w in p["workers"]]
-        print(f"  {label}: until all ran a task {statistics.median(p['total'] for p in pools):.3f} s; "
+        print(f"  {label}: until all ran a task {statistics.median(p['total'] for p in pools):.3f} s, "
+              f"the parent's CPU {statistics.median(p['cpu'] for p in pools) * 1000 / n:.2f} ms per worker; "
               f"{sum('asked' in w for w in workers)} of {len(workers)} workers forked from the template")
         print(f"    {'phase':16s} {'wall ms':>8s} {'cpu ms':>7s} {'ends at ms':>11s}")
         start = {id(w): p["start"] for p in pools for w in p["workers"]}

@@ -265,6 +265,10 @@ class Backend(ABC):
         filesystem (the local backend). A Pool then starts its workers at most one
         per CPU at a time, so the first is ready sooner instead of all of them
         sharing the CPUs while they start; a manager serves on a Unix socket.
+    ``starts_per_cpu``
+        With ``shares_this_machine``: how many jobs per CPU a Pool may have starting at
+        once (1; the local backend's forks from its template, a tenth of an
+        interpreter's start each, 8).
     ``spare_jobs``
         How many spare jobs of each kind to keep ready when the user does not set
         ``spare_jobs`` (:mod:`fiber_core.processes.spares`): started ahead after a
@@ -296,6 +300,8 @@ class Backend(ABC):
     shares_this_machine: ClassVar[bool] = False
     spare_jobs: ClassVar[int] = 0
     renamed_options: ClassVar[Mapping[str, str]] = {}
+
+    starts_per_cpu: int = 1
 
     peer_timeout: float = 30.0
     """Seconds after which a TCP peer that stopped answering counts as gone (the

@@ -210,7 +210,7 @@ class WorkerTable:
         self._backend_name = workers_backend.name
         self._hub = runtime().addresses_for(workers_backend)
         # Workers that start on this machine's CPUs start a few at a time (see _top_up).
-        self._burst = cpu_count() if workers_backend.shares_this_machine else None
+        self._burst = cpu_count() * workers_backend.starts_per_cpu if workers_backend.shares_this_machine else None
 
     def _start_workers(self, n: int) -> None:
         """Start ``n`` workers with one group start of the backend (``Backend.start_jobs``)."""
@@ -279,8 +279,8 @@ class WorkerTable:
     def _top_up(self) -> None:
         """Start workers until the pool has its size, in one group start; called with the lock held.
 
-        On a backend whose jobs share this machine's CPUs, at most one worker per
-        CPU is starting at any time: the rest start as those become ready, so the
+        On a backend whose jobs share this machine's CPUs, at most
+        ``Backend.starts_per_cpu`` workers per CPU are starting at any time: the rest start as those become ready, so the
         first result comes after one start, not after all of them shared the CPUs.
 
         The first workers' start fails :class:`Pool` at once; after that, a backend
