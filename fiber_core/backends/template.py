@@ -5,8 +5,9 @@ ms of CPU each). The local backend instead starts, on first use, one *template*:
 ``python -m fiber_core.backends.template``, a clean process (never the parent's
 state, as the stdlib's forkserver) that imports the worker's modules and then
 forks one child per job. A child becomes the job exactly as if its command had
-run: a session of its own, the job's environment and working directory, stdout
-and stderr to the job's log, then the worker's ``main()``.
+run: a process group of its own (in the template's session, which has no terminal, as
+a job started with a session of its own has none), the job's environment and working
+directory, stdout and stderr to the job's log, then the worker's ``main()``.
 
 The template talks to the backend over a Unix socket pair (its descriptor number is
 the template's first argument):
@@ -70,7 +71,7 @@ worker; 12 ms once here)."""
 
 
 def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: list[int],
-           parent_pidfd: int | None, ready_w: int) -> None:
+           parent_pidfd: int | None) -> None:
     """In the forked child: become the job, run it, never return."""
     code = 1
     try:
@@ -80,12 +81,10 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: li
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-        os.setsid()
+        os.setpgid(0, 0)  # (the template does it too, so that it is done when it answers)
         if parent_pidfd is not None:
             os.close(parent_pidfd)
             _die_with_template()
-        os.write(ready_w, b"x")  # its process group exists: a signal to it reaches the job now
-        os.close(ready_w)
         logfd = fds[0]
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -225,29 +224,29 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
 
 def _fork_job(sock: socket.socket, request: dict, fds: list[int], children: set[int],
               wake: tuple[int, int], parent_pidfd: int | None) -> None:
-    """Fork the child for one request and answer with its pid once it leads its own group."""
-    ready_r, ready_w = os.pipe()
+    """Fork the child for one request and answer with its pid, which leads its own group.
+
+    Both the child and the template put it in its group (the usual way to have it done
+    by whichever runs first), so the template answers at once: a signal to the group
+    reaches the job from then on, as after ``Popen`` (which waits for the exec). Waiting
+    for the child to be scheduled instead cost a loaded machine tens of ms per job.
+    """
     try:
         pid = os.fork()
     except OSError as e:
-        for fd in (*fds, ready_r, ready_w):
+        for fd in fds:
             os.close(fd)
         _send(sock, {"error": f"cannot fork: {e}"})
         return
     if pid == 0:
-        os.close(ready_r)
-        _child(sock, wake[0], wake[1], request, fds, parent_pidfd, ready_w)
+        _child(sock, wake[0], wake[1], request, fds, parent_pidfd)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # it has ended already (and its end is reported)
     for fd in fds:
         os.close(fd)
-    os.close(ready_w)
     children.add(pid)
-    while True:  # answer once the child leads its own group (as Popen returns after exec)
-        try:
-            os.read(ready_r, 1)
-            break
-        except InterruptedError:
-            continue
-    os.close(ready_r)
     _send(sock, {"pid": pid})
 
 
