@@ -77,17 +77,22 @@ class LocalBackend(Backend):
         """Fork the workers among ``specs`` from the template, all requests sent at once;
         start the rest (and any the template could not fork) as new interpreters."""
         forks = [i for i, spec in enumerate(specs) if self._forkable(spec)]
-        # A group waits for a template that is starting: it costs one new interpreter's start,
-        # after which each fork is cheap; a single job starts fresh meanwhile instead.
-        template = self._template_for(wait=len(forks) > 1) if forks else None
         jobs: list[Job | None] = [None] * len(specs)
-        if template is not None:
-            ooms = oom_kills()
-            for chunk in range(0, len(forks), _FORK_CHUNK):
-                mine = forks[chunk:chunk + _FORK_CHUNK]
-                for i, job in zip(mine, self._fork(template, [specs[i] for i in mine], ooms)):
-                    jobs[i] = job
         try:
+            template = self._template_for() if forks else None
+            if template is None and len(forks) > 1 and self._template is not None:
+                # The template is starting: the first starts as a new interpreter beside it
+                # (an early first result); the rest wait for it, which costs one new
+                # interpreter's start, after which each fork is cheap.
+                jobs[forks[0]] = self._popen(specs[forks[0]])
+                forks = forks[1:]
+                template = self._template_for(wait=True)
+            if template is not None:
+                ooms = oom_kills()
+                for chunk in range(0, len(forks), _FORK_CHUNK):
+                    mine = forks[chunk:chunk + _FORK_CHUNK]
+                    for i, job in zip(mine, self._fork(template, [specs[i] for i in mine], ooms)):
+                        jobs[i] = job
             for i, spec in enumerate(specs):
                 if jobs[i] is None:
                     jobs[i] = self._popen(spec)
