@@ -17,7 +17,10 @@ measured:
    queue whose consumer (or producer) is the parent: messages/s for a small
    tuple, MB/s for 1 MiB bytes objects. The clock runs from the command to the
    child until the last item is in the parent (or the child says it took the
-   last one), so the pipeline's fill and drain are counted.
+   last one), so the pipeline's fill and drain are counted. And the Queue's
+   round trip: the parent puts a small tuple into one queue, a child gets it and
+   puts it into a second, the parent gets it from there (both queues made by the
+   parent); the median round trip of each round, then the median over the rounds.
 
 Usage::
 
@@ -92,6 +95,12 @@ def child_queue(ctrl: Any, data: Any, done: Any) -> None:
             for _ in range(n):
                 data.get()
             done.put("done")
+
+
+def child_queue_echo(into: Any, back: Any) -> None:
+    """Put back every item of ``into``; stop on ``None``."""
+    while (item := into.get()) is not None:
+        back.put(item)
 
 
 def payload(size: int) -> Any:
@@ -227,6 +236,35 @@ def bench_queue(libs: list[Lib], reps: int, n_small: int, n_big: int, results: d
         p.join()
 
 
+def bench_queue_rtt(libs: list[Lib], reps: int, n: int, results: dict) -> None:
+    children = {}
+    for lib in libs:
+        into, back = lib.Queue(), lib.Queue()
+        p = lib.Process(target=child_queue_echo, args=(into, back))
+        p.start()
+        children[lib.name] = (into, back, p)
+        _queue_pings(into, back, 200)  # warm-up (and, for fiber, connect)
+    for _, lib in rounds(libs, reps):
+        into, back, _p = children[lib.name]
+        rtt = statistics.median(_queue_pings(into, back, n))
+        results[("Queue round trip, put -> get", "us")][lib.name].append(rtt * 1e6)
+    for into, _back, p in children.values():
+        into.put(None)
+        p.join()
+
+
+def _queue_pings(into: Any, back: Any, n: int) -> list[float]:
+    times = []
+    clock = time.perf_counter
+    put, get = into.put, back.get
+    for _ in range(n):
+        t0 = clock()
+        put(SMALL_OBJ)
+        get()
+        times.append(clock() - t0)
+    return times
+
+
 def _queue_round(ctrl: Any, data: Any, done: Any, kind: str, n: int, size: int) -> float:
     t0 = time.perf_counter()
     ctrl.put((kind, n, size))
@@ -264,7 +302,8 @@ def report(results: dict, command: str, elapsed: float, reps: dict) -> None:
     print(f"Python {platform.python_version()} on {platform.system()} {platform.machine()}, "
           f"{os.cpu_count()} CPUs, affinity {sorted(os.sched_getaffinity(0))}; "
           f"fiber backend `{_backend_name()}`; multiprocessing start method `spawn`; "
-          f"medians over {reps['start']} (start), {reps['pipe']} (Pipe), {reps['queue']} (Queue) "
+          f"medians over {reps['start']} (start), {reps['pipe']} (Pipe), {reps['queue']} (Queue), "
+          f"{reps['queue-rtt']} (Queue round trip) "
           f"interleaved rounds; {elapsed:.0f} s in all.")
     print()
     print("| metric | fiber | multiprocessing | ratio |")
@@ -282,6 +321,8 @@ def report(results: dict, command: str, elapsed: float, reps: dict) -> None:
     for label, (f, m) in medians.items():
         if label.startswith("Pipe"):
             checks.append((f"{label}: within 2x of multiprocessing.Pipe", f <= 2 * m))
+        elif label.startswith("Queue round trip"):
+            checks.append((f"{label}: at most multiprocessing.Queue's", f <= m))
         elif label.startswith("Queue"):
             checks.append((f"{label}: at least multiprocessing.Queue", f >= m))
     print()
@@ -302,20 +343,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="rounds per library and section")
     parser.add_argument("--pin", type=int, default=None, metavar="CPU",
                         help="pin this process and every child to one CPU")
-    parser.add_argument("--only", choices=("start", "pipe", "queue"), action="append",
+    parser.add_argument("--only", choices=("start", "pipe", "queue", "queue-rtt"), action="append",
                         help="run only these sections (repeatable)")
     args = parser.parse_args(argv)
     if args.pin is not None:  # first, so that every thread and child inherits it
         os.sched_setaffinity(0, {args.pin})
     if args.quick:
-        reps = {"start": 3, "pipe": 3, "queue": 3}
+        reps = {"start": 3, "pipe": 3, "queue": 3, "queue-rtt": 3}
         n_rtt, n_small, n_big = 300, 3000, 30
     else:
-        reps = {"start": 21, "pipe": 11, "queue": 9}
+        reps = {"start": 21, "pipe": 11, "queue": 9, "queue-rtt": 11}
         n_rtt, n_small, n_big = 2000, 20000, 150
     if args.reps is not None:
         reps = dict.fromkeys(reps, args.reps)
-    sections = args.only or ["start", "pipe", "queue"]
+    sections = args.only or ["start", "pipe", "queue", "queue-rtt"]
 
     from collections import defaultdict
 
@@ -326,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         ("start", lambda: bench_start(libs, reps["start"], results)),
         ("pipe", lambda: bench_pipe(libs, reps["pipe"], n_rtt, results)),
         ("queue", lambda: bench_queue(libs, reps["queue"], n_small, n_big, results)),
+        ("queue-rtt", lambda: bench_queue_rtt(libs, reps["queue-rtt"], n_rtt, results)),
     ]
     for name, step in steps:
         if name in sections:

@@ -1,5 +1,6 @@
 """A local Pool's start: Fiber's workers forked from its template against new interpreters
-and against ``multiprocessing`` with fork and with spawn.
+and against ``multiprocessing`` with fork, forkserver (the default on Linux from Python 3.14)
+and spawn.
 
 Each measure runs in a program of its own, as a user's would: the time from ``Pool(n)``
 until all n workers run a task at once (each task waits at a Barrier of n), for the
@@ -9,7 +10,8 @@ program. Modes alternate within each round; medians are printed.
 ``--against DIR`` measures Fiber's modes also with the ``fiber_core`` of the checkout ``DIR``
 (a reference: the base commit of a change), alternating with this one (the order flips
 every round), and prints its rows marked ``(ref)``; ``--fiber-only`` leaves out
-``multiprocessing``. Compile both checkouts first (``python -m compileall fiber_core``) where
+``multiprocessing``; ``--modes`` names the ones to measure (``fiber:template,mp:forkserver``).
+Compile both checkouts first (``python -m compileall fiber_core``) where
 ``PYTHONDONTWRITEBYTECODE`` is set, or one side pays for compiling in every interpreter.
 
     python benchmarks/local_start.py -n 5 --rounds 7
@@ -79,12 +81,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--against", help="a checkout whose fiber_core is measured too, alternating")
     ap.add_argument("--fiber-only", action="store_true", help="leave out multiprocessing")
+    ap.add_argument("--modes", help="only these, comma-separated lib:mode (fiber, fiber (ref), mp)")
     args = ap.parse_args()
     modes = [("fiber", "template"), ("fiber", "fresh")]
     if args.against:
         modes += [("fiber (ref)", "template"), ("fiber (ref)", "fresh")]
     if not args.fiber_only:
-        modes += [("mp", "fork"), ("mp", "spawn")]
+        modes += [("mp", "fork"), ("mp", "forkserver"), ("mp", "spawn")]
+    if args.modes:
+        wanted = [tuple(m.split(":")) for m in args.modes.split(",")]
+        unknown = [m for m in wanted if m not in modes]
+        if unknown:
+            ap.error(f"unknown modes {unknown}; known: {', '.join(':'.join(m) for m in modes)}")
+        modes = [m for m in modes if m in wanted]
     repos = {"fiber": HERE, "fiber (ref)": os.path.abspath(args.against or HERE)}
     results: dict[tuple[str, str], list[list[float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as where:

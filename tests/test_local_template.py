@@ -92,3 +92,70 @@ def test_the_template_preloads_what_pool_workers_import(template: int) -> None:
     p.start()
     assert q.get(timeout=T) == (template, [True, True])  # forked from the template, both there
     p.join(T)
+
+
+def test_the_template_preloads_what_unpickling_functions_and_locks_imports(template: int) -> None:
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=modules_loaded, args=(q, ["cloudpickle", "fiber_core.parallel.synchronize"]))
+    p.start()
+    assert q.get(timeout=T) == (template, [True, True])
+    p.join(T)
+
+
+def test_a_forked_job_reaches_its_parent_on_its_channel_without_the_hub(
+        template: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hub serves no process's route: a job that dialed it would be refused (exit code 3).
+    hub = runtime().hub
+    register = hub.register
+    monkeypatch.setattr(hub, "register", lambda target, route: None if target.startswith("proc:")
+                        else register(target, route))
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=report, args=(q, 0))
+    p.start()
+    _, ppid, _, _ = q.get(timeout=T)
+    p.join(T)
+    assert ppid == template and p.exitcode == 0
+
+
+def test_the_template_takes_requests_sent_back_to_back_each_with_its_descriptors() -> None:
+    import json
+    import socket
+
+    from fiber_core.backends.template import _recv_requests
+
+    ours, theirs = socket.socketpair()
+    pipes = [os.pipe() for _ in range(5)]
+    try:
+        for i, channel in enumerate([False, True]):
+            fds = [pipes[2 * i][1]] + ([pipes[2 * i + 1][1]] if channel else [])
+            line = json.dumps({"n": i, "channel": channel}).encode() + b"\n"
+            ours.sendmsg([line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                   b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds))])
+        ours.close()
+        buf, pending, got = bytearray(), [], []
+        while (requests := _recv_requests(theirs, buf, pending)) is not None:
+            got += requests
+        assert [(r["n"], len(fds)) for r, fds in got] == [(0, 1), (1, 2)]
+        for (_, fds), wanted in zip(got, [[0], [2, 3]]):
+            for fd, i in zip(fds, wanted):  # each descriptor is the one sent with its request
+                os.write(fd, b"x")
+                assert os.read(pipes[i][0], 1) == b"x"
+                os.close(fd)
+    finally:
+        theirs.close()
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+
+
+def children_of_self(q: fiber_core.Queue) -> None:
+    q.put((os.getppid(), Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()))
+
+
+def test_a_forked_job_forks_no_watcher_the_template_watches_its_parent(template: int) -> None:
+    # (test_parent_death: the job still ends with its parent inside a long C call)
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=children_of_self, args=(q,))
+    p.start()
+    assert q.get(timeout=T) == (template, [])
+    p.join(T)

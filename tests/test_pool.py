@@ -33,6 +33,7 @@ from fiber_core.base.errors import BackendError, FiberError, JobStartError, Pick
 from fiber_core.base.oom import oom_kills
 from fiber_core.parallel.pool import MAX_TASK_ATTEMPTS, MaybeEncodingError, Pool, RemoteTraceback
 from fiber_core.parallel.pool.ledger import MAX_TASK_KILLS
+from fiber_core.runtime.run import runtime
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed
 
@@ -445,10 +446,11 @@ def test_processes_argument() -> None:
     with pytest.raises(ValueError):
         Pool(2, maxtasksperchild=0)
     with Pool(3) as p:
-        # Local workers start at most one per CPU at a time; the rest follow as those
-        # become ready, until the pool has its size.
+        # Local workers start at most starts_per_cpu per CPU at a time; the rest follow as
+        # those become ready, until the pool has its size.
         with p._lock:
-            assert sum(not w.ready for w in p._workers.values()) <= fiber_core.cpu_count()
+            starting = sum(not w.ready for w in p._workers.values())
+        assert starting <= fiber_core.cpu_count() * runtime().backend.starts_per_cpu
         wait_until(lambda: len(p._pool) == 3 and all(w.ready for w in list(p._workers.values())),
                    "the pool's 3 workers to be up")
     with Pool() as p:

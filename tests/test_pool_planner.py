@@ -14,6 +14,7 @@ from fiber_core.parallel.pool.planner import (
     fair_sharers,
     prefetch_wanted,
     runs_long,
+    starts_now,
     unit_bounds,
     updated,
 )
@@ -75,3 +76,13 @@ def test_a_prefetch_goes_only_where_it_will_not_wait_long() -> None:
     assert prefetch_wanted(0.001, 10, 1, 16, is_map=False)  # 10 ms batches
     assert not prefetch_wanted(0.01, 10, 1000, 16, is_map=False)  # 100 ms: not behind a busy worker
     assert runs_long(None, 1) and runs_long(0.05, 1) and not runs_long(0.001, 10)
+
+
+def test_workers_start_in_runs_of_half_the_burst_not_one_as_each_becomes_ready() -> None:
+    assert starts_now(64, 0, 16) == 16  # the first run fills the burst
+    assert starts_now(48, 15, 16) == 0  # one became ready: wait for more room
+    assert starts_now(48, 8, 16) == 8  # half the burst is free
+    assert starts_now(3, 14, 16) == 0 and starts_now(3, 13, 16) == 3  # the last few, at once
+    assert starts_now(5, 0, None) == 5  # no bound (workers on other machines)
+    assert starts_now(5, 1, 2) == 1  # a burst of 2 (one per CPU): one at a time, as before
+    assert starts_now(0, 0, 16) == 0 and starts_now(-1, 0, None) == 0

@@ -83,7 +83,9 @@ def test_a_spare_sent_other_settings_is_not_used(with_spares: None, change: str,
 
 
 def test_an_unused_spare_is_let_go_after_spare_timeout(with_spares: None) -> None:
-    fiber_core.init(spare_timeout=0.2)
+    # Long enough that the spare, ready as soon as the process was sent, is still there
+    # once start_one() returns; short enough for a test.
+    fiber_core.init(spare_timeout=3.0)
     start_one()
     spare = one_ready()
     assert runtime().backend.wait_for_job(spare, T) == 0

@@ -21,10 +21,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from fiber_core.backends.template import Template, TemplateError
+from fiber_core.backends.template import Request, Template, TemplateError
 from fiber_core.base.errors import BackendError
 from fiber_core.base.log import log
 from fiber_core.base.oom import oom_kills
@@ -61,6 +61,8 @@ class LocalBackend(Backend):
         self._logdir: str | None = None
         self._template: Template | None = None
         self._template_failed = False
+        if self.settings.get("start", "template") == "template":
+            self.starts_per_cpu = STARTS_PER_CPU
 
     def worker_command(self) -> list[str]:
         return [sys.executable]
@@ -75,18 +77,80 @@ class LocalBackend(Backend):
             return os.path.join(self._logdir, f"{self._count}-{safe}.log")
 
     def create_job(self, spec: JobSpec) -> Job:
+        return self.create_jobs([spec])[0]
+
+    def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
+        """Fork the workers among ``specs`` from the template, all requests sent at once;
+        start the rest (and any the template could not fork) as new interpreters."""
+        forks = [i for i, spec in enumerate(specs) if self._forkable(spec)]
+        jobs: list[Job | None] = [None] * len(specs)
+        try:
+            template = self._template_for() if forks else None
+            if template is None and len(forks) > 1 and self._template is not None:
+                # The template is starting: the first starts as a new interpreter beside it
+                # (an early first result); the rest wait for it, which costs one new
+                # interpreter's start, after which each fork is cheap.
+                jobs[forks[0]] = self._popen(specs[forks[0]])
+                forks = forks[1:]
+                template = self._template_for(wait=True)
+            if template is not None:
+                ooms = oom_kills()
+                for chunk in range(0, len(forks), _FORK_CHUNK):
+                    mine = forks[chunk:chunk + _FORK_CHUNK]
+                    for i, job in zip(mine, self._fork(template, [specs[i] for i in mine], ooms)):
+                        jobs[i] = job
+            for i, spec in enumerate(specs):
+                if jobs[i] is None:
+                    jobs[i] = self._popen(spec)
+        except BaseException:
+            self._kill_all([job for job in jobs if job is not None])
+            raise
+        return [job for job in jobs if job is not None]
+
+    def _forkable(self, spec: JobSpec) -> bool:
+        return (self.settings.get("start", "template") == "template" and not self._template_failed
+                and list(spec.command) == [sys.executable, "-m", _WORKER])
+
+    def _fork(self, template: Template, specs: Sequence[JobSpec], ooms: int | None) -> list[Job | None]:
+        """Fork ``specs`` from ``template``, each with a channel to this process; None for
+        each one the template could not fork."""
+        env = {**os.environ, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
+        paths = [self._log_path(spec.name) for spec in specs]
+        pairs: list[tuple[socket.socket, socket.socket]] = []
+        files = []
+        try:
+            requests = []
+            for spec, path in zip(specs, paths):
+                files.append(open(path, "wb"))  # noqa: SIM115 - closed below, once the template has it
+                pairs.append(socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+                requests.append(Request({**env, **spec.env}, spec.cwd or os.getcwd(), _WORKER,
+                                        files[-1].fileno(), pairs[-1][1].fileno()))
+            answers = template.start(requests)
+        except BaseException:
+            for ours, _ in pairs:
+                ours.close()
+            raise
+        finally:
+            for f in files:
+                f.close()
+            for _, theirs in pairs:
+                theirs.close()
+        host = socket.gethostname()
+        out: list[Job | None] = []
+        for spec, path, (ours, _), answer in zip(specs, paths, pairs, answers):
+            if isinstance(answer, TemplateError):
+                ours.close()
+                self._template_lost(str(answer))
+                out.append(None)
+            else:
+                out.append(Job(id=str(answer.pid), spec=spec, handle=_Local(answer, path, ooms),  # type: ignore[arg-type]
+                               host=host, channel=ours))
+        return out
+
+    def _popen(self, spec: JobSpec) -> Job:
         path = self._log_path(spec.name)
         env = {**os.environ, **spec.env, **_NO_GPU, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
         ooms = oom_kills()
-        template = self._template_for(spec)
-        if template is not None:
-            try:
-                with open(path, "wb") as logfile:
-                    forked = template.start(env, spec.cwd or os.getcwd(), _WORKER, logfile.fileno())
-                return Job(id=str(forked.pid), spec=spec, handle=_Local(forked, path, ooms),  # type: ignore[arg-type]
-                           host=socket.gethostname())
-            except TemplateError as e:
-                self._template_lost(str(e))
         try:
             with open(path, "wb") as logfile:
                 popen = subprocess.Popen(
@@ -100,12 +164,9 @@ class LocalBackend(Backend):
         return Job(id=str(popen.pid), spec=spec, handle=_Local(popen, path, ooms),
                    host=socket.gethostname())
 
-    def _template_for(self, spec: JobSpec) -> Template | None:
-        """The template to fork ``spec`` from: only a worker of this interpreter, when asked,
-        once the template is ready (it starts with the first worker, which starts fresh)."""
-        if (self.settings.get("start", "template") != "template" or self._template_failed
-                or list(spec.command) != [sys.executable, "-m", _WORKER]):
-            return None
+    def _template_for(self, wait: bool = False) -> Template | None:
+        """The template to fork workers from (it starts with the first): once it is ready,
+        or, with ``wait``, when it gets ready within :data:`_TEMPLATE_WAIT` seconds."""
         with self._lock:
             if self._template is None and not self._template_failed:
                 env = {**os.environ, ENV_PARENT_PID: str(os.getpid())}
@@ -116,14 +177,18 @@ class LocalBackend(Backend):
                     self._template_failed = True
                     log.warning("fiber: %s; local jobs start as new interpreters", e)
             template = self._template
-        return template if template is not None and template.ready.is_set() else None
+        if template is None or self._template_failed:
+            return None
+        if wait:
+            return template if template.wait_ready(_TEMPLATE_WAIT) else None
+        return template if template.ready.is_set() else None
 
     def wait_template(self, timeout: float | None = None) -> bool:
         """Start the template if it is not started, and wait until it is ready; False if it
         is not ready within ``timeout`` or cannot start (jobs then start fresh)."""
-        self._template_for(JobSpec(command=[sys.executable, "-m", _WORKER]))
+        self._template_for()
         template = self._template
-        return template is not None and not self._template_failed and template.ready.wait(timeout)
+        return template is not None and not self._template_failed and template.wait_ready(timeout)
 
     def _template_lost(self, why: str) -> None:
         with self._lock:
@@ -196,6 +261,25 @@ class LocalBackend(Backend):
 
 
 _WORKER = "fiber_core.processes.worker"
+
+
+STARTS_PER_CPU = 8
+"""Workers per CPU a Pool may have starting at once when they fork from the template. Each
+costs about 10 ms of CPU (its own and this process's) to get ready, a tenth of a new
+interpreter's: 8 per CPU delay the first result by tens of milliseconds, and a big Pool
+then starts at the speed of the CPUs instead of one start's latency after another."""
+
+
+_TEMPLATE_WAIT = 30.0
+"""Seconds a group start waits for a template that is starting before it starts its jobs as
+new interpreters: a template is one such start (with the worker's imports and the preload),
+so only one whose preload hangs or takes longer than a job's whole life makes this matter."""
+
+
+_FORK_CHUNK = 32
+"""Jobs a group start asks the template for at once: each holds a log file and a socket pair
+open in this process until the template has them, so a Pool of 512 needs no more than 96
+descriptors for it."""
 
 
 class _Local(NamedTuple):

@@ -5,23 +5,41 @@ ms of CPU each). The local backend instead starts, on first use, one *template*:
 ``python -m fiber_core.backends.template``, a clean process (never the parent's
 state, as the stdlib's forkserver) that imports the worker's modules and then
 forks one child per job. A child becomes the job exactly as if its command had
-run: a session of its own, the job's environment and working directory, stdout
-and stderr to the job's log, then the worker's ``main()``.
+run: a process group of its own (in the template's session, which has no terminal, as
+a job started with a session of its own has none), the job's environment and working
+directory, stdout and stderr to the job's log, then the worker's ``main()``.
 
 The template talks to the backend over a Unix socket pair (its descriptor number is
 the template's first argument):
 
 backend -> template
     one request per job: a JSON line ``{"env": {...}, "cwd": ..., "module": ...}``,
-    with the log file's descriptor attached (``SCM_RIGHTS``).
+    with the log file's descriptor attached (``SCM_RIGHTS``), and after it the job's end
+    of the socket pair it talks to its parent on (``"channel": true``). Requests may follow
+    each other without waiting for the answers (a group start sends all of its own).
 template -> backend
     ``{"ready": true}`` once it has imported what it preloads; then ``{"pid": N}`` in answer to each request (``{"error": TEXT}`` if the fork
     failed), and ``{"exit": N, "code": C}`` when child N ended (C as
     :mod:`multiprocessing` has it: ``-9`` after SIGKILL).
 
+The channel: the backend makes a socket pair per job and passes one end down, through
+this template, to the one child forked for it (``FIBER_PARENT_CHANNEL`` names its
+descriptor there). It has no address: nobody can connect to it, and only the parent, this
+template (the parent's own child, started with a socket pair of the same kind) and the job
+ever hold it. So it is authenticated by construction, as a pipe to a child is, and the
+job skips the connection and the key's handshake that a job dialing its parent's hub
+needs (a job still reads the key: it authenticates every other connection with it).
+
+The template also watches the run's parent for its children (a pidfd): when the parent
+ends, it kills every child's process group, as each job's own watcher process would
+(:mod:`fiber_core.processes.worker`), which a forked job then does not fork; a child is
+killed when the template ends (``PR_SET_PDEATHSIG``), as the backend kills the jobs of a
+template it lost.
+
 The template ends when the socket closes (its parent ended or cleaned up). It
 preloads the worker module, the Pool's module (a pool worker imports it first: about
-6 ms of CPU each, as much as the rest of its start) and the modules named by the
+6 ms of CPU each, as much as the rest of its start), what a worker needs to unpickle
+functions and synchronization objects (:data:`PRELOAD`) and the modules named by the
 ``forkserver_preload`` setting (``fiber_core.set_forkserver_preload``).
 """
 
@@ -35,17 +53,25 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
-from fiber_core.contract.env import ENV_PARENT_PID, ENV_PARENT_PIDFD
+from fiber_core.contract.env import ENV_PARENT_CHANNEL, ENV_PARENT_PID
 
 _MAX_LINE = 1 << 24
 
 
 # -- the template process --------------------------------------------------------------------
 
+PRELOAD = ("fiber_core.processes.worker", "fiber_core.parallel.pool.worker", "cloudpickle",
+           "fiber_core.parallel.synchronize", "fiber_core.parallel.queues")
+"""What every template imports: the worker, the Pool's worker, and what a worker imports to
+unpickle its process object or its first task whenever they hold a function of the main
+module or a lambda (cloudpickle), a lock, a Barrier or a queue (about 18 ms of CPU in each
+worker; 12 ms once here)."""
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, logfd: int,
-           parent_pidfd: int | None, ready_w: int) -> None:
+
+def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: list[int],
+           parent_pidfd: int | None) -> None:
     """In the forked child: become the job, run it, never return."""
     code = 1
     try:
@@ -55,9 +81,11 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, logfd: 
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-        os.setsid()
-        os.write(ready_w, b"x")  # its process group exists: a signal to it reaches the job now
-        os.close(ready_w)
+        os.setpgid(0, 0)  # (the template does it too, so that it is done when it answers)
+        if parent_pidfd is not None:
+            os.close(parent_pidfd)
+            _die_with_template()
+        logfd = fds[0]
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(logfd, 1)
@@ -71,8 +99,10 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, logfd: 
         if util is not None:  # as for the stdlib's fork children: the template's exit work is not theirs
             util._finalizer_registry.clear()  # type: ignore[attr-defined]  # noqa: SLF001 - a forked child drops the template's exit work, as the stdlib's fork children do
             util.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]  # noqa: SLF001 - a forked child drops the template's exit work, as the stdlib's fork children do
-        if parent_pidfd is not None:
-            os.environ[ENV_PARENT_PIDFD] = str(parent_pidfd)
+        if parent_pidfd is not None:  # the template watches the parent: no watcher of its own
+            os.environ.pop(ENV_PARENT_PID, None)
+        if len(fds) > 1:  # its end of the socket pair to its parent (see the module's docstring)
+            os.environ[ENV_PARENT_CHANNEL] = str(fds[1])
         if os.environ.get("PYTHONUNBUFFERED"):  # what the interpreter would have made of it
             import io
 
@@ -102,28 +132,56 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, logfd: 
         os._exit(code & 0xFF if code >= 0 else 1)
 
 
-def _recv_request(sock: socket.socket, buf: bytearray) -> tuple[dict, int] | None:
-    """One request and its descriptor; None at end of stream."""
-    fds: list[int] = []
-    while b"\n" not in buf:
-        data, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            return None
-        buf += data
-        if len(buf) > _MAX_LINE:
-            raise ValueError("request too long")
-    line, _, rest = bytes(buf).partition(b"\n")
-    buf[:] = rest
-    if len(fds) != 1:
+def _die_with_template() -> None:
+    """In a child: be killed when the template ends, which watches the parent for it."""
+    ctypes = sys.modules["ctypes"]  # preloaded by serve()
+    template = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != template:  # it ended before the call
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _kill_children(children: set[int]) -> None:
+    """The parent of the run ended: end every job (each leads its group) as it would have."""
+    for pid in children:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _recv_requests(sock: socket.socket, buf: bytearray, fds: list[int]) -> list[tuple[dict, list[int]]] | None:
+    """The requests whose lines one read completes, each with its descriptors; None at end
+    of stream. ``buf`` and ``fds`` keep what came of the next ones: a request's descriptors
+    come with its first byte, so they are in ``fds``, in order, once its line is complete."""
+    data, ancdata, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
+            for fd in got:
+                os.set_inheritable(fd, False)  # a child keeps its own by fork, never past an exec
+            fds += got
+    if not data:
         for fd in fds:
             os.close(fd)
-        raise ValueError(f"a request carries {len(fds)} descriptors, not 1")
-    return json.loads(line), fds[0]
+        return None
+    buf += data
+    requests = []
+    while b"\n" in buf:
+        line, _, rest = bytes(buf).partition(b"\n")
+        buf[:] = rest
+        request = json.loads(line)
+        count = 2 if request.get("channel") else 1
+        if len(fds) < count:
+            raise ValueError(f"a request carries {len(fds)} descriptors, not {count}")
+        requests.append((request, fds[:count]))
+        del fds[:count]
+    if len(buf) > _MAX_LINE:
+        raise ValueError("request too long")
+    return requests
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -141,7 +199,7 @@ def _preload(names: Sequence[str]) -> None:
 
 
 def _open_parent_pidfd() -> int | None:
-    """A pidfd of the parent of the run, which the children watch; None where there is none."""
+    """A pidfd of the parent of the run, which the template watches; None where there is none."""
     parent = os.environ.get(ENV_PARENT_PID, "")
     if parent.isdigit() and os.getppid() == int(parent):  # (else the parent has ended already)
         try:
@@ -164,30 +222,31 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
         _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _fork_job(sock: socket.socket, request: dict, logfd: int, children: set[int],
+def _fork_job(sock: socket.socket, request: dict, fds: list[int], children: set[int],
               wake: tuple[int, int], parent_pidfd: int | None) -> None:
-    """Fork the child for one request and answer with its pid once it leads its own group."""
-    ready_r, ready_w = os.pipe()
+    """Fork the child for one request and answer with its pid, which leads its own group.
+
+    Both the child and the template put it in its group (the usual way to have it done
+    by whichever runs first), so the template answers at once: a signal to the group
+    reaches the job from then on, as after ``Popen`` (which waits for the exec). Waiting
+    for the child to be scheduled instead cost a loaded machine tens of ms per job.
+    """
     try:
         pid = os.fork()
     except OSError as e:
-        for fd in (logfd, ready_r, ready_w):
+        for fd in fds:
             os.close(fd)
         _send(sock, {"error": f"cannot fork: {e}"})
         return
     if pid == 0:
-        os.close(ready_r)
-        _child(sock, wake[0], wake[1], request, logfd, parent_pidfd, ready_w)
-    os.close(logfd)
-    os.close(ready_w)
+        _child(sock, wake[0], wake[1], request, fds, parent_pidfd)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # it has ended already (and its end is reported)
+    for fd in fds:
+        os.close(fd)
     children.add(pid)
-    while True:  # answer once the child leads its own group (as Popen returns after exec)
-        try:
-            os.read(ready_r, 1)
-            break
-        except InterruptedError:
-            continue
-    os.close(ready_r)
     _send(sock, {"pid": pid})
 
 
@@ -195,6 +254,8 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     """The template's loop: fork a child per request, report each child's end."""
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
+    if parent_pidfd is not None:
+        import ctypes  # noqa: F401 - for the children's _die_with_template, loaded once here
     import gc
 
     gc.freeze()  # the children's collections then leave the preloaded objects' pages shared
@@ -205,17 +266,23 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent passes Ctrl-C on to its jobs
     buf = bytearray()
+    fds: list[int] = []
     children: set[int] = set()
+    watched = [sock.fileno(), wake_r] + ([parent_pidfd] if parent_pidfd is not None else [])
     while True:
-        ready = select.select([sock.fileno(), wake_r], [], [])[0]
+        ready = select.select(watched, [], [])[0]
+        if parent_pidfd in ready:
+            _kill_children(children)  # a job in a long C call cannot see it: it ends here
+            return
         if wake_r in ready:
             os.read(wake_r, 4096)
         _reap(sock, children)
         if sock.fileno() in ready:
-            got = _recv_request(sock, buf)
+            got = _recv_requests(sock, buf, fds)
             if got is None:
                 return  # the backend is gone: the jobs end with their parent by themselves
-            _fork_job(sock, got[0], got[1], children, (wake_r, wake_w), parent_pidfd)
+            for request, its_fds in got:
+                _fork_job(sock, request, its_fds, children, (wake_r, wake_w), parent_pidfd)
 
 
 # -- the backend's side ---------------------------------------------------------------------------
@@ -223,6 +290,17 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
 
 class TemplateError(OSError):
     """The template could not be started or has gone: start the job the plain way."""
+
+
+class Request(NamedTuple):
+    """What the template is sent for one job: its environment, working directory, the module
+    whose ``main()`` it runs, its log's descriptor and its end of the channel (or None)."""
+
+    env: dict[str, str]
+    cwd: str | None
+    module: str
+    logfd: int
+    channel: int | None = None
 
 
 class ForkedJob:
@@ -276,34 +354,53 @@ class Template:
         self._gone: str | None = None
         self._on_lost = on_lost
         self.ready = threading.Event()
-        """Set once the template has imported its modules: until then jobs start the plain way."""
+        """Set once the template has imported its modules and forks jobs."""
+        self._settled = threading.Event()  # ready, or gone
         threading.Thread(target=self._read, daemon=True, name="fiber-template").start()
 
-    def start(self, env: dict[str, str], cwd: str | None, module: str, logfd: int) -> ForkedJob:
-        """Fork a job; TemplateError if the template cannot (start it the plain way then)."""
-        request = json.dumps({"env": env, "cwd": cwd, "module": module}).encode() + b"\n"
+    def start(self, requests: Sequence[Request]) -> list[ForkedJob | TemplateError]:
+        """Fork a job for each request, all sent before the first answer is read; each a
+        job or the TemplateError that says why not (start that one the plain way then)."""
         with self._lock:
-            if self._gone is not None:
-                raise TemplateError(self._gone)
-            try:
-                self._sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                logfd.to_bytes(4, sys.byteorder))])
-            except OSError as e:
-                raise TemplateError(f"the template process has gone: {e}") from e
-            with self._answered:
-                while not self._answers and self._gone is None:
-                    self._answered.wait()
-                if not self._answers:
-                    raise TemplateError(self._gone or "the template process has gone")
-                answer = self._answers.pop(0)
-                if "error" in answer:
-                    raise TemplateError(answer["error"])
-                job = ForkedJob(answer["pid"])
-                if job.pid in self._early:
-                    job.set_end(self._early.pop(job.pid))
-                else:
-                    self._jobs[job.pid] = job
-                return job
+            sent = 0
+            failed: TemplateError | None = None
+            for r in requests:
+                line = json.dumps({"env": r.env, "cwd": r.cwd, "module": r.module,
+                                   "channel": r.channel is not None}).encode() + b"\n"
+                fds = [r.logfd] if r.channel is None else [r.logfd, r.channel]
+                if self._gone is not None:
+                    failed = TemplateError(self._gone)
+                    break
+                try:
+                    self._sock.sendmsg([line], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                 b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds))])
+                except OSError as e:
+                    failed = TemplateError(f"the template process has gone: {e}")
+                    break
+                sent += 1
+            out = [self._answer() for _ in range(sent)]
+        return out + [failed or TemplateError("not sent")] * (len(requests) - sent)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the template forks jobs (True), has gone or ``timeout`` passed (False)."""
+        self._settled.wait(timeout)
+        return self.ready.is_set() and self._gone is None
+
+    def _answer(self) -> ForkedJob | TemplateError:
+        with self._answered:
+            while not self._answers and self._gone is None:
+                self._answered.wait()
+            if not self._answers:
+                return TemplateError(self._gone or "the template process has gone")
+            answer = self._answers.pop(0)
+            if "error" in answer:
+                return TemplateError(answer["error"])
+            job = ForkedJob(answer["pid"])
+            if job.pid in self._early:
+                job.set_end(self._early.pop(job.pid))
+            else:
+                self._jobs[job.pid] = job
+            return job
 
     def _read(self) -> None:
         buf = b""
@@ -320,6 +417,7 @@ class Template:
                     with self._answered:
                         if "ready" in message:
                             self.ready.set()
+                            self._settled.set()
                         elif "exit" in message:
                             job = self._jobs.pop(message["exit"], None)
                             if job is None:
@@ -335,6 +433,7 @@ class Template:
             self._gone = why
             lost, self._jobs = self._jobs, {}
             self._answered.notify_all()
+        self._settled.set()
         for job in lost.values():  # their end could not be known any more: they are stopped
             try:
                 os.killpg(job.pid, signal.SIGKILL)
@@ -358,7 +457,6 @@ class Template:
 
 if __name__ == "__main__":
     try:
-        serve(socket.socket(fileno=int(sys.argv[1])),
-              ["fiber_core.processes.worker", "fiber_core.parallel.pool.worker", *sys.argv[2:]])
+        serve(socket.socket(fileno=int(sys.argv[1])), [*PRELOAD, *sys.argv[2:]])
     except (ConnectionError, KeyboardInterrupt):
         pass  # the backend went away meanwhile: nothing is left to serve

@@ -22,12 +22,6 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         Backend,
         Job,
         JobSpec,
-        clean_name,
-        exitcode_from_status,
-        gpu_count,
-        job_environment,
-        remove_all,
-        split_secrets,
     )
     from fiber_core.contract.env import (
         ENV_AUTHKEY,
@@ -40,6 +34,14 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         ENV_TOKEN,
         PER_MEMBER_VARIABLES,
         SECRET_VARIABLES,
+    )
+    from fiber_core.contract.helpers import (
+        clean_name,
+        exitcode_from_status,
+        gpu_count,
+        job_environment,
+        remove_all,
+        split_secrets,
     )
     from fiber_core.contract.hookspecs import hookimpl
     from fiber_core.contract.jobs import (
@@ -83,15 +85,15 @@ _EXPORTS = {
     "Backend": "fiber_core.contract.backend",
     "Job": "fiber_core.contract.backend",
     "JobSpec": "fiber_core.contract.backend",
-    "exitcode_from_status": "fiber_core.contract.backend",
+    "exitcode_from_status": "fiber_core.contract.helpers",
     "ENV_OPTIONS": "fiber_core.contract.backend",
     "EXTRA_ENV": "fiber_core.contract.backend",
     "TIMEOUT_ALIAS": "fiber_core.contract.backend",
-    "clean_name": "fiber_core.contract.backend",
-    "gpu_count": "fiber_core.contract.backend",
-    "job_environment": "fiber_core.contract.backend",
-    "remove_all": "fiber_core.contract.backend",
-    "split_secrets": "fiber_core.contract.backend",
+    "clean_name": "fiber_core.contract.helpers",
+    "gpu_count": "fiber_core.contract.helpers",
+    "job_environment": "fiber_core.contract.helpers",
+    "remove_all": "fiber_core.contract.helpers",
+    "split_secrets": "fiber_core.contract.helpers",
     "HOST_LOST_EXITCODE": "fiber_core.contract.jobs",
     "hookimpl": "fiber_core.contract.hookspecs",
     "ObjectStore": "fiber_core.contract.store",

@@ -45,8 +45,9 @@ What the contract gives every backend, so that a plugin keeps only its platform:
 * the settings every backend reads alike: :meth:`~Backend.job_image`,
   :meth:`~Backend.job_env` (``extra_env``), :attr:`~Backend.api_timeout`, and
   :attr:`~Backend.settings` complete and typed once ``__init__`` returns;
-* :func:`gpu_count`, :func:`clean_name`, :func:`split_secrets` (what must not be shown),
-  :func:`remove_all` (bulk removal at exit), and
+* in :mod:`fiber_core.contract.helpers`: :func:`~.helpers.gpu_count`,
+  :func:`~.helpers.clean_name`, :func:`~.helpers.split_secrets` (what must not be shown),
+  :func:`~.helpers.remove_all` (bulk removal at exit), and
   :data:`~fiber_core.contract.jobs.HOST_LOST_EXITCODE`, the one exit code of a lost host.
 
 The rules every method follows
@@ -58,7 +59,7 @@ The rules every method follows
 * Exit codes follow :mod:`multiprocessing`: ``None`` while the job runs, the
   command's exit status after, ``-N`` when it was ended by signal ``N``
   (``-15`` after :meth:`Backend.terminate_job`, ``-9`` after
-  :meth:`Backend.kill_job`). Use :func:`exitcode_from_status` for systems that
+  :meth:`Backend.kill_job`). Use :func:`~.helpers.exitcode_from_status` for systems that
   report ``128 + N``.
 * Say *why* a job ended when the platform tells (an eviction, an OOM kill, a
   lost node): ``job.state.finish(code, EndReason.PREEMPTED, "pod evicted")``.
@@ -71,18 +72,19 @@ The rules every method follows
 
 from __future__ import annotations
 
-import re
+import socket
 import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from fiber_core.base.errors import BackendError
-from fiber_core.base.options import Option, parse_pairs
-from fiber_core.contract.env import SECRET_VARIABLES, check_env_settings
+from fiber_core.base.options import Option
+from fiber_core.contract.env import check_env_settings
+from fiber_core.contract.helpers import job_environment
 from fiber_core.contract.jobs import EndReason, JobState, Watcher
 from fiber_core.contract.placement import (
     Alternative,
@@ -94,8 +96,7 @@ from fiber_core.contract.placement import (
     resources_env,
 )
 
-__all__ = ["ENV_OPTIONS", "EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "clean_name", "exitcode_from_status",
-           "gpu_count", "job_environment", "remove_all", "split_secrets"]
+__all__ = ["ENV_OPTIONS", "EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec"]
 
 EXTRA_ENV = Option("extra_env", list, [], "KEY=VALUE pairs set in every job (not for secrets)")
 """The ``extra_env`` setting: a backend that lists it gets it in :meth:`Backend.job_env`."""
@@ -224,92 +225,21 @@ class Job:
     handle: Any = None
     host: str | None = None
     state: JobState = field(default_factory=JobState)
+    channel: socket.socket | None = field(default=None, repr=False)
+    """The parent's end of a connection to the job's worker that the backend made and handed
+    down itself (the local backend's socket pair), or None: the worker then dials the parent.
+    Nobody else can reach such a connection, so it needs no handshake. Taken once by the
+    parent's process machinery (:meth:`take_channel`)."""
+
+    def take_channel(self) -> socket.socket | None:
+        """:attr:`channel`, which the job holds no longer."""
+        channel, self.channel = self.channel, None
+        return channel
 
     @property
     def exitcode(self) -> int | None:
         """The exit code once the job ended (``state.exitcode``), else ``None``."""
         return self.state.exitcode
-
-
-def exitcode_from_status(status: int | None) -> int | None:
-    """Map a shell-style status (``128 + N`` for signal ``N``) to ``multiprocessing``'s ``-N``."""
-    if status is not None and 128 < status < 128 + 65:
-        return -(status - 128)
-    return status
-
-
-def gpu_count(spec: JobSpec) -> int:
-    """How many GPUs ``spec`` asks for: ``spec.gpu``, one when it names only a ``gpu_type``
-    (``-1``, every GPU of a node, stays ``-1``)."""
-    return spec.gpu or (1 if spec.gpu_type else 0)
-
-
-def clean_name(text: str, allowed: str = "A-Za-z0-9_.-", *, sub: str = "-", limit: int | None = None,
-               lower: bool = False, edges: str = "-_.", fallback: str = "job") -> str:
-    """``text`` as a name the platform accepts: each run of characters outside ``allowed``
-    (a regular-expression class body) becomes ``sub``, ``edges`` are stripped from both ends,
-    at most ``limit`` characters; ``fallback`` when nothing is left."""
-    out = re.sub(f"[^{allowed}]+", sub, text.lower() if lower else text).strip(edges)
-    if limit is not None:
-        out = out[:limit].strip(edges)
-    return out or fallback
-
-
-def job_environment(env: Mapping[str, str], extra_env: Iterable[str] | None, where: str) -> dict[str, str]:
-    """A job's environment: the ``extra_env`` setting's ``KEY=VALUE`` entries, then ``env``
-    (the spec's) over them. A bad entry is a :class:`~fiber_core.base.errors.ConfigError` naming ``where`` it is set."""
-    out = parse_pairs(extra_env, f"extra_env in {where}") if extra_env else {}
-    out.update(env)
-    return out
-
-
-def split_secrets(env: Mapping[str, str], marked: Iterable[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
-    """``env`` as (what may be shown, the secrets): the secrets are the
-    :data:`~fiber_core.contract.env.SECRET_VARIABLES` and the names ``marked`` (a job's
-    ``JobSpec.secret_env``).
-
-    A backend puts the second part where only the job can read it (a Kubernetes Secret, the
-    job's stdin, an SSM parameter), never in what others can list or inspect.
-    """
-    hidden = SECRET_VARIABLES.union(marked)
-    public = {k: v for k, v in env.items() if k not in hidden}
-    return public, {k: v for k, v in env.items() if k in hidden}
-
-
-def remove_all(items: Sequence[Any], remove: Callable[[Any], None], limit: int = 16) -> list[Exception]:
-    """Call ``remove(item)`` for every item, ``limit`` at a time; return the errors.
-
-    For removing many platform objects at exit (containers, pods, jobs): in threads while
-    threads can start, else (at interpreter exit on Python 3.12, where :meth:`Backend.cleanup`
-    runs from atexit) one after another.
-    """
-    left = list(items)
-    lock = threading.Lock()
-    errors: list[Exception] = []
-
-    def drain() -> None:
-        while True:
-            with lock:
-                if not left:
-                    return
-                item = left.pop()
-            try:
-                remove(item)
-            except Exception as e:
-                errors.append(e)
-
-    threads = []
-    for _ in range(min(limit, len(left)) - 1):
-        t = threading.Thread(target=drain, daemon=True, name="fiber-remove")
-        try:
-            t.start()
-        except RuntimeError:
-            break
-        threads.append(t)
-    drain()
-    for t in threads:
-        t.join()
-    return errors
 
 
 class Backend(ABC):
@@ -337,6 +267,10 @@ class Backend(ABC):
         filesystem (the local backend). A Pool then starts its workers at most one
         per CPU at a time, so the first is ready sooner instead of all of them
         sharing the CPUs while they start; a manager serves on a Unix socket.
+    ``starts_per_cpu``
+        With ``shares_this_machine``: how many jobs per CPU a Pool may have starting at
+        once (1; the local backend's forks from its template, a tenth of an
+        interpreter's start each, 8).
     ``spare_jobs``
         How many spare jobs of each kind to keep ready when the user does not set
         ``spare_jobs`` (:mod:`fiber_core.processes.spares`): started ahead after a
@@ -378,6 +312,8 @@ class Backend(ABC):
     """True when the backend places a job on the capacity kind it asks for
     (``JobSpec.capacity``: spot, on-demand, spot then on-demand), or has no such kinds to
     choose from (the local backend); a job that asks is refused by any other."""
+
+    starts_per_cpu: int = 1
 
     peer_timeout: float = 30.0
     """Seconds after which a TCP peer that stopped answering counts as gone (the

@@ -39,10 +39,10 @@ ENV_PARENT_PID = "FIBER_PARENT_PID"
 parent's pid. The job then ends the moment its parent does, whatever its own code is
 doing (see :mod:`fiber_core.processes.worker`)."""
 
-ENV_PARENT_PIDFD = "FIBER_PARENT_PIDFD"
-"""Set in a local job forked by the local backend's template (instead of being a child of
-its parent): a pidfd of the parent, opened while the parent was surely alive, that the job
-watches instead of opening one by :data:`ENV_PARENT_PID`."""
+ENV_PARENT_CHANNEL = "FIBER_PARENT_CHANNEL"
+"""Set in a local job forked by the local backend's template: the descriptor of its end of
+a socket pair that its parent made for it (:attr:`~fiber_core.contract.backend.Job.channel`),
+on which the job talks to its parent instead of dialing :data:`ENV_HUB`."""
 
 ENV_PARENT_RUNDIR = "FIBER_PARENT_RUNDIR"
 """The parent's run directory (a path on the parent's machine). A job that finds it (a
@@ -77,7 +77,7 @@ group as one array job drops these and sets :data:`ENV_GROUP_INDEX` in each chil
 DENIED_VARIABLES = frozenset({
     # Fiber's own (its secrets, and what the job's spec sets anew for each job)
     ENV_AUTHKEY, ENV_TOKEN, ENV_GROUP, ENV_GROUP_INDEX, ENV_HUB, ENV_RUN_ID, ENV_PARENT_PID,
-    ENV_PARENT_PIDFD, ENV_PARENT_RUNDIR, ENV_JOB_HOST,
+    ENV_PARENT_CHANNEL, ENV_PARENT_RUNDIR, ENV_JOB_HOST,
     # this machine, its account and its interpreter: the job's machine has its own
     "PATH", "HOME", "HOSTNAME", "USER", "LOGNAME", "SHELL", "MAIL", "TMPDIR", "PWD", "OLDPWD",
     "SHLVL", "_", "VIRTUAL_ENV", "PYTHONHOME", "KUBECONFIG", "CUDA_VISIBLE_DEVICES",
@@ -281,6 +281,6 @@ def job_token(environ: dict[str, str] | None = None) -> str:
 
 __all__ = ["DENIED_PATTERNS", "DENIED_VARIABLES", "ENV_SETTINGS", "JOB_ENV_KEYS", "check_env_settings",
            "check_job_env", "check_name", "check_patterns", "check_value", "denied", "program_environment",
-           "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_PID", "ENV_PARENT_PIDFD",
+           "ENV_AUTHKEY", "ENV_GROUP", "ENV_GROUP_INDEX", "ENV_HUB", "ENV_JOB_HOST", "ENV_PARENT_CHANNEL", "ENV_PARENT_PID",
            "ENV_PARENT_RUNDIR", "ENV_RUN_ID",
            "ENV_TOKEN", "PER_MEMBER_VARIABLES", "SECRET_VARIABLES", "group_token", "job_token"]

@@ -80,6 +80,11 @@ if TYPE_CHECKING:
 _REPORT_GRACE = 10.0  # seconds the backend may lag behind a worker's own exit report
 
 
+_EARLY_START = 1 << 16
+"""Start frames up to this size go to a job connected at its launch (a channel) from the
+launching thread: a socket pair's buffer holds them, so the send never waits for the job."""
+
+
 _LOST_GRACE = 2.0  # seconds a TCP connection may outlive its job before it counts as stuck
 
 
@@ -497,8 +502,27 @@ class _JobRun:
     def launched(self, job: Job, payload: tuple[bytes | None, bytes]) -> None:
         """The backend started the job: watch it, and send ``payload`` once it connects."""
         self.job = job
+        spares.take_channel(job, self._on_connect)
+        if self.sock is not None and sum(len(p) for p in payload if p is not None) <= _EARLY_START:
+            try:  # connected already (a channel): no wait for the monitor thread to be scheduled
+                self._send_start(Connection(self.sock), payload)
+            except OSError:
+                pass  # the monitor finds the connection ended
         threading.Thread(target=self._monitor, args=(payload,), daemon=True,
                          name=f"fiber-monitor-{self.name}").start()
+
+    def _send_start(self, conn: Connection, payload: tuple[bytes | None, bytes]) -> None:
+        """Send the start frames, once: the prelude (a spare has it), the process object, and
+        a SIGINT that came before them."""
+        with self._send_lock:
+            if self._started:
+                return
+            if payload[0] is not None:
+                conn.send_frame(PROCESS_PRELUDE, payload[0])
+            conn.send_frame(PROCESS_OBJECT, payload[1])
+            self._started = True
+            if self._interrupt:
+                conn.send_frame(PROCESS_INTERRUPT)
 
     def _on_connect(self, target: str, sock: socket.socket) -> None:
         if self.connected.is_set():
@@ -540,13 +564,7 @@ class _JobRun:
                 threading.Thread(target=self._unstick, args=(self.sock, conn_done), daemon=True,
                                  name=f"fiber-unstick-{self.name}").start()
             try:
-                with self._send_lock:
-                    if payload[0] is not None:  # else a spare, which has it
-                        conn.send_frame(PROCESS_PRELUDE, payload[0])
-                    conn.send_frame(PROCESS_OBJECT, payload[1])
-                    self._started = True
-                    if self._interrupt:
-                        conn.send_frame(PROCESS_INTERRUPT)
+                self._send_start(conn, payload)
                 del payload
                 if self._spares_after is not None:  # now, not sooner: not while this one starts
                     self._replenish(*self._spares_after)

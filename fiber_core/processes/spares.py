@@ -46,6 +46,8 @@ from fiber_core.wire.messages import PROCESS_PRELUDE, PROCESS_STDERR, PROCESS_WA
 from fiber_core.wire.serialize import dumps, loads
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fiber_core.contract.backend import Backend, Job, JobSpec
 
 
@@ -69,6 +71,14 @@ def wait_connected(backend: Backend, job: Job, connected: threading.Event, timeo
             return None, True
         delay = min(delay * 1.5, 0.25)
     return None, False
+
+
+def take_channel(job: Job, on_connect: Callable[[str, socket.socket], None]) -> None:
+    """Give ``on_connect`` the connection to ``job`` that its backend made and handed down
+    (:attr:`~fiber_core.contract.backend.Job.channel`), if it did: the job will not dial."""
+    channel = job.take_channel()
+    if channel is not None:
+        on_connect("", channel)
 
 
 def kind_of_job(backend: Backend, spec: JobSpec) -> tuple[int, str]:
@@ -274,6 +284,7 @@ def _keep(spare: Spare, spec: JobSpec) -> None:
             return
         finally:
             spare.created.set()
+        take_channel(spare.job, on_connect)
         timeout = config.get("start_timeout") or float(config.get("spare_timeout"))
         code, timed_out = wait_connected(backend, spare.job, spare.connected, timeout, spare.wake)
         if spare.wake.is_set():

@@ -10,7 +10,8 @@ the job's own stdout/stderr, where the backend keeps its logs. When the parent
 goes away, the job kills itself and everything it started: a thread sees the
 connection to the parent end; and when the parent is on this machine
 (``FIBER_PARENT_PID``), a small process forked at start waits on the parent's pid,
-so that a job inside a long call that holds the interpreter ends at once too.
+so that a job inside a long call that holds the interpreter ends at once too (a job
+forked by the local backend's template has the template wait on it for all its jobs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import multiprocessing
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -26,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from fiber_core.base import environ, rundirs
 from fiber_core.contract.env import (
     ENV_HUB,
+    ENV_PARENT_CHANNEL,
     ENV_PARENT_PID,
-    ENV_PARENT_PIDFD,
     ENV_PARENT_RUNDIR,
     SECRET_VARIABLES,
     job_token,
@@ -89,20 +91,14 @@ def _watch_parent_outside(parent: int) -> None:
     Called before any thread starts, so the fork is safe.
     """
     global _watcher_pipe
-    inherited = os.environ.pop(ENV_PARENT_PIDFD, "")
-    if inherited.isdigit():  # forked by the local backend's template, which opened it
-        pidfd = int(inherited)
-        if select.select([pidfd], [], [], 0)[0]:
-            _end_job()  # the parent ended before this job could watch it
-    else:
-        if os.getppid() != parent:
-            _end_job()  # the parent ended before this job could watch it
-        try:
-            pidfd = os.pidfd_open(parent)
-        except ProcessLookupError:
-            _end_job()
-        except (AttributeError, OSError):
-            return  # no pidfd here (before Linux 5.3): the thread watching the connection only
+    if os.getppid() != parent:
+        _end_job()  # the parent ended before this job could watch it
+    try:
+        pidfd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        _end_job()
+    except (AttributeError, OSError):
+        return  # no pidfd here (before Linux 5.3): the thread watching the connection only
     job = os.getpid()
     r, w = os.pipe()
     if os.fork() == 0:
@@ -409,6 +405,15 @@ def _report_exit(code: int, conn: Connection, lock: threading.Lock,
         pass
 
 
+def _parent_connection(hub: str, key: bytes, target: str) -> socket.socket:
+    """The connection to the parent: the channel it handed down (a forked local job: see
+    :mod:`fiber_core.backends.template` for why it needs no handshake), else dialed."""
+    channel = os.environ.pop(ENV_PARENT_CHANNEL, "")
+    if channel.isdigit():
+        return socket.socket(fileno=int(channel))
+    return dial(hub, key, target)
+
+
 def main() -> int:
     # Process.interrupt() raises KeyboardInterrupt here wherever the job was started from: a
     # job started by a program whose SIGINT is ignored (under nohup, or as background work of
@@ -430,7 +435,7 @@ def main() -> int:
         _watch_parent_outside(int(os.environ[ENV_PARENT_PID]))
     _keep_temp_files_in_the_parents_run_dir()
     try:
-        sock = dial(hub, rt.authkey, target)
+        sock = _parent_connection(hub, rt.authkey, target)
     except Exception as e:
         sys.stderr.write(f"fiber worker: cannot reach the parent process: {e}\n")
         return 3

@@ -127,3 +127,16 @@ def runs_long(est: float | None, units: int) -> bool:
     """Whether a batch of ``units`` may take long (its time unknown, or over
     :data:`PREFETCH_BELOW_SECONDS`): work sent behind it would wait there."""
     return est is None or est * units >= PREFETCH_BELOW_SECONDS
+
+
+def starts_now(missing: int, starting: int, burst: int | None) -> int:
+    """How many workers to start now, of ``missing``, while ``starting`` are starting and at
+    most ``burst`` may be (None: no bound). Under a bound, in runs of at least half of it
+    (or what is missing): each start waits for the backend's answer (a template's forks),
+    so starting one at a time as each becomes ready would make that wait per worker."""
+    if burst is None:
+        return max(0, missing)
+    room = burst - starting
+    if room < min(missing, burst // 2):
+        return 0
+    return max(0, min(missing, room))

@@ -36,6 +36,7 @@ from fiber_core.parallel.pool.ledger import (
     describe_end,
 )
 from fiber_core.parallel.pool.liveness import UsageLog, heartbeat_interval
+from fiber_core.parallel.pool.planner import starts_now
 from fiber_core.parallel.pool.results import ApplyResult
 from fiber_core.parallel.pool.worker import worker_main
 from fiber_core.processes.process import Process, cpu_count, start_processes
@@ -235,7 +236,7 @@ class WorkerTable:
         self._backend_name = workers_backend.name
         self._hub = runtime().addresses_for(workers_backend)
         # Workers that start on this machine's CPUs start a few at a time (see _top_up).
-        self._burst = cpu_count() if workers_backend.shares_this_machine else None
+        self._burst = cpu_count() * workers_backend.starts_per_cpu if workers_backend.shares_this_machine else None
 
     def _start_workers(self, n: int) -> None:
         """Start ``n`` workers with one group start of the backend (``Backend.start_jobs``)."""
@@ -305,9 +306,10 @@ class WorkerTable:
     def _top_up(self) -> None:
         """Start workers until the pool has its size, in one group start; called with the lock held.
 
-        On a backend whose jobs share this machine's CPUs, at most one worker per
-        CPU is starting at any time: the rest start as those become ready, so the
-        first result comes after one start, not after all of them shared the CPUs.
+        On a backend whose jobs share this machine's CPUs, at most
+        ``Backend.starts_per_cpu`` workers per CPU are starting at any time: the rest start
+        as those become ready (:func:`~fiber_core.parallel.pool.planner.starts_now`), so the
+        first result comes after a few starts, not after all of them shared the CPUs.
 
         The first workers' start fails :class:`Pool` at once; after that, a backend
         that refuses (a daemon restarting, an API briefly unreachable) is retried
@@ -323,8 +325,7 @@ class WorkerTable:
         active = [w for w in self._workers.values() if not w.retiring and not w.lost]
         starting = sum(1 for w in active if not w.ready)
         n = self._target(len(active)) - len(active)
-        if self._burst is not None:
-            n = min(n, self._burst - starting)
+        n = starts_now(n, starting, self._burst)
         if n <= 0:
             return
         try:
