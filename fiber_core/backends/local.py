@@ -77,11 +77,17 @@ class LocalBackend(Backend):
             return os.path.join(self._logdir, f"{self._count}-{safe}.log")
 
     def create_job(self, spec: JobSpec) -> Job:
-        return self.create_jobs([spec])[0]
+        return self._create([spec])[0]
 
     def create_jobs(self, specs: Sequence[JobSpec]) -> list[Job]:
         """Fork the workers among ``specs`` from the template, all requests sent at once;
-        start the rest (and any the template could not fork) as new interpreters."""
+        start the rest (and any the template could not fork) as new interpreters. A subclass
+        that overrides :meth:`create_job` gets each spec through it, as the contract says."""
+        if type(self).create_job is not LocalBackend.create_job:
+            return [self.create_job(spec) for spec in specs]
+        return self._create(specs)
+
+    def _create(self, specs: Sequence[JobSpec]) -> list[Job]:
         forks = [i for i, spec in enumerate(specs) if self._forkable(spec)]
         jobs: list[Job | None] = [None] * len(specs)
         try:
@@ -108,8 +114,10 @@ class LocalBackend(Backend):
         return [job for job in jobs if job is not None]
 
     def _forkable(self, spec: JobSpec) -> bool:
+        """A worker of this interpreter, on a backend whose jobs share this machine (a forked
+        job reaches its parent on a channel, never through the hub)."""
         return (self.settings.get("start", "template") == "template" and not self._template_failed
-                and list(spec.command) == [sys.executable, "-m", _WORKER])
+                and self.shares_this_machine and list(spec.command) == [sys.executable, "-m", _WORKER])
 
     def _fork(self, template: Template, specs: Sequence[JobSpec], ooms: int | None) -> list[Job | None]:
         """Fork ``specs`` from ``template``, each with a channel to this process; None for
