@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
         Backend,
         Job,
         JobSpec,
+        gpu_count,
     )
     from fiber_core.contract.env import (
         ENV_AUTHKEY,
@@ -38,7 +39,6 @@ if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads
     from fiber_core.contract.helpers import (
         clean_name,
         exitcode_from_status,
-        gpu_count,
         job_environment,
         remove_all,
         split_secrets,
@@ -90,7 +90,7 @@ _EXPORTS = {
     "EXTRA_ENV": "fiber_core.contract.backend",
     "TIMEOUT_ALIAS": "fiber_core.contract.backend",
     "clean_name": "fiber_core.contract.helpers",
-    "gpu_count": "fiber_core.contract.helpers",
+    "gpu_count": "fiber_core.contract.backend",
     "job_environment": "fiber_core.contract.helpers",
     "remove_all": "fiber_core.contract.helpers",
     "split_secrets": "fiber_core.contract.helpers",

@@ -45,7 +45,7 @@ What the contract gives every backend, so that a plugin keeps only its platform:
 * the settings every backend reads alike: :meth:`~Backend.job_image`,
   :meth:`~Backend.job_env` (``extra_env``), :attr:`~Backend.api_timeout`, and
   :attr:`~Backend.settings` complete and typed once ``__init__`` returns;
-* in :mod:`fiber_core.contract.helpers`: :func:`~.helpers.gpu_count`,
+* in :mod:`fiber_core.contract.helpers`: :func:`gpu_count` (here),
   :func:`~.helpers.clean_name`, :func:`~.helpers.split_secrets` (what must not be shown),
   :func:`~.helpers.remove_all` (bulk removal at exit), and
   :data:`~fiber_core.contract.jobs.HOST_LOST_EXITCODE`, the one exit code of a lost host.
@@ -96,7 +96,7 @@ from fiber_core.contract.placement import (
     resources_env,
 )
 
-__all__ = ["ENV_OPTIONS", "EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec"]
+__all__ = ["ENV_OPTIONS", "EXTRA_ENV", "TIMEOUT_ALIAS", "Backend", "Job", "JobSpec", "gpu_count"]
 
 EXTRA_ENV = Option("extra_env", list, [], "KEY=VALUE pairs set in every job (not for secrets)")
 """The ``extra_env`` setting: a backend that lists it gets it in :meth:`Backend.job_env`."""
@@ -240,6 +240,12 @@ class Job:
     def exitcode(self) -> int | None:
         """The exit code once the job ended (``state.exitcode``), else ``None``."""
         return self.state.exitcode
+
+
+def gpu_count(spec: JobSpec) -> int:
+    """How many GPUs ``spec`` asks for: ``spec.gpu``, one when it names only a ``gpu_type``
+    (``-1``, every GPU of a node, stays ``-1``)."""
+    return spec.gpu or (1 if spec.gpu_type else 0)
 
 
 class Backend(ABC):

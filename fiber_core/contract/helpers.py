@@ -1,5 +1,5 @@
 """What the code of many backends needs besides the contract's classes: exit codes from
-shell statuses, GPU counts, names a platform accepts, a job's environment and its secrets,
+shell statuses, names a platform accepts, a job's environment and its secrets,
 and removing many things at exit."""
 
 from __future__ import annotations
@@ -7,15 +7,12 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fiber_core.base.options import parse_pairs
 from fiber_core.contract.env import SECRET_VARIABLES
 
-if TYPE_CHECKING:
-    from fiber_core.contract.backend import JobSpec
-
-__all__ = ["clean_name", "exitcode_from_status", "gpu_count", "job_environment", "remove_all", "split_secrets"]
+__all__ = ["clean_name", "exitcode_from_status", "job_environment", "remove_all", "split_secrets"]
 
 
 def exitcode_from_status(status: int | None) -> int | None:
@@ -23,12 +20,6 @@ def exitcode_from_status(status: int | None) -> int | None:
     if status is not None and 128 < status < 128 + 65:
         return -(status - 128)
     return status
-
-
-def gpu_count(spec: JobSpec) -> int:
-    """How many GPUs ``spec`` asks for: ``spec.gpu``, one when it names only a ``gpu_type``
-    (``-1``, every GPU of a node, stays ``-1``)."""
-    return spec.gpu or (1 if spec.gpu_type else 0)
 
 
 def clean_name(text: str, allowed: str = "A-Za-z0-9_.-", *, sub: str = "-", limit: int | None = None,
