@@ -265,7 +265,7 @@ class DaskPool(Library):
         from distributed import Client, LocalCluster
 
         self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                    dashboard_address=None)
+                                    host="127.0.0.1", dashboard_address=None)
         self.client = Client(self.cluster)
 
     def map(self, func: Callable[[Any], Any], items: list[Any], chunksize: int,
@@ -291,11 +291,13 @@ class DaskPool(Library):
 
 class RayPool(Library):
     def __init__(self, workers: int) -> None:
+        # Ray binds to the host's interface address unless told it is not a cluster: loopback only
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         import ray
         from ray.util.multiprocessing import Pool
 
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+                 configure_logging=False, _node_ip_address="127.0.0.1")  # loopback only
         self.pool = Pool(workers)
 
     def ordered(self, func: Callable[[Any], Any], items: list[Any], chunksize: int) -> Iterator[Any]:
