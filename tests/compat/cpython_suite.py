@@ -479,6 +479,11 @@ if __name__ == "__mp_main__":
     import cpython_tests  # noqa: F401
 
 if __name__ == "__main__":
+    # CPython's suite runs in the foreground, where Ctrl-C raises KeyboardInterrupt; some of its
+    # tests send SIGINT to themselves and expect that (test_wait_result). Started as background
+    # work (nohup, or `&` in a script) this process inherits SIGINT ignored: restore Python's
+    # handler, as a shell does for a foreground command.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.argv[1:2] == ["class"]:
         sys.exit(_class_main(sys.argv[2], sys.argv[3:]))
     if sys.argv[1:2] == ["list"]:
