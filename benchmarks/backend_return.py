@@ -22,59 +22,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from fiber_core.testing.outage import Outage
 
 SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
 
 
 def square(x: int) -> int:
     return x * x
-
-
-class Relay:
-    """A Unix socket that forwards every connection to ``target`` until :meth:`cut`."""
-
-    def __init__(self, path: str, target: str) -> None:
-        self.target, self.conns = target, []
-        self.server = socket.socket(socket.AF_UNIX)
-        self.server.bind(path)
-        self.server.listen()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.target)
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-            b.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def cut(self) -> None:
-        for s in [self.server, *self.conns]:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 class _Refusals(logging.Handler):
@@ -96,7 +56,7 @@ def one_round(target: str, probing: bool, refusals: int) -> tuple[float, float]:
     logging.getLogger("fiber").addHandler(counter)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "docker.sock")
-        relay = Relay(path, target)
+        relay = Outage.unix(path, target)
         fiber_core.init(docker_base_url=f"unix://{path}")
         try:
             backend = runtime().get_backend("docker")
@@ -110,8 +70,7 @@ def one_round(target: str, probing: bool, refusals: int) -> tuple[float, float]:
                     time.sleep(0.01)
                 with pool._lock:
                     slot = pool._start_retry_at or time.monotonic()
-                os.unlink(path)
-                relay = Relay(path, target)
+                relay.restore()
                 back = time.monotonic()
                 list(results)
                 resumed = time.monotonic() - back

@@ -60,3 +60,30 @@ def test_the_outage_forwards_then_resets_and_refuses_then_answers_on_the_same_po
         api.restore()
         assert api.port == port and _roundtrip(port, b"back") == b"back"
         assert (api.cuts, api.accepted) == (1, 3)
+
+
+def test_a_unix_socket_outage_refuses_then_answers_on_the_same_path(tmp_path) -> None:  # noqa: ANN001
+    target = str(tmp_path / "daemon.sock")
+    server = socketserver.ThreadingUnixStreamServer(target, _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    path = str(tmp_path / "front.sock")
+    try:
+        with Outage.unix(path, target) as api:
+            assert api.url == f"unix://{path}"
+
+            def roundtrip(payload: bytes) -> bytes:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.connect(path)
+                    s.sendall(payload)
+                    return s.recv(len(payload))
+
+            assert roundtrip(b"ping") == b"ping"
+            api.cut()
+            with pytest.raises((ConnectionRefusedError, FileNotFoundError)):
+                roundtrip(b"x")
+            api.restore()
+            assert roundtrip(b"back") == b"back"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -12,12 +12,15 @@ that between a backend and a real server, on loopback::
         ...                                     # the platform is away
         api.restore()                           # the same port answers again
 
-Used by the platform-restart tests of the Kubernetes and AWS Batch backends; a third-party
+:meth:`Outage.unix` does the same for a Unix socket (a daemon such as dockerd). Used by the
+platform-restart tests of the Kubernetes, AWS Batch and Docker backends; a third-party
 backend can use it the same way against its own platform's API.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import selectors
 import socket
 import struct
@@ -39,12 +42,13 @@ def _reset(sock: socket.socket) -> None:
 class Outage:
     """Forwards ``127.0.0.1:port`` to ``host:target_port`` until :meth:`cut`; see the module."""
 
-    def __init__(self, host: str, target_port: int) -> None:
-        self.target = (host, target_port)
+    def __init__(self, host: str, target_port: int, *, _unix: tuple[str, str] | None = None) -> None:
+        self.target: tuple[str, int] | str = _unix[1] if _unix else (host, target_port)
+        self.path = _unix[0] if _unix else None  # where a Unix-socket outage listens
         self._lock = threading.Lock()
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
         self._listener: socket.socket | None = self._listen(0)
-        self.port: int = self._listener.getsockname()[1]
+        self.port: int = 0 if self.path else self._listener.getsockname()[1]
         self.cuts = 0  # how many times cut() reset connections
         self.accepted = 0  # connections forwarded, over the whole life
         self._closed = False
@@ -52,17 +56,38 @@ class Outage:
                                            name="fiber-outage-accept")
         self._accepting.start()
 
-    @staticmethod
-    def _listen(port: int) -> socket.socket:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
+    @classmethod
+    def unix(cls, path: str, target: str) -> Outage:
+        """Forward the Unix socket ``path`` to the one at ``target`` until :meth:`cut`."""
+        return cls("", 0, _unix=(path, target))
+
+    def _listen(self, port: int) -> socket.socket:
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # the socket file of the last listener
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(self.path)
+        else:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
         s.listen(64)
         return s
 
+    def _connect(self) -> socket.socket:
+        if isinstance(self.target, str):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(self.target)
+            except OSError:
+                s.close()
+                raise
+            return s
+        return socket.create_connection(self.target, timeout=10)
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"unix://{self.path}" if self.path else f"http://127.0.0.1:{self.port}"
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -71,7 +96,7 @@ class Outage:
             except OSError:
                 return  # cut() or close() closed the listener
             try:
-                server = socket.create_connection(self.target, timeout=10)
+                server = self._connect()
             except OSError:
                 _reset(client)
                 continue
@@ -129,7 +154,7 @@ class Outage:
             _reset(server)
 
     def restore(self) -> None:
-        """The platform answers again, on the same port."""
+        """The platform answers again, on the same port (or path)."""
         with self._lock:
             if self._listener is not None or self._closed:
                 return

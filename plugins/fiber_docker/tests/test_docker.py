@@ -15,7 +15,6 @@ import os
 import secrets
 import select
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -34,6 +33,7 @@ from fiber_core.contract import HOST_LOST_EXITCODE, Backend, EndReason, Job, Job
 from fiber_core.parallel.pool.ledger import MAX_TASK_KILLS
 from fiber_core.runtime.config import create_backend, plugins
 from fiber_core.testing import BackendConformance, failing_program
+from fiber_core.testing.outage import Outage
 
 import fiber_docker.backend
 from fiber_docker.backend import (
@@ -289,51 +289,9 @@ def test_end_never_started(backend: DockerBackend, tmp_path: Path) -> None:
     assert "docker could not start the container" in backend.get_job_logs(job)
 
 
-class Relay:
-    """A Unix socket that forwards every connection to the test daemon's, until :meth:`cut`."""
-
-    def __init__(self, path: str, target: str) -> None:
-        self.target = target
-        self.conns: list[socket.socket] = []
-        self.server = socket.socket(socket.AF_UNIX)
-        self.server.bind(path)
-        self.server.listen()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return  # cut
-            upstream = socket.socket(socket.AF_UNIX)
-            upstream.connect(self.target)
-            self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-            b.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def cut(self) -> None:
-        """The daemon is gone: open connections drop, new ones are refused."""
-        for s in [self.server, *self.conns]:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-
 def test_end_host_lost(tmp_path: Path, docker_host: str, docker_api: docker.APIClient,
                        monkeypatch: pytest.MonkeyPatch) -> None:
-    relay = Relay(str(tmp_path / "docker.sock"), docker_host.removeprefix("unix://"))
+    relay = Outage.unix(str(tmp_path / "docker.sock"), docker_host.removeprefix("unix://"))
     monkeypatch.setattr(fiber_docker.backend, "RESYNC_SECONDS", 0.2)  # the re-list notices at once
     b = make_backend(base_url=f"unix://{tmp_path / 'docker.sock'}")
     b.peer_timeout = 1.0
@@ -358,7 +316,7 @@ def test_a_pool_starts_workers_as_soon_as_the_daemon_answers_again_and_says_so(
     from fiber_core.runtime.config import config
 
     path = tmp_path / "docker.sock"
-    relay = Relay(str(path), docker_host.removeprefix("unix://"))
+    relay = Outage.unix(str(path), docker_host.removeprefix("unix://"))
     fiber_core.init(docker_base_url=f"unix://{path}")
     try:
         with caplog.at_level(logging.INFO, logger="fiber"), \
@@ -375,8 +333,7 @@ def test_a_pool_starts_workers_as_soon_as_the_daemon_answers_again_and_says_so(
                 slot = pool._start_retry_at  # the next try, as the backoff would have it
                 assert slot is not None
             slot_wall = time.time() + (slot - time.monotonic())
-            path.unlink()
-            relay = Relay(str(path), docker_host.removeprefix("unix://"))  # the daemon answers again
+            relay.restore()  # the daemon answers again
             assert [results.next(WAIT) for _ in range(6)] == [x * x for x in range(6)]
         back = [r for r in caplog.records if "backend answers again: pool workers start" in r.getMessage()]
         assert len(back) == 1, caplog.text
@@ -918,7 +875,6 @@ def test_pool_map_under_docker_stops_charges_no_task(docker_api: docker.APIClien
     0.5-1 s during a map: every result exactly once and in order, and no task charged
     (``task_losses=1``: one charged death fails the map)."""
     import random
-    import threading
 
     n = 6000
     rng = random.Random(3)
