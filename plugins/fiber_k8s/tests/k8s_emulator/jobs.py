@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .store import ApiError, Store, not_found, now
+from .store import ApiError, Store, claim_metadata, generated_name, not_found, now
 
 log = logging.getLogger("k8s_emulator")
 TERMINAL = ("Succeeded", "Failed")
@@ -41,12 +40,7 @@ def check_job(job: Any, ns: str) -> dict[str, Any]:
         raise ApiError(400, "BadRequest", "the body of the request was not a Job")
     job = copy.deepcopy(job)
     job.update(kind="Job", apiVersion="batch/v1")
-    meta = job.setdefault("metadata", {})
-    if meta.get("namespace") not in (None, "", ns):
-        raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
-                       "namespace sent on the request")
-    if not meta.get("name") and meta.get("generateName"):
-        meta["name"] = meta["generateName"] + "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+    meta = claim_metadata(job, ns)
     name = meta.get("name") or ""
     spec = job.get("spec") or {}
     template = spec.get("template") or {}
@@ -224,7 +218,7 @@ class JobController:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": template.get("metadata") or {},
                "spec": template["spec"]}
         pod["metadata"].update(
-            name=f"{meta['name']}-{''.join(random.choices('bcdfghjklmnpqrstvwxz2456789', k=5))}",
+            name=generated_name(f"{meta['name']}-"),
             ownerReferences=[{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
                               "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}])
         try:

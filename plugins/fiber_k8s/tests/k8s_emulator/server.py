@@ -30,6 +30,7 @@ from .kubelet import Kubelet, set_condition
 from .store import (
     ApiError,
     Store,
+    claim_metadata,
     default_config,
     not_found,
     now,
@@ -213,12 +214,7 @@ def admit_pod(pod: Any, ns: str) -> dict[str, Any]:
                        f'the expected API version (v1) or kind ({pod.get("kind")}) is not Pod')
     pod = drop_empty(copy.deepcopy(pod))  # what its JSON would leave out is not stored
     pod.update(kind="Pod", apiVersion="v1")
-    meta = pod.setdefault("metadata", {})
-    if meta.get("namespace") not in (None, "", ns):
-        raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
-                       "namespace sent on the request")
-    if not meta.get("name") and meta.get("generateName"):
-        meta["name"] = generated_name(meta["generateName"])
+    meta = claim_metadata(pod, ns)
     meta.update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=now())
     for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
         meta.pop(k, None)
@@ -242,10 +238,6 @@ def admit_pod(pod: Any, ns: str) -> dict[str, Any]:
                                                                    "message": f'Unsupported value: "{rp}"'}]})
     pod["status"] = {"phase": "Pending", "qosClass": qos_class(pod)}
     return pod
-
-
-def generated_name(base: str) -> str:
-    return base[:58] + "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -517,12 +509,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "BadRequest", "the body of the request was not a Secret")
         secret = copy.deepcopy(secret)
         secret.update(kind="Secret", apiVersion="v1")
-        meta = secret.setdefault("metadata", {})
-        if meta.get("namespace") not in (None, "", ns):
-            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
-                           "namespace sent on the request")
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = generated_name(meta["generateName"])
+        meta = claim_metadata(secret, ns)
         name = meta.get("name") or ""
         errs = subdomain_errors("metadata.name", name)
         data = dict(secret.get("data") or {})

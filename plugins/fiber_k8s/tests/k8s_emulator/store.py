@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import os
+import random
 import re
 import threading
 import uuid
@@ -22,6 +23,23 @@ POD_FIELDS = {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.rest
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def generated_name(base: str) -> str:
+    """A name from ``generateName``: the base and five random characters, as the API server makes it."""
+    return base[:58] + "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
+
+
+def claim_metadata(obj: dict[str, Any], ns: str) -> dict[str, Any]:
+    """The object's metadata, in namespace ``ns`` (another one in the body is the API server's
+    400) and named from ``generateName`` when it has no name."""
+    meta = obj.setdefault("metadata", {})
+    if meta.get("namespace") not in (None, "", ns):
+        raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                       "namespace sent on the request")
+    if not meta.get("name") and meta.get("generateName"):
+        meta["name"] = generated_name(meta["generateName"])
+    return meta
 
 
 def default_config() -> dict[str, Any]:
