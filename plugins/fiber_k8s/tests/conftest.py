@@ -21,11 +21,10 @@ from fiber_core.testing import service_missing
 pytest.importorskip("kubernetes")
 from fiber_core.runtime.config import (
     config,  # noqa: E402
-    plugins,  # noqa: E402
 )
 from fiber_core.runtime.run import runtime  # noqa: E402
 from k8s_emulator.server import source_revision  # noqa: E402
-from k8s_helpers import (  # noqa: E402
+from k8s_helpers import (
     IMAGE,
     POD_PYTHON,
     SERVICES,
@@ -34,6 +33,7 @@ from k8s_helpers import (  # noqa: E402
     build_pod_site,
     make_tls,
     start_emulator,
+    use_environment,  # noqa: E402
 )
 from kubernetes import client  # noqa: E402
 
@@ -125,14 +125,7 @@ def k8s_env(emu: Emu, ns: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
         "FIBER_KUBERNETES_VOLUMES": f"{Path(__file__).parent}:{Path(__file__).parent}:ro",
         "FIBER_LISTEN_HOST": "127.0.0.1",
     }
-    for key in list(os.environ):
-        if key.startswith("FIBER_") and key not in env:
-            monkeypatch.delenv(key)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    config.reset()
-    plugins().backends()  # loads the plugins, so that the kubernetes settings are known
+    use_environment(env, monkeypatch)
     yield env
     # Processes of this test ran on the process-wide backend: remove their pods now, while
     # the emulator surely runs, rather than at exit.

@@ -180,3 +180,18 @@ def build_pod_site(target: Path) -> Path:
     (info / "entry_points.txt").write_text("[fiber]\n" + "".join(f"{ep.name} = {ep.value}\n" for ep in eps))
     (info / "top_level.txt").write_text("fiber_k8s\n")
     return target
+
+
+def use_environment(env: dict[str, str], monkeypatch: Any) -> None:
+    """Make ``env`` this process's only ``FIBER_*`` settings (outside any pod), for one test,
+    and load the plugins so that the kubernetes settings are known."""
+    from fiber_core.runtime.config import config, plugins
+
+    for key in list(os.environ):
+        if key.startswith("FIBER_") and key not in env:
+            monkeypatch.delenv(key)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    config.reset()
+    plugins().backends()

@@ -6,7 +6,6 @@ counts (the scheduler's filters decide, as kube-scheduler's would: ``k8s_emulato
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,9 @@ import fiber_core
 import pod_functions
 import pytest
 from fiber_core.contract import ConfigError, EndReason, GpuChoice, JobSpec
-from fiber_core.runtime.config import config, plugins
+from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime
-from k8s_helpers import IMAGE, WAIT, Emu, start_emulator
+from k8s_helpers import IMAGE, WAIT, Emu, start_emulator, use_environment
 
 from fiber_k8s.backend import KubernetesBackend
 from fiber_k8s.spec import DEFAULT_GPU_LABEL, SPOT_LABELS, capacity_terms, choice_spec, require_node
@@ -71,14 +70,7 @@ def gpu_env(gpu_emu: Emu, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
         "FIBER_KUBERNETES_SPOT_LABEL": SPOT_LABELS["gke"],
         "FIBER_LISTEN_HOST": "127.0.0.1",
     }
-    for key in list(os.environ):
-        if key.startswith("FIBER_") and key not in env:
-            monkeypatch.delenv(key)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    config.reset()
-    plugins().backends()
+    use_environment(env, monkeypatch)
     yield env
     runtime().get_backend("kubernetes").cleanup()
     config.reset()
