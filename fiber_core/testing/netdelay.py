@@ -36,7 +36,7 @@ from typing import IO, NamedTuple
 
 from fiber_core.testing.nfqueue import Flow, QueueSocket, flow_of
 
-__all__ = ["Counters", "DelayLine", "PacketDelay", "Shape", "queue_rules"]
+__all__ = ["Counters", "DelayLine", "PacketDelay", "Shape", "iptables_for", "queue_rules"]
 
 
 class Shape(NamedTuple):
@@ -60,12 +60,14 @@ class Shape(NamedTuple):
 
 class Counters(NamedTuple):
     """What the tool did: packets queued and released, released with a delay (over 1 ms),
-    released after a later packet of their connection, and the delays they got (seconds)."""
+    released after a later packet of their connection, released before their time because
+    the tool stopped, and the delays they got (seconds)."""
 
     queued: int = 0
     released: int = 0
     delayed: int = 0
     reordered: int = 0
+    early: int = 0
     delay_total: float = 0.0
     delay_max: float = 0.0
 
@@ -125,23 +127,29 @@ class DelayLine:
         return out
 
     def drain(self, now: float) -> list[int]:
-        """Every packet still held, in the order they were due."""
+        """Every packet still held, in the order they were due (those not due yet count as early)."""
         out = []
         while self._heap:
             out.append(self._release(now))
         return out
 
     def _release(self, now: float) -> int:
-        _, _, packet_id, flow, number, arrived = heapq.heappop(self._heap)
+        at, _, packet_id, flow, number, arrived = heapq.heappop(self._heap)
         c = self.counters
         held = now - arrived
         reordered = number < self._highest.get(flow, -1)
         if not reordered:
             self._highest[flow] = number
         self.counters = c._replace(released=c.released + 1, delayed=c.delayed + (held > DELAYED),
-                                   reordered=c.reordered + reordered, delay_total=c.delay_total + held,
+                                   reordered=c.reordered + reordered, early=c.early + (at > now),
+                                   delay_total=c.delay_total + held,
                                    delay_max=max(c.delay_max, held))
         return packet_id
+
+
+def iptables_for(server: str) -> str:
+    """The command that holds the rules of ``server``'s address family."""
+    return "ip6tables" if ":" in server else "iptables"
 
 
 def queue_rules(port: int, server: str, queue: int) -> list[tuple[str, list[str]]]:
@@ -207,9 +215,10 @@ class PacketDelay:
             if self._line() != "ready":
                 raise RuntimeError("the packet delay program did not start")
             for chain, rule in queue_rules(self.port, self.server, self.queue):
-                subprocess.run(self._in_netns("iptables", "-I", chain, *rule), check=True,
-                               capture_output=True, timeout=self.timeout)
-                self._added.append(self._in_netns("iptables", "-D", chain, *rule))
+                command = self._in_netns(iptables_for(self.server))
+                subprocess.run([*command, "-I", chain, *rule], check=True, capture_output=True,
+                               timeout=self.timeout)
+                self._added.append([*command, "-D", chain, *rule])
         except BaseException:
             with contextlib.suppress(Exception):  # the error that stopped the start is the one to see
                 self.stop()

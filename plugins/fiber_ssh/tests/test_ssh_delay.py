@@ -57,7 +57,8 @@ def test_a_map_with_every_hub_packet_delayed_50_to_200_ms_gives_every_result_onc
     hosts_used = {h for _, h in got}
     for name, c in zip(hosts["FIBER_SSH_HOSTNAMES"].split(), counters):
         if name in hosts_used:  # the tool held every packet of the host's hub connections
-            assert c.released == c.queued == c.delayed > 0, (name, c)
+            assert c.released == c.queued > 0, (name, c)
+            assert c.delayed + c.early >= c.released, (name, c)  # the end may cut a hold short
             assert c.delay_mean >= 0.05, (name, c)
 
 
