@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
+import fiber_core
 import pytest
 from fiber_core.testing.faults import chaos_seed
 from fiber_core.testing.netdelay import Counters, PacketDelay, Shape
-from test_ssh import hosts  # noqa: F401 (a fixture)
+from test_ssh import fresh_runtime, hosts, ssh_env  # noqa: F401 (hosts: a fixture)
 from test_ssh_faults import (
     PARENT,
     T,
@@ -29,16 +31,19 @@ from test_ssh_faults import (
 )
 
 
+def _delayed(stack: contextlib.ExitStack, hosts: dict[str, str], port: int,  # noqa: F811
+             shape: Shape) -> list[PacketDelay]:
+    """The tool on every host, for this run's hub port, seeded from the chaos seed (printed)."""
+    seed = chaos_seed()
+    return [stack.enter_context(PacketDelay(port, PARENT, netns=name, shape=shape, seed=seed + k, timeout=T))
+            for k, name in enumerate(hosts["FIBER_SSH_HOSTNAMES"].split())]
+
+
 def _map_through(hosts: dict[str, str], where: Path, shape: Shape,  # noqa: F811
                  n: int) -> tuple[list[tuple[int, str]], dict, list[Counters]]:
-    seed = chaos_seed()
-    names = hosts["FIBER_SSH_HOSTNAMES"].split()
     with pool_on_the_hosts(hosts) as (rt, pool):
-        port = hub_port(rt)
         with contextlib.ExitStack() as stack:  # every host's rules go, whatever happens
-            delays = [stack.enter_context(PacketDelay(port, PARENT, netns=name, shape=shape,
-                                                      seed=seed + k, timeout=T))
-                      for k, name in enumerate(names)]
+            delays = _delayed(stack, hosts, hub_port(rt), shape)
             it = pool.imap_unordered(_task(where), range(n), chunksize=1)
             got = [it.next(T) for _ in range(n)]
             snap = pool.status_snapshot()
@@ -74,3 +79,38 @@ def test_a_map_with_hub_packets_reordered_gives_every_result_once(
         assert set(runs_per_item(shared_dir).values()) == {1}
     assert sum(c.reordered for c in counters) > 0, counters  # packets really passed later ones
     assert all(c.released == c.queued for c in counters), counters
+
+
+def echo_in_order(inbox: Any, outbox: Any, conn: Any, n: int) -> None:
+    """Pass each of ``n`` items from ``inbox`` to both ``outbox`` and ``conn``, in order."""
+    for _ in range(n):
+        x = inbox.get(timeout=T)
+        outbox.put(x)
+        conn.send(x)
+    conn.close()
+
+
+@pytest.mark.timeout(600)
+def test_queues_and_a_pipe_to_a_host_deliver_every_message_once_in_order_through_reordered_packets(
+        hosts: dict[str, str]) -> None:  # noqa: F811
+    n = 400
+    shape = Shape(delay=(0.0, 0.05), reorder=0.2, hold=(0.02, 0.08))
+    with fresh_runtime(ssh_env(hosts)) as rt, contextlib.ExitStack() as stack:
+        delays = _delayed(stack, hosts, hub_port(rt), shape)
+        inbox, outbox = fiber_core.Queue(), fiber_core.Queue()
+        here, there = fiber_core.Pipe()
+        p = fiber_core.Process(target=echo_in_order, args=(inbox, outbox, there, n))
+        p.start()
+        for x in range(n):
+            inbox.put(x)
+        via_queue = [outbox.get(timeout=T) for _ in range(n)]
+        via_pipe = []
+        for _ in range(n):
+            assert here.poll(T), f"the pipe went quiet after {len(via_pipe)} messages"
+            via_pipe.append(here.recv())
+        p.join(T)
+        stack.close()  # the rules go; the final counters
+        counters = [d.final or Counters() for d in delays]
+    assert p.exitcode == 0
+    assert via_queue == via_pipe == list(range(n))
+    assert sum(c.reordered for c in counters) > 0, counters
