@@ -5,7 +5,8 @@ Each fault is an ``iptables`` rule in a host's network namespace (and, for packe
 this process, in the root namespace), matched on this run's hub port only: the other runs
 that share the test hosts (their parents have the same address) see nothing. ``tc netem``
 would add delay and reordering, but the test machine's kernel has no ``netem`` (nor
-``prio``): loss and duplication are iptables' ``statistic`` match and ``TEE`` target.
+``prio``): loss and duplication are iptables' ``statistic`` match and ``TEE`` target, delay
+and reordering a netfilter queue (``test_ssh_delay.py``).
 Faults start and end at points of the run's progress (results received), never after a
 time; ``T`` bounds every wait.
 """
