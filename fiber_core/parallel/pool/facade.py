@@ -473,16 +473,19 @@ class Pool(OnDemandFallback):
 
     def terminate(self) -> None:
         """Stop every worker now. Unfinished results raise instead of hanging."""
-        for pool in [*self._roles.values(), *filter(None, [self._on_demand])]:
+        for pool in self._roles.values():
             pool.terminate()
         with self._lock:
-            if self._state == "TERMINATE" and self._done.is_set():
-                return
-            self._state = "TERMINATE"
-            self._kill_workers()
-            self._fail_all_locked(self._error or FiberError("pool was terminated"))
-        self._wake()
-        self._wait_done()
+            ended = self._state == "TERMINATE" and self._done.is_set()
+            if not ended:
+                self._state = "TERMINATE"
+                self._kill_workers()
+                self._fail_all_locked(self._error or FiberError("pool was terminated"))
+        if self._on_demand is not None:  # (read once this pool is TERMINATE: none is made after)
+            self._on_demand.terminate()
+        if not ended:
+            self._wake()
+            self._wait_done()
 
     def join(self) -> None:
         """Wait for the workers to exit; call :meth:`close` or :meth:`terminate` first."""

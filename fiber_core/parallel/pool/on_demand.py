@@ -90,9 +90,14 @@ class OnDemandFallback(Master):
     """The rule applied: the units a preempted worker ran, counted, and the on-demand workers."""
 
     _on_demand: OnDemandFallback | None = None  # the Pool of on-demand workers, made when first needed
+    _due: tuple[Unit, ...] = ()  # units the rule sends on once the master lets go of the lock
 
     def _new_on_demand_pool(self) -> OnDemandFallback:
         """A Pool of this pool's on-demand workers (the facade makes it)."""
+        raise NotImplementedError
+
+    def terminate(self) -> None:
+        """Stop every worker now (the facade's ``Pool.terminate``)."""
         raise NotImplementedError
 
     def _place_ran(self, w: Worker, reason: EndReason | None,
@@ -111,19 +116,34 @@ class OnDemandFallback(Master):
             if runs_on_demand(unit.preemptions, self._on_demand_after) and unit.call_id in self._calls:
                 due.append(unit)
         self._requeue([u for u in held if u not in due])
-        if due:
-            self._to_on_demand(due)
+        self._due += tuple(due)
         return None if culprit is not None and culprit[0] in due else culprit
 
+    def _on_exit(self, w: Worker) -> None:
+        super()._on_exit(w)
+        if self._due:
+            due, self._due = list(self._due), ()
+            self._to_on_demand(due)
+
     def _to_on_demand(self, units: list[Unit]) -> None:
-        """Hand ``units`` to the on-demand workers, made now if there are none yet (lock held)."""
+        """Hand ``units`` to the on-demand workers, made now if there are none yet (in the master
+        thread, without this pool's lock: the on-demand pool's is never taken under it)."""
+        units = [u for u in units if u.call_id in self._calls]
         for unit in units:
             log.info("fiber: the workers of %s were preempted %d times (on_demand_after=%d): its next "
                      "attempt runs on on-demand capacity", unit.name(), unit.preemptions, self._on_demand_after)
         try:
-            if self._on_demand is None:
-                self._on_demand = self._new_on_demand_pool()
-            self._on_demand._take_units(units)  # noqa: SLF001 - a pool of this class, its own part
+            pool = self._on_demand
+            if pool is None:
+                pool = self._new_on_demand_pool()
+                with self._lock:  # (terminate() reads it once this pool is TERMINATE)
+                    ended = self._state == "TERMINATE"
+                    if not ended:
+                        self._on_demand = pool
+                if ended:
+                    pool.terminate()
+                    return
+            pool._take_units(units)  # noqa: SLF001 - a pool of this class, its own part
         except Exception as e:  # the on-demand workers cannot start: the units run again here
             log.warning("fiber: no on-demand workers (%s): %d task(s) run again on spot capacity", e, len(units))
             self._requeue(units)

@@ -84,10 +84,16 @@ def running_it(pool: fiber_core.Pool, before: set[int]) -> Any:
         threading.Event().wait(0.05)
 
 
+def workers_gone(pool: fiber_core.Pool) -> bool:
+    with pool._lock:
+        return not pool._workers
+
+
 def test_a_task_preempted_twice_on_spot_runs_its_next_attempt_on_an_on_demand_node(
         spot_env: dict[str, str], spot_emu: Emu) -> None:
     v1 = client.CoreV1Api(spot_emu.api_client)
-    with fiber_core.Pool(1, backend="kubernetes", capacity="spot-then-on-demand", on_demand_after=2) as pool:
+    with fiber_core.Pool(1, backend="kubernetes", capacity="spot-then-on-demand", on_demand_after=2,
+                         idle_timeout=1) as pool:
         result = pool.apply_async(pod_functions.on_demand_only)
         seen: set[int] = set()
         for _ in range(2):
@@ -101,7 +107,12 @@ def test_a_task_preempted_twice_on_spot_runs_its_next_attempt_on_an_on_demand_no
             assert job.state.reason is EndReason.PREEMPTED, job.state
         record = json.loads(result.get(2 * WAIT))
         assert (record["capacity"], record["host"]) == ("on-demand", "on-demand-node")
-        assert pool._on_demand is not None
-        assert [p.name for p in pool._on_demand._pool] == ["PoolWorker-on-demand-1"]
-        # The pool's own workers stay on spot capacity: the next task runs there.
+        on_demand = pool._on_demand
+        assert on_demand is not None and [p.name for p in on_demand._pool] == ["PoolWorker-on-demand-1"]
+        # The pool's own workers stay on spot capacity: the next task runs there ...
         assert json.loads(pool.apply(pod_functions.resources))["capacity"] == "spot"
+        # ... and the on-demand worker, idle for the pool's idle_timeout, goes.
+        deadline = time.monotonic() + WAIT
+        while not workers_gone(on_demand):  # polled: no event says it
+            assert time.monotonic() < deadline, "the idle on-demand worker did not go"
+            threading.Event().wait(0.1)
