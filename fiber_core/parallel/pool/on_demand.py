@@ -33,8 +33,8 @@ SPOT_THEN_ON_DEMAND = "spot-then-on-demand"
 
 ON_DEMAND_AFTER = 2
 """Preemptions of a unit's workers before its next attempt runs on on-demand capacity: one is
-the bad luck of spot capacity; a second says that the unit runs long enough to be hit again
-and again, so that the on-demand price is cheaper than a third attempt's loss."""
+the ordinary bad luck of spot capacity; a second says that the unit runs long enough on spot
+to be hit again, so that a third attempt there may well be lost too."""
 
 
 def pool_capacity(resources: Mapping[str, Any], initializer: Any) -> str | None:
