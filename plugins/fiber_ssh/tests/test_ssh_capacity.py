@@ -136,17 +136,23 @@ def runs_where_on_demand(x: int) -> tuple[int, str, str | None]:
     return x, fiber_core.current_process().name, got["capacity"]
 
 
+@pytest.mark.parametrize("role", [None, "learner"])
 def test_a_task_on_a_lost_spot_host_runs_its_next_attempt_on_an_on_demand_worker(hosts: dict[str, str],  # noqa: F811
-                                                                                 rules: Rules) -> None:
+                                                                                 rules: Rules,
+                                                                                 role: str | None) -> None:
     h1, h2, _ = hosts["FIBER_SSH_HOSTS"].split()
     env = {**ssh_env(hosts), "FIBER_SSH_HOSTS": f"{h1}*1[capacity=spot], {h2}*2", "FIBER_SPARE_JOBS": "0",
            "FIBER_SSH_ORPHAN_TIMEOUT": "5", "FIBER_SSH_RETRY_LOST": "1"}
-    with fresh_runtime(env), fiber_core.Pool(1, capacity="spot-then-on-demand", on_demand_after=1) as pool:
-        result = pool.apply_async(runs_where_on_demand, (7,))
+    spot = {"capacity": "spot-then-on-demand", "on_demand_after": 1}
+    # Without a role, the pool's own workers are on spot; with one, the role's (the others anywhere).
+    keywords: dict[str, Any] = spot if role is None else {"roles": {role: {"processes": 1, **spot}}}
+    with fresh_runtime(env), fiber_core.Pool(1, **keywords) as pool:
+        result = pool.apply_async(runs_where_on_demand, (7,), role=role)
+        on_spot = pool if role is None else pool._roles[role]
         deadline = time.monotonic() + T
         while True:  # polled: the pool's table has no event to wait on
-            with pool._lock:
-                busy = [w for w in pool._workers.values() if w.pending and w.ready and w.process.job is not None]
+            with on_spot._lock:
+                busy = [w for w in on_spot._workers.values() if w.pending and w.ready and w.process.job is not None]
             if busy:
                 break
             assert time.monotonic() < deadline, "no worker ran the task"
@@ -154,5 +160,6 @@ def test_a_task_on_a_lost_spot_host_runs_its_next_attempt_on_an_on_demand_worker
         job = busy[0].process.job
         assert job.host == "fiber-h1"
         cut_connection(rules, "fiber-h1", job.handle.transport)
-        assert result.get(2 * T) == (7, "PoolWorker-on-demand-1", "on-demand")
+        name = "PoolWorker-on-demand-1" if role is None else f"PoolWorker-{role}-on-demand-1"
+        assert result.get(2 * T) == (7, name, "on-demand")
         assert job.state.reason is EndReason.PREEMPTED
