@@ -698,7 +698,7 @@ class Backend(ABC):
             raise BackendError(
                 f"the {self.name} backend cannot choose spot or on-demand capacity ({spec.name} asks for "
                 f"capacity={spec.capacity!r}): leave capacity unset, or run it on a backend that can "
-                "(kubernetes)")
+                "(kubernetes, aws-batch, ssh)")
 
     def _track(self, jobs: list[Job]) -> None:
         if not all([self._insert(job) for job in jobs]):  # cleanup ran: nothing would ever stop these

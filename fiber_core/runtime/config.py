@@ -44,6 +44,8 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("gpu_type", str, None, "GPU type requested per job, or several in order of preference: a100,l40s (with counts: a100:1,l4:2)"),
     Option("capacity", str, None, "capacity kind requested per job (default: the platform's own)",
            choices=("spot", "on-demand", "spot-then-on-demand")),
+    Option("on_demand_after", int, None, "with capacity spot-then-on-demand: a Pool task whose workers were "
+           "preempted this many times runs its next attempt on on-demand capacity (default 2)"),
     Option("prices", list, [], "prices per hour for max_hourly_cost: TYPE[@spot|@on-demand]:PRICE per GPU, "
            "cpu[@KIND]:PRICE per job without GPU type (a100:4.1, a100@spot:1.6, cpu:0.05)"),
     Option("max_hourly_cost", float, None, "the most a Pool's workers may cost per hour together, by prices "

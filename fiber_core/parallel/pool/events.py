@@ -47,6 +47,8 @@ from fiber_core.wire.messages import (
 class Events(Dispatcher):
     """Takes in what the workers send, and their deaths."""
 
+    _on_demand_after: int | None = None  # Flyte's rule (on_demand.py): set, the batch a lost worker ran waits for its end
+
     def _on_message(self, w: Worker) -> None:
         assert w.conn is not None
         try:
@@ -220,6 +222,8 @@ class Events(Dispatcher):
                 else:  # no item of it is known to have started: each runs again alone, watched
                     for unit in first:
                         unit.watch = True
+            if self._on_demand_after is not None:  # its end says where they go next (_place_ran)
+                w.ran, batches[0] = batches[0][1], (batches[0][0], [])
             self._requeue([u for _, units in batches for u in units])
 
     def _check_silence(self, now: float) -> None:
@@ -267,8 +271,9 @@ class Events(Dispatcher):
                 return
             what = describe(w, code, reason, detail, self._resources.get("memory"))
             fault = fault_of(code, reason, w.draining)
-            if culprit is not None:
-                self._charge(culprit[0], culprit[1], fault, what)
+            stays = self._place_ran(w, reason, culprit)
+            if stays is not None:
+                self._charge(stays[0], stays[1], fault, what)
             retired = w.retiring and not w.draining and culprit is None
             # (a worker that did its maxtasksperchild and left is replaced, not lost)
             lost = not retired and not (code == 0 and self._maxtasks is not None
@@ -284,6 +289,15 @@ class Events(Dispatcher):
                 return  # closing, and nothing is left to do
             if not self._after_loss(w, code, reason, fault, culprit is not None, what):
                 self._top_up()
+
+    def _place_ran(self, w: Worker, reason: EndReason | None,
+                   culprit: tuple[Unit, int] | None) -> tuple[Unit, int] | None:
+        """Where the units of the batch a lost worker ran go, once its end is known (lock held):
+        back to the queue, the culprit to the ledger (returned). A pool on spot capacity may
+        send some to on-demand workers instead (:mod:`~fiber_core.parallel.pool.on_demand`)."""
+        held, w.ran = w.ran, []
+        self._requeue(held)
+        return culprit
 
     def _note_end(self, w: Worker, reason: str, what: str, lost: bool) -> None:
         """The live view's timeline: ``w`` ended, for ``reason`` (lock held)."""

@@ -21,7 +21,12 @@ from fiber_core.parallel.pool import roles as role_table
 from fiber_core.parallel.pool.budget import CostCap
 from fiber_core.parallel.pool.dispatch import BACKUP_FACTOR
 from fiber_core.parallel.pool.ledger import MAX_TASK_ATTEMPTS
-from fiber_core.parallel.pool.master import Master
+from fiber_core.parallel.pool.on_demand import (
+    OnDemandFallback,
+    on_demand_after_of,
+    on_demand_keywords,
+    pool_capacity,
+)
 from fiber_core.parallel.pool.results import (
     ApplyResult,
     IMapIterator,
@@ -86,7 +91,7 @@ def _backup(backup: bool | float | None) -> float | None:
     raise ValueError(f"backup must be True, False or a factor over 1 (such as 3.0), not {backup!r}")
 
 
-class Pool(Master):
+class Pool(OnDemandFallback):
     """A pool of job-backed workers with the API of :class:`multiprocessing.pool.Pool`.
 
     Fiber adds keyword-only arguments: ``backend`` (a backend for the workers),
@@ -124,7 +129,14 @@ class Pool(Master):
     dearest of its GPU alternatives and capacity kinds, and says once, with the numbers,
     when that is fewer than asked; :meth:`set_max_hourly_cost` raises or lowers it, and
     the pool grows or shrinks to match (``docs/placement.md``).
+
+    **Spot, then on-demand.** With ``capacity="spot-then-on-demand"``, a task whose workers
+    were preempted ``on_demand_after`` times (default 2, or the setting of that name) runs its
+    next attempt on on-demand workers the pool makes when first needed, elastic from none
+    (:mod:`~fiber_core.parallel.pool.on_demand`).
     """
+
+    _on_demand: Pool | None
 
     def __init__(self, processes: int | None = None, initializer: Callable | None = None,
                  initargs: tuple = (), maxtasksperchild: int | None = None, context: Any = None,
@@ -133,9 +145,15 @@ class Pool(Master):
                  loss_limit: tuple[int, float] | None = None, backup: bool | float = False,
                  min_processes: int | None = None, idle_timeout: float = IDLE_TIMEOUT,
                  roles: Mapping[str, Any] | None = None, _role: str | None = None,
-                 max_hourly_cost: float | None = None,
+                 max_hourly_cost: float | None = None, on_demand_after: int | None = None,
                  **resources: Any) -> None:
         processes, min_processes = _sizes(processes, min_processes, idle_timeout)
+        after = on_demand_after_of(on_demand_after, pool_capacity(resources, initializer))
+        if after is not None:  # what its on-demand workers are made with, when first needed
+            self._keywords = dict(processes=processes, initializer=initializer, initargs=initargs,
+                                  maxtasksperchild=maxtasksperchild, backend=backend, retries=retries,
+                                  task_losses=task_losses, loss_limit=loss_limit, backup=backup,
+                                  idle_timeout=idle_timeout, max_hourly_cost=max_hourly_cost, **resources)
         role_specs = role_table.parse_roles(roles)
         self._budget = CostCap(processes, max_hourly_cost, initializer, resources)
         processes = self._budget.fit(processes)
@@ -151,6 +169,7 @@ class Pool(Master):
                          task_losses=_task_losses(task_losses), loss_limit=_loss_limit(loss_limit),
                          backup=_backup(backup), resources=resources)
         self._roles: dict[str, Pool] = {}
+        self._on_demand_after, self._role = after, _role
         if _role is not None:
             self._worker_name = f"PoolWorker-{_role}"
         self._status_asks = []
@@ -181,6 +200,10 @@ class Pool(Master):
         except BaseException:
             self.terminate()
             raise
+
+    def _new_on_demand_pool(self) -> Pool:
+        return Pool(**on_demand_keywords(self._keywords),
+                    _role=f"{self._role}-on-demand" if self._role else "on-demand")
 
     def _pool_for(self, func: Callable, role: str | None) -> Pool:
         """The pool (this one or a role's) that runs a call of ``func``."""
@@ -453,13 +476,16 @@ class Pool(Master):
         for pool in self._roles.values():
             pool.terminate()
         with self._lock:
-            if self._state == "TERMINATE" and self._done.is_set():
-                return
-            self._state = "TERMINATE"
-            self._kill_workers()
-            self._fail_all_locked(self._error or FiberError("pool was terminated"))
-        self._wake()
-        self._wait_done()
+            ended = self._state == "TERMINATE" and self._done.is_set()
+            if not ended:
+                self._state = "TERMINATE"
+                self._kill_workers()
+                self._fail_all_locked(self._error or FiberError("pool was terminated"))
+        if self._on_demand is not None:  # (read once this pool is TERMINATE: none is made after)
+            self._on_demand.terminate()
+        if not ended:
+            self._wake()
+            self._wait_done()
 
     def join(self) -> None:
         """Wait for the workers to exit; call :meth:`close` or :meth:`terminate` first."""
@@ -468,6 +494,9 @@ class Pool(Master):
         self._wait_done()
         for pool in self._roles.values():
             pool.join()
+        if self._on_demand is not None:  # (it ran tasks of this pool's calls: all are done now)
+            self._on_demand.close()
+            self._on_demand.join()
 
     def _wait_done(self) -> None:
         if threading.current_thread() is self._thread:
@@ -519,4 +548,5 @@ class Pool(Master):
         with self._lock:
             mine = [w.process for w in self._workers.values()]
         # (each role's workers too: the stdlib's name for them, read through the same property)
-        return mine + [p for pool in self._roles.values() for p in pool._pool]  # noqa: SLF001 - the stdlib's name
+        inner = [*self._roles.values(), *filter(None, [self._on_demand])]
+        return mine + [p for pool in inner for p in pool._pool]  # noqa: SLF001 - the stdlib's name

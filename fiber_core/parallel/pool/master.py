@@ -244,6 +244,9 @@ class Master(Events):
             if w.culprit is not None:  # lost while it ran this one: its exit decides
                 in_flight += w.culprit[0].count
                 batches.append([w.culprit[0]])
+            if w.ran:  # lost while it ran these, on spot capacity: its exit decides where they go
+                in_flight += sum(map(_COUNT, w.ran))
+                batches.append(w.ran)
             if seen is None:
                 running += in_flight
             else:

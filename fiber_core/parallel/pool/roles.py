@@ -23,7 +23,7 @@ DEFAULT = ""  # the pool's own workers, in the routing table
 ROLE_KEYWORDS = frozenset({
     "processes", "min_processes", "idle_timeout", "initializer", "initargs", "maxtasksperchild",
     "backend", "retries", "task_losses", "loss_limit", "backup", "max_hourly_cost",
-    "cpu", "memory", "gpu", "gpu_type", "capacity", "image",
+    "cpu", "memory", "gpu", "gpu_type", "capacity", "image", "on_demand_after",
 })
 _NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}\Z")
 _NUMERIC = ("cpu", "memory", "gpu")

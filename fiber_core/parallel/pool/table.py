@@ -109,7 +109,7 @@ def out_of_descriptors(e: BaseException | None) -> OSError | None:
 
 class Unit:
     __slots__ = ("call", "index", "data", "charges", "call_id", "func_bytes", "kind", "count",
-                 "start", "watch", "retries", "delivered", "copies", "attempt")
+                 "start", "watch", "retries", "delivered", "copies", "attempt", "preemptions")
 
     def __init__(self, call: Any, index: int, data: bytes, call_id: int, func_bytes: bytes,
                  kind: int, count: int = 1, start: int = 0, retries: int = 0) -> None:
@@ -123,6 +123,7 @@ class Unit:
         self.delivered = False  # its result was delivered: another copy's is dropped
         self.copies = 0  # workers that hold it (two while a backup copy runs)
         self.attempt = 0  # times it went back to the queue (its tasks' attempt, current_task)
+        self.preemptions = 0  # times a worker running it was preempted (on_demand.py)
         # (delivered and copies are kept only in a pool with backup tasks: elsewhere a unit is
         # never in two places, and the pool's hot path does not pay for them)
 
@@ -155,6 +156,7 @@ class Worker:
         self.assigned = 0
         self.running: tuple[int, int] | None = None  # (batch, item) a watched batch runs
         self.culprit: tuple[Unit, int] | None = None  # the item it ran when it died
+        self.ran: list[Unit] = []  # the batch it ran when lost, held until its end is known (on_demand.py)
         self.draining = False  # it was told to stop (SIGTERM) and hands its work back
         self.sent: dict[int, float] = {}  # when each pending batch was sent (for backups)
         self.held_work = False  # it held batches when it was lost

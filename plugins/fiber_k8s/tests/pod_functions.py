@@ -54,3 +54,17 @@ def resources() -> str:
     import fiber_core
 
     return json.dumps(fiber_core.current_process().resources)
+
+
+def on_demand_only() -> str:
+    """What this job got (as :func:`resources`) once it runs on on-demand capacity; on any other
+    it waits to be preempted."""
+    import json
+    import time
+
+    import fiber_core
+
+    got = fiber_core.current_process().resources
+    if got["capacity"] != "on-demand":
+        time.sleep(600)
+    return json.dumps(got)

@@ -20,7 +20,8 @@ Why a job ended (:class:`~fiber_core.contract.EndReason`): its own exit, or a si
 Fiber did not send, is ``EXITED``; a SIGKILL while the kernel counted an out-of-memory
 kill in the supervisor's memory cgroup is ``OOM``; a command the supervisor could not
 start (or a supervisor that did not run) is ``NEVER_STARTED``; a lost host is
-``HOST_LOST``; what Fiber stopped is ``STOPPED``.
+``HOST_LOST`` (``PREEMPTED`` for a host labelled ``capacity=spot``: a spot machine taken
+back); what Fiber stopped is ``STOPPED``.
 
 A host that stops answering (keepalives every ``keepalive`` seconds, and the kernel
 gives up on the connection after ``keepalive_count`` of them go unanswered, or after
@@ -66,7 +67,7 @@ from fiber_core.contract import (
 
 from fiber_ssh.channels import IDLE, Channels, Run
 from fiber_ssh.connect import Connector, Host, Unreachable
-from fiber_ssh.hosts import Placement, Slots, crowding, place, place_choice, release
+from fiber_ssh.hosts import Placement, Slots, crowding, place, place_alternative, release
 from fiber_ssh.spec import job_env, job_line, supervisor_command
 from fiber_ssh.status import Seen, job_end
 from fiber_ssh.upload import DEFAULT_EXCLUDE, remove_upload, upload
@@ -79,7 +80,7 @@ log = logging.getLogger("fiber")
 OPTIONS: tuple[Option, ...] = (
     Option("hosts", str, None,
            "hosts that run the jobs, comma- or space-separated: "
-           "[user@]host[:port][*slots][[gpu=N,gpu_type=T,cost=C]]"),
+           "[user@]host[:port][*slots][[gpu=N,gpu_type=T,cost=C,capacity=spot|on-demand]]"),
     Option("user", str, None, "login for hosts that name none (default: ~/.ssh/config, then the local user)"),
     Option("port", int, None, "SSH port for hosts that name none (default: ~/.ssh/config, then 22)"),
     Option("key", str, None,
@@ -133,7 +134,8 @@ class SshBackend(Backend):
     name = "ssh"
     package = "fiber-ssh"
     options = OPTIONS
-    gpu_alternatives = True  # the first alternative with free room on a host (hosts.place_choice)
+    gpu_alternatives = True  # the first alternative with free room on a host (hosts.place_alternative)
+    capacity_kinds = True  # hosts labelled capacity=spot or on-demand (hosts.place_alternative)
     renamed_options = {"timeout": "api_timeout"}
     create_concurrency = 16  # a group start opens channels on several hosts at once
     spare_jobs = 1  # an idle worker holds one slot of a host
@@ -205,9 +207,9 @@ class SshBackend(Backend):
     def _place(self, spec: JobSpec) -> tuple[Placement, JobSpec]:
         """Where ``spec`` runs (under the lock), and what runs there: the spec of the GPU
         alternative chosen, its environment saying what the job got (the host's cost too)."""
-        if spec.gpu_choices:
-            placement, choice = place_choice(self._slots, spec.cpu, spec.gpu_choices)
-            return placement, spec.choosing(choice, cost_per_hour=self._slots[placement.index].cost)
+        if spec.alternatives:
+            placement, alt = place_alternative(self._slots, spec.cpu, spec.alternatives, gpu_count(spec) or 0)
+            return placement, spec.choosing(alt, cost_per_hour=self._slots[placement.index].cost)
         placement = place(self._slots, spec.cpu, gpu_count(spec), None)
         cost = self._slots[placement.index].cost  # the host's label, else the prices setting's
         got = resources_env(None, gpu=len(placement.gpus), cost_per_hour=spec.costs.get(Alternative()) if cost is None
@@ -277,7 +279,8 @@ class SshBackend(Backend):
             slots = []
             for h, reason in zip(hosts, results):
                 n = h.spec.slots or (h.info or {}).get("cpus") or 1
-                slots.append(Slots(h.name, n, h.spec.gpu, h.spec.gpu_type, alive=reason is None, cost=h.spec.cost))
+                slots.append(Slots(h.name, n, h.spec.gpu, h.spec.gpu_type, alive=reason is None, cost=h.spec.cost,
+                                   capacity=h.spec.capacity))
                 if reason is not None:
                     h.lost_reason, h.lost_at = reason, time.monotonic()
                     log.warning("fiber-ssh: host %s is unreachable: %s", h.name, reason)
@@ -443,9 +446,10 @@ class SshBackend(Backend):
         seen = Seen(host=run.host.name, reported=run.reported, error=run.error, oom=run.oom, killed=run.killed,
                     started=run.pgid is not None, stop_requested=job.state.stop_requested, closing=closing,
                     connected=run.transport.is_active(), broke=str(run.transport.get_exception() or "closed"),
+                    spot=run.host.spec.capacity == "spot",
                     exit_status=run.chan.exit_status if run.chan.status_event.is_set() else None)
         code, reason, detail = job_end(seen)
-        if reason is EndReason.HOST_LOST and not seen.connected and not closing:
+        if reason in (EndReason.HOST_LOST, EndReason.PREEMPTED) and not seen.connected and not closing:
             self._lose(run.host, f"the connection broke ({seen.broke})")
         if detail and not run.error:  # (the supervisor's own words are in the log already)
             text = job.state.log.text()

@@ -11,11 +11,14 @@ Syntax of one host (hosts are separated by commas or spaces)::
 ``slots`` is how many jobs the host runs at once before it counts as full
 (default: its CPU count, read when Fiber connects). Keys in brackets: ``gpu``
 (number of GPUs), ``gpu_type`` (their model, matched case-insensitively against
-``meta(gpu_type=...)``), ``slots`` and ``cost`` (what the host costs per hour, which its
-jobs see in ``current_process().resources``).
+``meta(gpu_type=...)``), ``slots``, ``cost`` (what the host costs per hour, which its
+jobs see in ``current_process().resources``) and ``capacity`` (``spot`` or ``on-demand``, the
+default: the kind of machine it is; a job that asks for a capacity kind goes only to hosts of
+that kind, and the loss of a spot host ends its jobs as preempted).
 
-Placement (:func:`place`, and :func:`place_choice` for GPU alternatives in order of
-preference) is pure bookkeeping, kept apart from SSH so that it can be read and tested alone.
+Placement (:func:`place`, and :func:`place_alternative` for GPU alternatives and capacity kinds
+in order of preference) is pure bookkeeping, kept apart from SSH so that it can be read and
+tested alone.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from fiber_core.contract import BackendError, ConfigError, GpuChoice, choice_text
+from fiber_core.contract import Alternative, BackendError, ConfigError, GpuChoice, choice_text
 
 _HOST = re.compile(
     r"""^(?:(?P<user>[^@\s\[\]]+)@)?
@@ -35,7 +38,9 @@ _HOST = re.compile(
         (?:\[(?P<opts>[^\]]*)\])?$""",
     re.X,
 )
-_OPTION_KEYS = ("gpu", "gpu_type", "slots", "cost")
+_OPTION_KEYS = ("gpu", "gpu_type", "slots", "cost", "capacity")
+CAPACITY_KINDS = ("spot", "on-demand")
+"""The kinds a host's ``capacity`` label may name; a host without the label is on-demand."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,8 @@ class HostSpec:
     """The entry as written, for messages."""
     cost: float | None = None
     """What the host costs per hour (the ``cost`` label), if given."""
+    capacity: str = "on-demand"
+    """The kind of machine (the ``capacity`` label): ``spot`` or ``on-demand``."""
 
 
 def split_hosts(text: str) -> list[str]:
@@ -97,7 +104,8 @@ def parse_host(text: str) -> HostSpec:
     if port is not None and not 0 < port < 65536:
         raise ConfigError(f"bad port in host {text!r} of [ssh] hosts")
     return HostSpec(host=host, user=m["user"], port=port, slots=slots, gpu=gpu,
-                    gpu_type=gpu_type, text=text.strip(), cost=float(cost) if cost is not None else None)
+                    gpu_type=gpu_type, text=text.strip(), cost=float(cost) if cost is not None else None,
+                    capacity=labels.get("capacity", "on-demand"))
 
 
 def _labels(opts: str, text: str) -> dict[str, str]:
@@ -122,7 +130,10 @@ def _labels(opts: str, text: str) -> dict[str, str]:
             if not ok:
                 raise ConfigError(f"bad option {item!r} of host {text!r} in [ssh] hosts: cost is what the host "
                                   "costs per hour, a number at least 0 (cost=1.2)")
-        out[key] = value
+        if key == "capacity" and value.lower() not in CAPACITY_KINDS:
+            raise ConfigError(f"bad option {item!r} of host {text!r} in [ssh] hosts: capacity is the kind of "
+                              f"machine, {' or '.join(CAPACITY_KINDS)} (capacity=spot)")
+        out[key] = value.lower() if key == "capacity" else value
     return out
 
 
@@ -155,6 +166,8 @@ class Slots:
     used: int = 0
     cost: float | None = None
     """What the host costs per hour, if its labels say."""
+    capacity: str = "on-demand"
+    """The kind of machine, by its labels: ``spot`` or ``on-demand``."""
     gpu_used: list[int] = field(default_factory=list)
     """Jobs using each GPU, by index."""
     alive: bool = True
@@ -187,19 +200,26 @@ def job_slots(cpu: float | None) -> int:
 
 
 def place(hosts: Sequence[Slots], cpu: float | None = None, gpu: int | None = None,
-          gpu_type: str | None = None) -> Placement:
+          gpu_type: str | None = None, capacity: str | None = None) -> Placement:
     """Choose a live host for a job and reserve what it takes there.
 
     CPU jobs go to the live host with the most free slots (the first listed on a tie),
     over its limit when every host is full. A GPU job (``gpu`` > 0, or ``-1`` for every
     GPU of the host) goes only to hosts that declare enough GPUs of ``gpu_type``: the
     one with the most free GPUs, then the most free slots; it gets the least used GPUs.
+    A job that names a ``capacity`` kind goes only to hosts of that kind.
     Raise :class:`BackendError` when no host can ever take the job, or none is alive.
     """
     need = job_slots(cpu)
     candidates: Iterable[int] = range(len(hosts))
+    if capacity is not None:
+        candidates = [i for i, h in enumerate(hosts) if h.capacity == capacity]
+        if not candidates:
+            kinds = ", ".join(f"{h.name} ({h.capacity})" for h in hosts)
+            raise BackendError(f"no SSH host is labelled capacity={capacity} (hosts: {kinds}); label the "
+                               f"{capacity} hosts in [ssh] hosts, e.g. 'spot1*8[capacity=spot]'")
     if gpu:
-        fits = [i for i, h in enumerate(hosts) if _gpu_fits(h, gpu, gpu_type)]
+        fits = [i for i in candidates if _gpu_fits(hosts[i], gpu, gpu_type)]
         if not fits:
             declared = ", ".join(
                 f"{h.name} ({h.gpus}x {h.gpu_type or 'any type'})" for h in hosts if h.gpus
@@ -239,26 +259,38 @@ def _reserve(hosts: Sequence[Slots], candidates: Sequence[int], need: int, gpu: 
     return Placement(best, need, gpus)
 
 
-def place_choice(hosts: Sequence[Slots], cpu: float | None, choices: Sequence[GpuChoice]) -> tuple[Placement, GpuChoice]:
-    """Place a job that names GPU alternatives in order of preference: on the first alternative
-    that a live host has free room for (free GPUs of its type and free slots); when none has,
-    as :func:`place` places the first alternative any host can take (sharing GPUs, over the
-    slots). Raise :class:`BackendError` when no host can ever take any of them."""
+def place_alternative(hosts: Sequence[Slots], cpu: float | None, places: Sequence[Alternative],
+                      gpu: int = 0) -> tuple[Placement, Alternative]:
+    """Place a job that names alternatives in order of preference (GPU types, capacity kinds:
+    ``JobSpec.alternatives``; ``gpu`` GPUs of no named type where one names none): on the first
+    that a live host of its kind has free room for (free GPUs of its type and free slots); when
+    none has, as :func:`place` places the first that any host can take (sharing GPUs, over
+    the slots). Raise :class:`BackendError` when no host can ever take any of them."""
     need = job_slots(cpu)
-    for choice in choices:
-        free = [i for i, h in enumerate(hosts) if h.alive and h.free >= need and _gpu_fits(h, choice.count, choice.type)
-                and h.free_gpus >= (h.gpus if choice.count < 0 else choice.count)]
+    asks = [(alt.gpu.count, alt.gpu.type) if alt.gpu is not None else (gpu, None) for alt in places]
+    for alt, (count, gpu_type) in zip(places, asks):
+        free = [i for i, h in enumerate(hosts)
+                if h.alive and h.free >= need and (alt.capacity is None or h.capacity == alt.capacity)
+                and (not count or (_gpu_fits(h, count, gpu_type) and h.free_gpus >= (h.gpus if count < 0 else count)))]
         if free:
-            return _reserve(hosts, free, need, choice.count), choice
+            return _reserve(hosts, free, need, count), alt
     errors: list[str] = []
-    for choice in choices:
+    for alt, (count, gpu_type) in zip(places, asks):
         try:
-            return place(hosts, cpu, choice.count, choice.type), choice
+            return place(hosts, cpu, count, gpu_type, alt.capacity), alt
         except BackendError as e:
             errors.append(str(e))
-    if len(choices) == 1:
+    if len(places) == 1:
         raise BackendError(errors[0])
-    raise BackendError(f"no SSH host can run any of the GPU alternatives {choice_text(choices)}: {errors[0]}")
+    what = "GPU alternatives" if all(alt.capacity is None for alt in places) else "alternatives"
+    raise BackendError(f"no SSH host can run any of the {what} {choice_text(places)}: {errors[0]}")
+
+
+def place_choice(hosts: Sequence[Slots], cpu: float | None, choices: Sequence[GpuChoice]) -> tuple[Placement, GpuChoice]:
+    """:func:`place_alternative` for GPU alternatives alone (on any capacity kind)."""
+    placement, alt = place_alternative(hosts, cpu, [Alternative(c) for c in choices])
+    assert alt.gpu is not None
+    return placement, alt.gpu
 
 
 def release(hosts: Sequence[Slots], placement: Placement) -> None:

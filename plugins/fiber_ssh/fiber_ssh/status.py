@@ -34,11 +34,14 @@ class Seen:
     """What broke the connection, when it is down."""
     exit_status: int | None = None
     """The supervisor's own exit status on the channel (``None`` or negative: none came)."""
+    spot: bool = False
+    """The host is labelled ``capacity=spot``: its loss is a preemption."""
 
 
 def job_end(seen: Seen) -> tuple[int, EndReason | None, str]:
     """(exit code, why, what to say) of a job; ``None`` for why: its own exit, or STOPPED when
-    Fiber asked. A lost host is :data:`~fiber_core.contract.HOST_LOST_EXITCODE`."""
+    Fiber asked. A lost host is :data:`~fiber_core.contract.HOST_LOST_EXITCODE`, ``HOST_LOST``
+    (``PREEMPTED`` for a host labelled ``capacity=spot``)."""
     host = seen.host
     if seen.reported is not None:
         if seen.error:
@@ -51,10 +54,12 @@ def job_end(seen: Seen) -> tuple[int, EndReason | None, str]:
         return seen.reported, None, ""
     if seen.closing:
         return HOST_LOST_EXITCODE, EndReason.STOPPED, f"the connection to {host} was closed by cleanup()"
+    lost = EndReason.PREEMPTED if seen.spot else EndReason.HOST_LOST  # a spot machine taken back
+    kind = "spot host " if seen.spot else ""
     if not seen.connected:
-        return HOST_LOST_EXITCODE, EndReason.HOST_LOST, f"lost {host}: the connection broke ({seen.broke})"
+        return HOST_LOST_EXITCODE, lost, f"lost {kind}{host}: the connection broke ({seen.broke})"
     if seen.exit_status is not None and seen.exit_status >= 0:
         code = exitcode_from_status(seen.exit_status) or 0
         reason = None if seen.started else EndReason.NEVER_STARTED  # it never said that the job runs
         return code, reason, f"the job supervisor on {host} exited with status {code}"
-    return HOST_LOST_EXITCODE, EndReason.HOST_LOST, f"the channel to {host} closed without an exit status"
+    return HOST_LOST_EXITCODE, lost, f"the channel to {kind}{host} closed without an exit status"
