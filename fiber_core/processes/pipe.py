@@ -68,15 +68,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from fiber_core.base.errors import PicklingError
+from fiber_core.base.errors import PicklingError, PipeCutError
 from fiber_core.processes.pipe_creator import PipeCreator
 from fiber_core.processes.process import pickling_for
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
-from fiber_core.wire.control import U64, control_frame, peek_is_data, read_frame, send_data
+from fiber_core.wire.control import ACK, U64, control_frame, peek_is_data, read_frame, send_data
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
     PIPE_ABANDON,
+    PIPE_ACK,
     PIPE_ACTIVE,
     PIPE_BYE,
     PIPE_CLOSE,
@@ -106,6 +107,8 @@ def _deadline(timeout: float | None) -> float | None:
 
 
 _AGAIN = object()  # a read found no message yet: read again
+
+ACK_EVERY = 64  # a copy acknowledges every 64th message pushed to it (one frame, not one each)
 
 _pipes: weakref.WeakValueDictionary[str, PipeCreator] = weakref.WeakValueDictionary()
 
@@ -248,7 +251,9 @@ class CopyEnd(PipeEnd):
         self._want = False
         self._taken = 0  # messages taken that came on a WANT
         self._received = 0  # messages that came directly
+        self._acked = 0  # of those, how many it acknowledged
         self._eof = False
+        self._cut = False  # the connection ended without the creator saying so: PipeCutError
         self._serial = 0
         self._fast = False  # told "direct", open, not at the end: recv reads the socket as is
         self._unread: list[bytes] = []  # direct messages read while closing
@@ -288,8 +293,8 @@ class CopyEnd(PipeEnd):
                 while not self._mode and not self._eof:  # the creator answers ACTIVE at once
                     try:
                         is_ctrl, body = read_frame(sock)
-                    except EOFError:
-                        self._eof = True
+                    except (EOFError, OSError):
+                        self._ended()
                         break
                     if is_ctrl:
                         self._on_ctrl(body)
@@ -313,15 +318,19 @@ class CopyEnd(PipeEnd):
             # The usual case: told "direct", its messages come unasked.
             try:
                 is_ctrl, body = read_frame(self._sock)  # type: ignore[arg-type]
-            except EOFError:
-                self._eof = True
-                self._fast = False
+            except (EOFError, OSError):
+                self._ended()
             else:
                 if is_ctrl:
                     self._on_ctrl(body)
                 else:
                     msg = body
                     self._received += 1
+                    if self._received - self._acked >= ACK_EVERY:
+                        try:
+                            self._ack()
+                        except OSError:
+                            pass  # the next read finds the connection's end
         if msg is None:
             msg = self._next(None, True)
         return msg if maxlength is None else self._too_long(msg, maxlength)
@@ -345,13 +354,15 @@ class CopyEnd(PipeEnd):
     def _step(self, sock: socket.socket, deadline: float | None, consume: bool) -> Any:
         """One frame for ``_next`` (``rlock`` held): its answer, or ``_AGAIN``."""
         if self._eof:
-            if consume:
-                raise EOFError("every holder of the other end of this Pipe has closed it")
-            return True
-        self._ask(sock)
-        if deadline is not None and not _wait_readable([sock.fileno()], deadline):
-            return False if not consume else None
+            if not consume:
+                return True
+            if self._cut:
+                raise PipeCutError(received=self._received + self._taken)
+            raise EOFError("every holder of the other end of this Pipe has closed it")
         try:
+            self._ask(sock)
+            if deadline is not None and not _wait_readable([sock.fileno()], deadline):
+                return False if not consume else None
             if not consume:
                 kind = peek_is_data(sock)
                 if kind is None:
@@ -359,9 +370,8 @@ class CopyEnd(PipeEnd):
                 if kind:
                     return True
             is_ctrl, body = read_frame(sock)
-        except EOFError:
-            self._eof = True  # the creator ended
-            self._fast = False
+        except (EOFError, OSError):
+            self._ended()
             return _AGAIN
         if is_ctrl:
             self._on_ctrl(body)
@@ -369,9 +379,33 @@ class CopyEnd(PipeEnd):
         if self._want:
             self._want = False
             self._taken += 1
+            try:
+                self._ack()  # before the program has it: the creator must not hand it out again
+            except OSError:
+                self._taken -= 1  # not taken: the creator, which never heard of it, hands it out again
+                self._ended()
+                return _AGAIN
         else:
             self._received += 1
+            if self._received - self._acked >= ACK_EVERY:
+                try:
+                    self._ack()
+                except OSError:
+                    pass  # the next read finds the connection's end
         return body
+
+    def _ended(self) -> None:
+        """The connection ended: the creator's process ended, or the connection was cut
+        (the end of the pipe is a PIPE_EOF, read before)."""
+        if not self._eof:
+            self._eof = self._cut = True
+        self._fast = False
+
+    def _ack(self) -> None:
+        """Tell the creator what came to this copy so far (PIPE_ACK)."""
+        self._acked = self._received
+        with self._wlock:
+            self._socket().sendall(control_frame(PIPE_ACK, ACK.pack(self._received, self._taken)))
 
     def _ask(self, sock: socket.socket) -> None:
         """In queued mode, ask the creator for one message unless asked already."""
