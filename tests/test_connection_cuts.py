@@ -196,3 +196,28 @@ def test_a_manager_proxy_whose_connection_is_cut_raises_and_the_manager_goes_on(
         assert list(lst) == list(range(200))  # each call that returned was done once
         lst.append(-1)  # the manager and other proxies go on
         assert len(lst) == 201
+
+
+def read_count(end: Any, n: int, out: Any) -> None:
+    for _ in range(n):
+        end.recv_bytes()
+    out.put(n)
+
+
+def test_a_backlog_pushed_to_a_reader_while_the_creator_reads_nothing_is_read_to_the_end() -> None:
+    # Sent before the copy connects, pushed at once when it does; the creator's end then
+    # reads nothing: the copy's acknowledgements must never stall it (or its close).
+    n = 40_000
+    a, b = fiber_core.Pipe()
+    out = fiber_core.Queue()
+    p = fiber_core.Process(target=read_count, args=(b, n, out))
+    p.start()
+    b.close()
+    for _ in range(n):
+        a.send_bytes(b"x" * 16)
+    assert out.get(timeout=T) == n
+    p.join(T)
+    assert p.exitcode == 0
+    with pytest.raises(BrokenPipeError) as e:
+        a.send_bytes(b"after")
+    assert type(e.value) is BrokenPipeError  # no reader left, and no cut: the copy closed at its end

@@ -58,10 +58,13 @@ sockets, threads and waits by ``processes/pipe_creator.py``.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import select
 import socket
+import struct
 import sys
+import termios
 import threading
 import time
 import weakref
@@ -109,6 +112,20 @@ def _deadline(timeout: float | None) -> float | None:
 _AGAIN = object()  # a read found no message yet: read again
 
 ACK_EVERY = 64  # a copy acknowledges every 64th message pushed to it (one frame, not one each)
+
+ACK_ROOM = 4096  # ... unless more bytes than this that it sent are still unread by the creator
+
+
+_OUTQ = struct.Struct("i")
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes written on ``sock`` that its peer has not read yet (0 where the system cannot say)."""
+    try:
+        return _OUTQ.unpack(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(_OUTQ.size)))[0]
+    except OSError:
+        return 0
+
 
 _pipes: weakref.WeakValueDictionary[str, PipeCreator] = weakref.WeakValueDictionary()
 
@@ -327,10 +344,7 @@ class CopyEnd(PipeEnd):
                     msg = body
                     self._received += 1
                     if self._received - self._acked >= ACK_EVERY:
-                        try:
-                            self._ack()
-                        except OSError:
-                            pass  # the next read finds the connection's end
+                        self._ack_pushed()
         if msg is None:
             msg = self._next(None, True)
         return msg if maxlength is None else self._too_long(msg, maxlength)
@@ -388,10 +402,7 @@ class CopyEnd(PipeEnd):
         else:
             self._received += 1
             if self._received - self._acked >= ACK_EVERY:
-                try:
-                    self._ack()
-                except OSError:
-                    pass  # the next read finds the connection's end
+                self._ack_pushed()
         return body
 
     def _ended(self) -> None:
@@ -406,6 +417,25 @@ class CopyEnd(PipeEnd):
         self._acked = self._received
         with self._wlock:
             self._socket().sendall(control_frame(PIPE_ACK, ACK.pack(self._received, self._taken)))
+
+    def _ack_pushed(self) -> None:
+        """Acknowledge the messages pushed so far, unless the creator has not read what this
+        copy sent before: an end there that only writes (or a backlog pushed as this copy
+        became active) may read nothing for a while, and acknowledgements must never fill
+        the connection for the frames that have to pass (a close). A later one says more."""
+        sock = self._sock
+        if sock is None or _unread(sock) > ACK_ROOM or not self._wlock.acquire(False):
+            return
+        try:
+            frame = control_frame(PIPE_ACK, ACK.pack(self._received, self._taken))
+            sent = sock.send(frame, socket.MSG_DONTWAIT)
+            self._acked = self._received
+            if sent < len(frame):  # a stream socket took part of it: the rest must follow
+                sock.sendall(frame[sent:])
+        except OSError:
+            pass  # full (BlockingIOError), or the connection ended: the next read finds it
+        finally:
+            self._wlock.release()
 
     def _ask(self, sock: socket.socket) -> None:
         """In queued mode, ask the creator for one message unless asked already."""
