@@ -40,6 +40,15 @@ as long as its creator runs. ``fileno()`` of a copy is a descriptor that becomes
 readable when a message (or the end of the pipe) is there, for
 :func:`fiber_core.connection.wait`; it may also wake when the pipe changes mode.
 
+Cuts. A reading copy acknowledges what comes to it (``PIPE_ACK``, cumulative):
+every 64th message pushed to it, and each message it asked for before ``recv``
+returns it, so that a message a reader took is never handed to another. When a
+copy's connection ends without it closing (its process was killed, or the
+connection was cut), the creator's end that pushed to it raises
+:class:`~fiber_core.base.errors.PipeCutError` at its next call with the number it
+had not heard acknowledged, and the copy raises it from ``recv`` instead of a plain
+end of file: a possible loss is reported on both sides, never silent.
+
 Messages between a copy and the creator: data frames (the program's messages)
 and control frames on one connection, both read and written by
 ``wire/control.py``; the control kinds (``PIPE_*``) are defined, with the run's
@@ -268,7 +277,7 @@ class CopyEnd(PipeEnd):
         self._want = False
         self._taken = 0  # messages taken that came on a WANT
         self._received = 0  # messages that came directly
-        self._acked = 0  # of those, how many it acknowledged
+        self._acked = 0  # of those, how many it had when it last acknowledged (or tried to)
         self._eof = False
         self._cut = False  # the connection ended without the creator saying so: PipeCutError
         self._serial = 0
@@ -423,13 +432,13 @@ class CopyEnd(PipeEnd):
         copy sent before: an end there that only writes (or a backlog pushed as this copy
         became active) may read nothing for a while, and acknowledgements must never fill
         the connection for the frames that have to pass (a close). A later one says more."""
+        self._acked = self._received  # skipped or not, the next try comes ACK_EVERY later
         sock = self._sock
         if sock is None or _unread(sock) > ACK_ROOM or not self._wlock.acquire(False):
             return
         try:
             frame = control_frame(PIPE_ACK, ACK.pack(self._received, self._taken))
             sent = sock.send(frame, socket.MSG_DONTWAIT)
-            self._acked = self._received
             if sent < len(frame):  # a stream socket took part of it: the rest must follow
                 sock.sendall(frame[sent:])
         except OSError:

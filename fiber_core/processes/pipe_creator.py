@@ -290,19 +290,16 @@ class PipeCreator:
         self._raise_cut(i)
 
     def _read_acks(self, r: Copy) -> None:
-        """Read what ``r``'s connection holds now, unless a thread here reads it already: the
-        copy's acknowledgements (and the messages it wrote, queued for the end here), which
-        an end that only writes would otherwise leave unread."""
+        """Read the control frames at the head of ``r``'s connection now (its
+        acknowledgements, which an end here that only writes would otherwise leave unread),
+        unless a thread here reads it already; a message it wrote stays for that end's reader."""
         link: _Link = r.io
         if not link.rlock.acquire(False):
             return
         try:
             while r.local_reader and not r.gone and link.sock_ready():
-                got = self._frame_from(r, True)
-                if got is SWITCHED:
-                    break
-                if got is not _AGAIN:
-                    self.data(r, got)
+                if self._frame_from(r, False) is not _AGAIN:
+                    break  # a message is next (True), or the connection ended (SWITCHED)
         finally:
             link.rlock.release()
             if r.gone:
