@@ -9,6 +9,7 @@ lost: never a silent duplicate, never a silent loss.
 from __future__ import annotations
 
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -221,3 +222,27 @@ def test_a_backlog_pushed_to_a_reader_while_the_creator_reads_nothing_is_read_to
     with pytest.raises(BrokenPipeError) as e:
         a.send_bytes(b"after")
     assert type(e.value) is BrokenPipeError  # no reader left, and no cut: the copy closed at its end
+
+
+def read_one_then_stop(end: Any, out: Any) -> None:
+    out.put(end.recv())  # a reader: the creator pushes to it directly
+    threading.Event().wait()  # and reads no more, until it is killed
+
+
+def test_a_reader_killed_with_messages_on_their_way_makes_the_writer_raise_with_their_number() -> None:
+    n = 100
+    a, b = fiber_core.Pipe()
+    out = fiber_core.Queue()
+    p = fiber_core.Process(target=read_one_then_stop, args=(b, out))
+    p.start()
+    b.close()
+    a.send(-1)
+    assert out.get(timeout=T) == -1
+    for i in range(n):
+        a.send(i)
+    p.kill()
+    p.join(T)
+    with pytest.raises(PipeCutError) as cut:
+        a.send("after")
+    # None was acknowledged (fewer than 64 came): the one it took and the n it never read.
+    assert cut.value.unacknowledged == n + 1
