@@ -99,7 +99,8 @@ def _cases() -> dict[bytes, tuple[bytes, Any, Callable[[bytes], Any]]]:
             (m.PIPE_ACTIVE, b""), (m.PIPE_WANT, (7).to_bytes(8, "big")),
             (m.PIPE_TICKET, b"c.1"), (m.PIPE_ABANDON, b"c.2"), (m.PIPE_RETURN, b"message"),
             (m.PIPE_CLOSING, (3).to_bytes(8, "big")), (m.PIPE_CLOSE, (4).to_bytes(8, "big")),
-            (m.PIPE_MODE, b"d"), (m.PIPE_EOF, b""), (m.PIPE_CLOSED, b""), (m.PIPE_BYE, b""))},
+            (m.PIPE_MODE, b"d"), (m.PIPE_EOF, b""), (m.PIPE_CLOSED, b""), (m.PIPE_BYE, b""),
+            (m.PIPE_ACK, (5).to_bytes(8, "big") + (2).to_bytes(8, "big")))},
     }
 
 

@@ -10,15 +10,17 @@ from fiber_core.processes.pipe_machine import (
     Closed,
     Control,
     Copy,
+    Cut,
     Data,
     Handoff,
     Output,
     PipeMachine,
     Wake,
 )
-from fiber_core.wire.control import U64, control_frame
+from fiber_core.wire.control import ACK, U64, control_frame
 from fiber_core.wire.messages import (
     PIPE_ABANDON,
+    PIPE_ACK,
     PIPE_ACTIVE,
     PIPE_BYE,
     PIPE_CLOSE,
@@ -130,6 +132,33 @@ def test_queued_messages_go_one_per_want_in_order_to_whoever_asked() -> None:
     assert list(m.fifo[1]) == [b"3"]
     assert messages(m.control(a, ctrl(PIPE_WANT, U64.pack(1))), a) == [(b"3", False)]
     assert list(a.retained) == [b"3"]  # "1" was reported taken, "3" not yet
+
+
+def test_a_message_a_reader_acknowledged_taking_is_not_handed_out_again_when_it_is_lost() -> None:
+    m, a, b = two_readers()
+    m.send(0, b"1")
+    m.send(0, b"2")
+    m.control(a, ctrl(PIPE_WANT, U64.pack(0)))  # a is handed "1" ...
+    m.control(a, ctrl(PIPE_ACK, ACK.pack(0, 1)))  # ... and took it
+    assert not a.retained
+    m.control(a, ctrl(PIPE_WANT, U64.pack(1)))  # a is handed "2", which it never gets
+    outs = m.lost(a)  # its connection was cut
+    assert Cut(a, 0, 0) in outs  # nothing was pushed to it: nothing may be lost
+    assert messages(outs, b) == [(b"2", True)]  # to the one reader left, which now reads directly
+
+
+def test_a_lost_reader_reports_what_it_acknowledged_and_what_no_reader_is_left_to_take() -> None:
+    m = machine_with_local_end()
+    m.closed(1)
+    m.activate(0)
+    r, _ = connect(m, 1, "w1", active=True)
+    m.control(r, ctrl(PIPE_ACK, ACK.pack(64, 0)))
+    m.control(r, ctrl(PIPE_ACK, ACK.pack(3, 0)))  # cumulative: an older count changes nothing
+    assert r.acked == 64
+    m.failed(r, [b"unsent"])  # a push failed: it goes back to the queue, with no reader left
+    outs = m.lost(r)
+    assert Cut(r, 64, 1) in outs and not m.fifo[1]
+    assert m.lost(r) == []  # reported once
 
 
 def test_a_reader_that_closes_gives_back_what_it_did_not_take_in_front_and_in_order() -> None:

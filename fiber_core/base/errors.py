@@ -137,6 +137,35 @@ class QueueCutError(FiberError, ConnectionError):
         self.taken = taken
 
 
+class PipeCutError(FiberError, BrokenPipeError, EOFError):
+    """The connection between a Pipe's creator and a copy of an end held in another process
+    ended without that copy being closed (its process ended, or the connection was cut), and
+    messages sent on it may not have arrived. Raised on both sides instead of losing them
+    silently: by the creator's end that sent them (``unacknowledged``: how many the reader had
+    not acknowledged, an upper bound of those lost), and by the reading copy
+    (``received``: how many came to it on that connection). It is a ``BrokenPipeError`` for a
+    writer and an ``EOFError`` for a reader, what each gets when the other side is gone."""
+
+    def __init__(self, unacknowledged: int | None = None, received: int | None = None) -> None:
+        if unacknowledged is not None:
+            text = (f"the connection to a process reading this Pipe ended without it closing its "
+                    f"end (its process ended, or the connection was cut): {unacknowledged} "
+                    f"message(s) this end sent to it may not have arrived (not acknowledged); "
+                    f"the message of this call was not sent")
+        else:
+            text = (f"the connection to this Pipe's creator ended before the end of the pipe "
+                    f"(the creator's process ended, or the connection was cut) after "
+                    f"{received} message(s) came to this end on it: what was sent after them may "
+                    f"not have arrived (if the creator lives, the end that sent them raises "
+                    f"PipeCutError with their number)")
+        super().__init__(text)
+        self.unacknowledged = unacknowledged
+        self.received = received
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.unacknowledged, self.received)
+
+
 class DeadlineError(FiberError, TimeoutError):
     """A pool call's deadline passed: its unfinished tasks were cancelled.
 

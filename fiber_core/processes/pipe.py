@@ -40,6 +40,15 @@ as long as its creator runs. ``fileno()`` of a copy is a descriptor that becomes
 readable when a message (or the end of the pipe) is there, for
 :func:`fiber_core.connection.wait`; it may also wake when the pipe changes mode.
 
+Cuts. A reading copy acknowledges what comes to it (``PIPE_ACK``, cumulative):
+every 64th message pushed to it, and each message it asked for before ``recv``
+returns it, so that a message a reader took is never handed to another. When a
+copy's connection ends without it closing (its process was killed, or the
+connection was cut), the creator's end that pushed to it raises
+:class:`~fiber_core.base.errors.PipeCutError` at its next call with the number it
+had not heard acknowledged, and the copy raises it from ``recv`` instead of a plain
+end of file: a possible loss is reported on both sides, never silent.
+
 Messages between a copy and the creator: data frames (the program's messages)
 and control frames on one connection, both read and written by
 ``wire/control.py``; the control kinds (``PIPE_*``) are defined, with the run's
@@ -58,25 +67,29 @@ sockets, threads and waits by ``processes/pipe_creator.py``.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import select
 import socket
+import struct
 import sys
+import termios
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from fiber_core.base.errors import PicklingError
+from fiber_core.base.errors import PicklingError, PipeCutError
 from fiber_core.processes.pipe_creator import PipeCreator
 from fiber_core.processes.process import pickling_for
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import outgoing_addresses, runtime
-from fiber_core.wire.control import U64, control_frame, peek_is_data, read_frame, send_data
+from fiber_core.wire.control import ACK, U64, control_frame, peek_is_data, read_frame, send_data
 from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import (
     PIPE_ABANDON,
+    PIPE_ACK,
     PIPE_ACTIVE,
     PIPE_BYE,
     PIPE_CLOSE,
@@ -106,6 +119,22 @@ def _deadline(timeout: float | None) -> float | None:
 
 
 _AGAIN = object()  # a read found no message yet: read again
+
+ACK_EVERY = 64  # a copy acknowledges every 64th message pushed to it (one frame, not one each)
+
+ACK_ROOM = 4096  # ... unless more bytes than this that it sent are still unread by the creator
+
+
+_OUTQ = struct.Struct("i")
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes written on ``sock`` that its peer has not read yet (0 where the system cannot say)."""
+    try:
+        return _OUTQ.unpack(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(_OUTQ.size)))[0]
+    except OSError:
+        return 0
+
 
 _pipes: weakref.WeakValueDictionary[str, PipeCreator] = weakref.WeakValueDictionary()
 
@@ -248,7 +277,9 @@ class CopyEnd(PipeEnd):
         self._want = False
         self._taken = 0  # messages taken that came on a WANT
         self._received = 0  # messages that came directly
+        self._acked = 0  # of those, how many it had when it last acknowledged (or tried to)
         self._eof = False
+        self._cut = False  # the connection ended without the creator saying so: PipeCutError
         self._serial = 0
         self._fast = False  # told "direct", open, not at the end: recv reads the socket as is
         self._unread: list[bytes] = []  # direct messages read while closing
@@ -288,8 +319,8 @@ class CopyEnd(PipeEnd):
                 while not self._mode and not self._eof:  # the creator answers ACTIVE at once
                     try:
                         is_ctrl, body = read_frame(sock)
-                    except EOFError:
-                        self._eof = True
+                    except (EOFError, OSError):
+                        self._ended()
                         break
                     if is_ctrl:
                         self._on_ctrl(body)
@@ -313,15 +344,16 @@ class CopyEnd(PipeEnd):
             # The usual case: told "direct", its messages come unasked.
             try:
                 is_ctrl, body = read_frame(self._sock)  # type: ignore[arg-type]
-            except EOFError:
-                self._eof = True
-                self._fast = False
+            except (EOFError, OSError):
+                self._ended()
             else:
                 if is_ctrl:
                     self._on_ctrl(body)
                 else:
                     msg = body
                     self._received += 1
+                    if self._received - self._acked >= ACK_EVERY:
+                        self._ack_pushed()
         if msg is None:
             msg = self._next(None, True)
         return msg if maxlength is None else self._too_long(msg, maxlength)
@@ -345,13 +377,15 @@ class CopyEnd(PipeEnd):
     def _step(self, sock: socket.socket, deadline: float | None, consume: bool) -> Any:
         """One frame for ``_next`` (``rlock`` held): its answer, or ``_AGAIN``."""
         if self._eof:
-            if consume:
-                raise EOFError("every holder of the other end of this Pipe has closed it")
-            return True
-        self._ask(sock)
-        if deadline is not None and not _wait_readable([sock.fileno()], deadline):
-            return False if not consume else None
+            if not consume:
+                return True
+            if self._cut:
+                raise PipeCutError(received=self._received + self._taken)
+            raise EOFError("every holder of the other end of this Pipe has closed it")
         try:
+            self._ask(sock)
+            if deadline is not None and not _wait_readable([sock.fileno()], deadline):
+                return False if not consume else None
             if not consume:
                 kind = peek_is_data(sock)
                 if kind is None:
@@ -359,9 +393,8 @@ class CopyEnd(PipeEnd):
                 if kind:
                     return True
             is_ctrl, body = read_frame(sock)
-        except EOFError:
-            self._eof = True  # the creator ended
-            self._fast = False
+        except (EOFError, OSError):
+            self._ended()
             return _AGAIN
         if is_ctrl:
             self._on_ctrl(body)
@@ -369,9 +402,49 @@ class CopyEnd(PipeEnd):
         if self._want:
             self._want = False
             self._taken += 1
+            try:
+                self._ack()  # before the program has it: the creator must not hand it out again
+            except OSError:
+                self._taken -= 1  # not taken: the creator, which never heard of it, hands it out again
+                self._ended()
+                return _AGAIN
         else:
             self._received += 1
+            if self._received - self._acked >= ACK_EVERY:
+                self._ack_pushed()
         return body
+
+    def _ended(self) -> None:
+        """The connection ended: the creator's process ended, or the connection was cut
+        (the end of the pipe is a PIPE_EOF, read before)."""
+        if not self._eof:
+            self._eof = self._cut = True
+        self._fast = False
+
+    def _ack(self) -> None:
+        """Tell the creator what came to this copy so far (PIPE_ACK)."""
+        self._acked = self._received
+        with self._wlock:
+            self._socket().sendall(control_frame(PIPE_ACK, ACK.pack(self._received, self._taken)))
+
+    def _ack_pushed(self) -> None:
+        """Acknowledge the messages pushed so far, unless the creator has not read what this
+        copy sent before: an end there that only writes (or a backlog pushed as this copy
+        became active) may read nothing for a while, and acknowledgements must never fill
+        the connection for the frames that have to pass (a close). A later one says more."""
+        self._acked = self._received  # skipped or not, the next try comes ACK_EVERY later
+        sock = self._sock
+        if sock is None or _unread(sock) > ACK_ROOM or not self._wlock.acquire(False):
+            return
+        try:
+            frame = control_frame(PIPE_ACK, ACK.pack(self._received, self._taken))
+            sent = sock.send(frame, socket.MSG_DONTWAIT)
+            if sent < len(frame):  # a stream socket took part of it: the rest must follow
+                sock.sendall(frame[sent:])
+        except OSError:
+            pass  # full (BlockingIOError), or the connection ended: the next read finds it
+        finally:
+            self._wlock.release()
 
     def _ask(self, sock: socket.socket) -> None:
         """In queued mode, ask the creator for one message unless asked already."""

@@ -19,12 +19,14 @@ import threading
 import time
 from typing import Any
 
+from fiber_core.base.errors import PipeCutError
 from fiber_core.base.log import log
 from fiber_core.processes.pipe_machine import (
     WAIT,
     Closed,
     Control,
     Copy,
+    Cut,
     Data,
     Handoff,
     Output,
@@ -34,6 +36,10 @@ from fiber_core.processes.pipe_machine import (
 from fiber_core.wire.control import peek_is_data, read_frame, send_data
 
 _WAIT = struct.pack("ll", 0, 50_000)  # SO_RCVTIMEO of a copy's socket in the creator: 50 ms
+
+_END_WAIT = 5.0  # after a send to a copy failed: its end (or its close) is read within this
+
+_READ_ACKS = 63  # a writer that reads nothing reads its copy's acknowledgements every 64 sends
 
 SWITCHED = object()  # a local read stopped because the pipe changed mode
 _AGAIN = object()  # no message yet: read again
@@ -104,6 +110,10 @@ class _Link:
         except OSError:
             pass
 
+    def sock_ready(self) -> bool:
+        """Whether the socket has something to read now (``rlock`` held)."""
+        return any(fd != self.wake_r for fd, _ in self.poller.poll(0))
+
     def close_fds(self) -> None:
         """Release the descriptors of a copy that is gone (the pipe's lock is held)."""
         fds, self.wake_r, self.wake_w = (self.wake_r, self.wake_w), -1, -1
@@ -123,6 +133,7 @@ class PipeCreator:
         self.cond = threading.Condition(self.lock)
         self.bells: list[_Bell | None] = [None, None]
         self.waiters = 0  # threads in _wait(): only then is there anyone to notify
+        self.cuts = [0, 0]  # per end here: messages it sent to a copy that was cut, not yet raised
 
     def _wait(self, timeout: float | None = None) -> None:
         """Wait (lock held) until the machine's state changed, or ``timeout``."""
@@ -154,6 +165,8 @@ class PipeCreator:
                     if lost > 0:
                         log.error("fiber: %d message(s) sent on a Pipe were lost: the process that "
                                   "held the reading end closed it while they were on their way", lost)
+                elif type(out) is Cut:
+                    self._cut(out.copy, out.acked, out.dropped)
             if broken is None:
                 break
             outs = [o for r, unsent in broken.items() for o in self.machine.failed(r, unsent)]
@@ -177,6 +190,30 @@ class PipeCreator:
             return True
         except OSError:
             return False
+
+    def _cut(self, r: Copy, acked: int, dropped: int) -> None:
+        """``r`` was lost before it closed: what was pushed to it and not acknowledged, and
+        what waited for it, is raised by the creator's end that writes to it, at its next call."""
+        unknown = r.io.pushed - acked + dropped
+        if unknown > 0:
+            self.cuts[1 - r.end] += unknown
+            log.warning("fiber: the connection to a process reading a Pipe ended without it "
+                        "closing its end (its process ended, or the connection was cut): %d "
+                        "message(s) sent to it may not have arrived", unknown)
+
+    def _raise_cut(self, i: int) -> None:
+        with self.lock:
+            unknown, self.cuts[i] = self.cuts[i], 0
+        if unknown:
+            raise PipeCutError(unacknowledged=unknown)
+
+    def _settle_readers(self, i: int) -> None:
+        """After a send of end ``i`` failed (lock held): wait, within a bound, until every copy
+        of the other end that may not take messages anymore has ended, so that a cut among
+        them is raised by this call rather than a plain ``BrokenPipeError``."""
+        deadline = time.monotonic() + _END_WAIT
+        while self.machine.unsettled(1 - i) and deadline > time.monotonic():
+            self._wait(deadline - time.monotonic())
 
     def _handoff(self, r: Copy) -> None:
         link: _Link = r.io
@@ -216,25 +253,59 @@ class PipeCreator:
 
     def send(self, i: int, data: bytes | bytearray | memoryview) -> None:
         """End ``i`` writes ``data``: straight to the copy it talks to, or through the machine."""
+        if self.cuts[i]:
+            self._raise_cut(i)
         m = self.machine
         r = m.direct
         if r is not None and r.end != i and m.local_active[i]:
             link: _Link = r.io
-            failed = False
+            sent = failed = False
             with link.wlock:  # the usual case, kept short: one end here, one copy there
                 if m.direct is r and not r.closing:
                     try:
                         send_data(link.sock, data)
                         link.pushed += 1
-                        return
+                        sent = True
                     except OSError:
                         failed = True
+            if sent:
+                if not link.pushed & _READ_ACKS and r.local_reader:
+                    self._read_acks(r)
+                return
             if failed:
-                with self.lock:
+                with self.cond:
                     self._run(m.failed(r, []))
+                    self._settle_readers(i)
+                if self.cuts[i]:
+                    self._raise_cut(i)
         self.activate(i)
-        with self.lock:
-            self._run(m.send(i, bytes(data)))
+        with self.cond:
+            try:
+                self._run(m.send(i, bytes(data)))
+                return
+            except BrokenPipeError:
+                self._settle_readers(i)
+                if not self.cuts[i]:
+                    raise
+        self._raise_cut(i)
+
+    def _read_acks(self, r: Copy) -> None:
+        """Read the control frames at the head of ``r``'s connection now (its
+        acknowledgements, which an end here that only writes would otherwise leave unread),
+        unless a thread here reads it already; a message it wrote stays for that end's reader."""
+        link: _Link = r.io
+        if not link.rlock.acquire(False):
+            return
+        try:
+            while r.local_reader and not r.gone and link.sock_ready():
+                if self._frame_from(r, False) is not _AGAIN:
+                    break  # a message is next (True), or the connection ended (SWITCHED)
+        finally:
+            link.rlock.release()
+            if r.gone:
+                with self.lock:
+                    if not link.relay_running:
+                        link.close_fds()
 
     def recv_direct(self, i: int) -> bytes | None:
         """The usual read of end ``i``: one frame of the copy whose socket it reads, if no
@@ -265,6 +336,8 @@ class PipeCreator:
 
     def recv(self, i: int, deadline: float | None, consume: bool) -> Any:
         """The next message for end ``i``; True/False for a poll; None on timeout."""
+        if self.cuts[i]:
+            self._raise_cut(i)
         self.activate(i)
         m = self.machine
         while True:

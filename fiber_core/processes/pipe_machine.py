@@ -24,9 +24,10 @@ import errno
 from collections import deque
 from typing import Any, NamedTuple
 
-from fiber_core.wire.control import U64, control_frame
+from fiber_core.wire.control import ACK, U64, control_frame
 from fiber_core.wire.messages import (
     PIPE_ABANDON,
+    PIPE_ACK,
     PIPE_ACTIVE,
     PIPE_BYE,
     PIPE_CLOSE,
@@ -52,7 +53,7 @@ class Copy:
     """The machine's record of one copy of an end that another process holds."""
 
     __slots__ = ("end", "id", "ticket", "issuer", "registered", "active", "closing", "gone",
-                 "local_reader", "retained", "taken", "returns", "eof_sent", "io")
+                 "local_reader", "retained", "taken", "acked", "returns", "eof_sent", "io")
 
     def __init__(self, end: int, copy_id: str, ticket: str, io: Any = None) -> None:
         self.end = end
@@ -66,6 +67,7 @@ class Copy:
         self.local_reader = False  # the creator's end reads its socket (else the relay thread)
         self.retained: deque[bytes] = deque()  # handed over on its WANTs, not yet reported taken
         self.taken = 0  # messages it reported taken
+        self.acked = 0  # pushed messages it acknowledged (PIPE_ACK's received)
         self.returns: list[bytes] = []  # messages sent to it directly that it gave back
         self.eof_sent = False
         self.io = io  # the connection's record of whoever carries out the answers
@@ -109,7 +111,17 @@ class Closed(NamedTuple):
     received: int
 
 
-Output = Control | Data | Handoff | Wake | Closed
+class Cut(NamedTuple):
+    """``copy``'s connection ended without it closing (its process ended, or the connection
+    was cut): the messages pushed to it beyond the ``acked`` it acknowledged may be lost, and
+    the ``dropped`` that waited for a reader of its end, none being left, are."""
+
+    copy: Copy
+    acked: int
+    dropped: int
+
+
+Output = Control | Data | Handoff | Wake | Closed | Cut
 
 WAIT = "wait"  # fileno(): the one copy of the other end is on its way
 BELL = "bell"  # fileno(): a descriptor of the creator's that rings when a message is here
@@ -257,6 +269,10 @@ class PipeMachine:
         kind = body[:1]
         if kind == PIPE_WANT:
             self._want(r, U64.unpack_from(body, 1)[0])
+        elif kind == PIPE_ACK:
+            received, taken = ACK.unpack_from(body, 1)
+            r.acked = max(r.acked, received)
+            self._settle(r, taken)  # a message it took is its own: never handed out again
         elif kind == PIPE_ACTIVE:
             r.active = True
             self._update()
@@ -285,9 +301,20 @@ class PipeMachine:
         return self._answer()
 
     def lost(self, r: Copy) -> list[Output]:
-        """``r``'s connection ended (its process ended, or its socket failed)."""
+        """``r``'s connection ended (its process ended, or its socket failed) before it closed."""
+        if r.gone:
+            return []
         self._remove(r, None)
+        fifo = self.fifo[r.end]
+        dropped = 0 if self.has_reader(r.end) else len(fifo)
+        if dropped:
+            fifo.clear()
+        self._out.append(Cut(r, r.acked, dropped))
         return self._answer()
+
+    def unsettled(self, i: int) -> bool:
+        """Whether a copy of end ``i`` that may not take messages anymore has not ended yet."""
+        return any(r.end == i and r.closing and not r.gone for r in self.copies.values())
 
     def failed(self, r: Copy, unsent: list[bytes]) -> list[Output]:
         """A send to ``r`` failed; ``unsent`` are the messages of the answer it did not get."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from fiber_core.base.errors import AuthenticationError
 from fiber_core.wire.framing import _recv_exact
 
-_MAGIC = b"FIBR\x06"  # the wire version is the last byte
+_MAGIC = b"FIBR\x07"  # the wire version is the last byte
 
 
 _NONCE = 16

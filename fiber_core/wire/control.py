@@ -24,6 +24,8 @@ CONTROL = 0x80000000  # top bit of a 4-byte length: a control frame
 
 U64 = struct.Struct("!Q")  # a control frame's ``Q`` field (a count)
 
+ACK = struct.Struct("!QQ")  # PIPE_ACK's two counts: received, taken
+
 
 def control_frame(kind: bytes, body: bytes = b"") -> bytes:
     """The bytes of one control frame of ``kind`` (a ``PIPE_*`` code) and ``body``."""

@@ -79,6 +79,7 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 | `f` | PIPE_EOF | creator → copy | — | no holder of the other end is left: end of file |
 | `q` | PIPE_CLOSED | creator → copy | — | nothing more will be sent to you |
 | `y` | PIPE_BYE | creator → copy | — | your PIPE_CLOSE is done (returned messages are queued) |
+| `#` | PIPE_ACK | copy → creator | received:Q taken:Q | so far I received `received` direct messages and took `taken` asked for (cumulative; after every message asked for, and every 64th direct one) |
 | `h` | SYNC_HELLO | user → creator | who: UTF-8 | first frame of a session: the process and thread it serves (for warnings) |
 | `A` | SYNC_ACQUIRE | user → creator | obj:Q block:? timeout:d | acquire the lock or semaphore obj (a Condition: its lock); SYNC_YES, SYNC_NO (not in time) or SYNC_ERROR |
 | `U` | SYNC_RELEASE | user → creator | obj:Q | release it: SYNC_DONE or SYNC_ERROR |
@@ -263,6 +264,9 @@ PIPE_CLOSED = _kind(b"q", "PIPE_CLOSED", "creator", "copy", "", "",
                   "nothing more will be sent to you")
 PIPE_BYE = _kind(b"y", "PIPE_BYE", "creator", "copy", "", "",
                "your PIPE_CLOSE is done (returned messages are queued)")
+PIPE_ACK = _kind(b"#", "PIPE_ACK", "copy", "creator", "received:Q taken:Q", "",
+               "so far I received `received` direct messages and took `taken` asked for "
+               "(cumulative; after every message asked for, and every 64th direct one)")
 
 # -- sync: a process using a Lock, Value... served by its creator (parallel/sharing.py) --
 
