@@ -8,7 +8,7 @@ import functools
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from fiber_core.base.errors import FiberError, PluginError
 from fiber_core.base.text import printable
@@ -114,10 +114,9 @@ def run_launchers() -> dict[str, Callable[[argparse.ArgumentParser], None]]:
 
 
 def run_backend(argv: Sequence[str], launchers: Mapping[str, object]) -> str:
-    """The backend ``fiber run ARGV`` launches on, before its options are parsed: a leading
-    ``--backend NAME``, else the configured backend if a plugin launches on it, else
-    :data:`RUN_FALLBACK` if one does, else the only one launched on. (A ``--backend`` further
-    on is read when the options are: :func:`_run` parses them again for the backend it names.)"""
+    """The backend ``fiber run ARGV`` launches on, as far as can be told before its options are
+    parsed: a leading ``--backend NAME``, else the configured backend if a plugin launches on
+    it, else :data:`RUN_FALLBACK` if one does, else the only one launched on."""
     if argv and argv[0] == "--backend" and len(argv) > 1:
         return argv[1]
     if argv and argv[0].startswith("--backend="):
@@ -130,15 +129,22 @@ def run_backend(argv: Sequence[str], launchers: Mapping[str, object]) -> str:
     return next(iter(launchers))
 
 
-def _run_parser(name: str, launchers: Mapping[str, Callable[[argparse.ArgumentParser], None]]
-                ) -> argparse.ArgumentParser:
+class _Trial(argparse.ArgumentParser):
+    """A parser whose errors are exceptions: the arguments may be another launcher's."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def _run_parser(name: str, launchers: Mapping[str, Callable[[argparse.ArgumentParser], None]],
+                kind: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The parser of ``fiber run`` on backend ``name`` (a name or an alias)."""
     canonical = plugins().canonical(name)  # an unknown name: the registry's error, with what to install
     if canonical not in launchers:
         raise FiberError(f"fiber run launches programs on {' or '.join(sorted(launchers))}, not on "
                          f"{canonical!r}: give --backend {' or --backend '.join(sorted(launchers))}, or run "
                          f"the program directly there: FIBER_BACKEND={canonical} CMD")
-    parser = argparse.ArgumentParser(prog="fiber run", formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = kind(prog="fiber run", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default=canonical,
                         help=f"where the program runs: {', '.join(sorted(launchers))} (default: the configured "
                              f"backend if it is one of these, else {RUN_FALLBACK})")
@@ -148,11 +154,23 @@ def _run_parser(name: str, launchers: Mapping[str, Callable[[argparse.ArgumentPa
 
 
 def _run(argv: Sequence[str]) -> int:
-    """``fiber run``: the arguments are parsed by the parser of the backend they launch on."""
+    """``fiber run``: the arguments are parsed by the parser of the backend they launch on.
+
+    A ``--backend`` after other options is known only once they are parsed: the launchers are
+    tried in turn (the one :func:`run_backend` names first), and the first whose parser takes
+    every option and whose ``--backend`` names it wins; with none, the first one's parser says
+    what is wrong."""
     launchers = run_launchers()
-    name = run_backend(argv, launchers)
-    args = _run_parser(name, launchers).parse_args(argv)
-    if plugins().canonical(args.backend) != plugins().canonical(name):  # a --backend after other options
+    first = plugins().canonical(run_backend(argv, launchers))
+    for name in [first, *sorted(set(launchers) - {first})]:
+        try:
+            args, extra = _run_parser(name, launchers, _Trial).parse_known_args(argv)
+        except ValueError:
+            continue
+        if not extra and plugins().canonical(args.backend) == name:
+            break
+    else:
+        args = _run_parser(first, launchers).parse_args(argv)
         args = _run_parser(args.backend, launchers).parse_args(argv)
     if not args.cmd:
         raise FiberError("fiber run: give the command to run, e.g. fiber run --image IMG python app.py")
