@@ -28,17 +28,9 @@ from pathlib import Path
 import boto3
 import docker
 import pytest
+from aws_helpers import CPU_QUEUE, IMAGE, REGION, SERVICES, WAIT, ensure_infrastructure, read_env
 from batch_emulator import CONTAINER_EXITED, matches, retried, revision
 from fiber_core.testing.job_site import build_job_site
-from test_aws_batch import (
-    CPU_QUEUE,
-    IMAGE,
-    REGION,
-    SERVICES,
-    WAIT,
-    _ensure_infrastructure,
-    _read_env,
-)
 
 from fiber_aws.durable import HOST_LOST, MAX_ATTEMPTS, attempt_ended, retry_strategy
 
@@ -88,7 +80,7 @@ def _revision(endpoint: str) -> str | None:
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The endpoint of an emulator that runs this ``batch_emulator.py``: the shared one, or one of ours."""
-    shared = _read_env(SERVICES / "moto" / "env")
+    shared = read_env(SERVICES / "moto" / "env")
     if "DOCKER_HOST" not in shared:
         pytest.fail(f"moto is not running ({SERVICES}/moto/env is missing): bash scripts/test-services.sh up docker moto")
     if _revision(shared["FIBER_MOTO_ENDPOINT"]) == revision():
@@ -138,7 +130,7 @@ def aws(emulator: str) -> Iterator[str]:
         "FIBER_AWS_KEY_FROM": "environment",
     }.items():
         mp.setenv(key, value)
-    _ensure_infrastructure(emulator)
+    ensure_infrastructure(emulator)
     s3 = boto3.client("s3", region_name=REGION, endpoint_url=emulator)
     if BUCKET not in [b["Name"] for b in s3.list_buckets().get("Buckets", [])]:
         s3.create_bucket(Bucket=BUCKET)
@@ -173,7 +165,7 @@ def lose_host(endpoint: str, job_id: str) -> str:
 
 def container_output(job: dict) -> str:
     """What the job's running container printed so far (moto copies it to CloudWatch Logs at its end)."""
-    client = docker.DockerClient(base_url=_read_env(SERVICES / "moto" / "env")["DOCKER_HOST"], timeout=60)
+    client = docker.DockerClient(base_url=read_env(SERVICES / "moto" / "env")["DOCKER_HOST"], timeout=60)
     try:
         return client.containers.get(f"{job['jobName']}-{job['jobId']}").logs().decode(errors="replace")
     except docker.errors.NotFound:
