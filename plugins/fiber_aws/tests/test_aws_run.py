@@ -65,6 +65,23 @@ if __name__ == "__main__":
 """
 
 
+PROGRAM = """
+import sys
+import fiber_core as multiprocessing
+from fiber_core.runtime.run import runtime
+
+
+def square(x):
+    return x * x
+
+
+if __name__ == "__main__":
+    with multiprocessing.Pool(2) as pool:
+        print("squares", sum(pool.map(square, range(8))), runtime().run_id, flush=True)
+    sys.exit(3)
+"""
+
+
 def _opener() -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -199,6 +216,33 @@ def test_retries_let_the_program_fail_and_count_with_lost_hosts() -> None:
 
 
 # -- fiber run on AWS Batch -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_fiber_run_runs_the_program_as_a_batch_job_whose_processes_are_batch_jobs(aws: str, site: Path) -> None:
+    batch = boto3.client("batch", region_name=REGION, endpoint_url=aws)
+    out = fiber("run", "--backend", "aws-batch", *job_args(site, aws), "python3", "-c", PROGRAM)
+    assert out.returncode == 3, out.stdout + out.stderr  # the program's exit status
+    (line,) = [line.split() for line in out.stdout.splitlines() if line.startswith("squares")]
+    assert line[1] == str(sum(x * x for x in range(8)))
+    run = line[2]
+    assert re.match(rf"fiber run: AWS Batch job \S+ \(image {IMAGE}, run {run}\)$", out.stderr.splitlines()[0])
+    names = [j["jobName"] for j in batch.list_jobs(
+        jobQueue=CPU_QUEUE, filters=[{"name": "JOB_NAME", "values": [f"fiber-{run}-*"]}])["jobSummaryList"]]
+    assert f"fiber-{run}-1-fiber-run" in names  # the program's job, and its pool's workers beside it
+    assert any("PoolWorker" in name for name in names), names
+
+
+def test_a_detached_run_prints_its_job_and_leaves_it_running(aws: str) -> None:
+    batch = boto3.client("batch", region_name=REGION, endpoint_url=aws)
+    out = fiber("run", "--backend", "aws-batch", "--detach", "python3", "-c", "print('detached')", timeout=WAIT)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip()
+    deadline = time.monotonic() + WAIT
+    while (job := batch.describe_jobs(jobs=[job_id])["jobs"][0])["status"] not in ("SUCCEEDED", "FAILED"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.2)  # Batch has no watch
+    assert job["status"] == "SUCCEEDED" and "retryStrategy" not in job
 
 
 @pytest.mark.timeout(600)
