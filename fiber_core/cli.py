@@ -218,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     top.set_defaults(func=_top)
 
     plugins().pm.hook.fiber_add_commands(subparsers=sub)
-    launchers = run_launchers()
+    try:
+        launchers = run_launchers()
+    except PluginError as e:
+        print(f"fiber: error: {e}", file=sys.stderr)
+        return 2
     if launchers:  # its options depend on the backend it launches on: parsed by _run
         sub.add_parser("run", add_help=False, help="run a program as a job of a backend, its processes as "
                        f"jobs beside it (backends: {', '.join(sorted(launchers))})")
