@@ -2,8 +2,8 @@
 # moto's AWS emulator as an HTTP server on 127.0.0.1, for the fiber-aws tests: `up` | `down` | `status`.
 #
 # It runs through plugins/fiber_aws/tests/batch_emulator.py: moto's server, plus what AWS Batch
-# does and moto does not (retry strategies, a lost host, the job role's credentials; that
-# file's docstring says what and why).
+# does and moto does not (retry strategies, a lost host, the job role's credentials and the
+# execution role's secrets in a job's container; that file's docstring says what and why).
 #
 # Its Batch jobs really run: moto starts one container per job on the project's private
 # dockerd (scripts/services/docker.sh, DOCKER_HOST=unix://$FIBER_SERVICES_DIR/docker/docker.sock)

@@ -24,6 +24,10 @@ except for what fiber-aws relies on and moto 5 leaves out:
   gets credentials in its environment, as ECS gives a task its role's (moto accepts any);
   DescribeJobs does not show them. Without them, a job that calls AWS itself (``fiber run``'s
   program, submitting its processes' jobs) has none.
+- **The execution role's secrets.** moto runs a container without the ``secrets`` of its
+  job definition; here each comes from moto's SSM Parameter Store into the container's
+  environment, as the ECS agent does with the execution role (a parameter that is missing
+  fails the attempt before its container runs, as on AWS), and DescribeJobs shows none.
 
 ``scripts/services/moto.sh`` starts the shared service with it; a test may start one of its
 own the same way.
@@ -134,10 +138,22 @@ class RetryingJob(models.Job):
         value = super()._get_container_property(p, default)
         if p != "environment" or threading.current_thread() is not self:
             return value  # (DescribeJobs, in a request's thread, shows the job's own variables only)
+        properties = self.job_definition.container_properties or {}
         extra = {"AWS_BATCH_JOB_ATTEMPT": str(len(self.attempts) + 1)}
-        if (self.job_definition.container_properties or {}).get("jobRoleArn"):
+        if properties.get("jobRoleArn"):
             extra.update(ROLE_CREDENTIALS)
+        for secret in properties.get("secrets") or []:
+            extra[secret["name"]] = self._parameter(secret["valueFrom"])
         return [e for e in value if e["name"] not in extra] + [{"name": k, "value": v} for k, v in extra.items()]
+
+    def _parameter(self, name: str) -> str:
+        """The value of the SSM parameter ``name`` (or ARN), as the execution role reads it."""
+        from moto.ssm.models import ssm_backends
+
+        found = ssm_backends[self.backend.account_id][self.backend.region_name].get_parameter(name)
+        if found is None:  # moto's run() fails the attempt, and says why in its log
+            raise LookupError(f"ResourceInitializationError: unable to retrieve secret from ssm: {name}")
+        return found.decrypt(found.value) or ""
 
     def lose_host(self) -> str:
         """End the running attempt as the loss of its instance does; the statusReason given."""

@@ -37,6 +37,7 @@ from fiber_aws.durable import HOST_LOST, MAX_ATTEMPTS, attempt_ended, retry_stra
 HERE = Path(__file__).parent
 BUCKET = "fiber-durable-runs"
 JOB_ROLE = "arn:aws:iam::123456789012:role/fiber-program"
+EXECUTION_ROLE = "arn:aws:iam::123456789012:role/fiber-execution"
 N = 200
 """Items of the durable program's map (30 ms each, on two workers)."""
 LOST_AFTER = 100
@@ -143,8 +144,8 @@ def aws(emulator: str) -> Iterator[str]:
         "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials", "NO_PROXY": no_proxy, "no_proxy": no_proxy,
         "FIBER_AWS_ENDPOINT_URL": emulator, "FIBER_AWS_REGION": REGION, "FIBER_AWS_QUEUE": CPU_QUEUE,
         "FIBER_AWS_IMAGE": IMAGE, "FIBER_AWS_POLL_INTERVAL": "0.2", "FIBER_AWS_JOB_ROLE": JOB_ROLE,
-        # moto does not inject a job definition's secrets: the processes' jobs get the key in plain
-        "FIBER_AWS_KEY_FROM": "environment",
+        # the processes' jobs get the run's key from SSM, which the emulator injects as ECS does
+        "FIBER_AWS_KEY_FROM": "ssm", "FIBER_AWS_EXECUTION_ROLE": EXECUTION_ROLE,
     }.items():
         mp.setenv(key, value)
     ensure_infrastructure(emulator)
@@ -230,7 +231,14 @@ def test_fiber_run_runs_the_program_as_a_batch_job_whose_processes_are_batch_job
     names = [j["jobName"] for j in batch.list_jobs(
         jobQueue=CPU_QUEUE, filters=[{"name": "JOB_NAME", "values": [f"fiber-{run}-*"]}])["jobSummaryList"]]
     assert f"fiber-{run}-1-fiber-run" in names  # the program's job, and its pool's workers beside it
-    assert any("PoolWorker" in name for name in names), names
+    workers = [j for j in batch.list_jobs(jobQueue=CPU_QUEUE, filters=[
+        {"name": "JOB_NAME", "values": [f"fiber-{run}-*"]}])["jobSummaryList"] if "PoolWorker" in j["jobName"]]
+    assert workers, names
+    # the workers had the program's run key from SSM (its parameter is gone with the run)
+    job = batch.describe_jobs(jobs=[workers[0]["jobId"]])["jobs"][0]
+    jobdef = batch.describe_job_definitions(jobDefinitions=[job["jobDefinition"]])["jobDefinitions"][0]
+    assert [s["name"] for s in jobdef["containerProperties"]["secrets"]] == ["FIBER_AUTHKEY"]
+    assert "FIBER_AUTHKEY" not in {e["name"] for e in job["container"]["environment"]}
 
 
 def test_a_detached_run_prints_its_job_and_leaves_it_running(aws: str) -> None:
