@@ -1,4 +1,5 @@
-"""The ``fiber`` command: ``fiber backends``, ``fiber config``, ``fiber clean``, ``fiber top``, and the plugins' commands."""
+"""The ``fiber`` command: ``fiber backends``, ``fiber config``, ``fiber clean``, ``fiber top``, ``fiber run`` (on the
+backends whose plugins launch programs), and the plugins' commands."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import argparse
 import functools
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
-from fiber_core.base.errors import FiberError
+from fiber_core.base.errors import FiberError, PluginError
 from fiber_core.base.text import printable
 from fiber_core.runtime.config import config, plugins, selected_backend_name
 
@@ -17,6 +19,10 @@ WIDTH = 100
 
 KNOWN_COMMANDS = {"run": ("fiber-k8s", "run a program on Kubernetes")}
 """Commands that the project's plugins add, by name: the distribution and what the command does."""
+
+RUN_FALLBACK = "kubernetes"
+"""The backend ``fiber run`` launches on when neither ``--backend`` nor the configured backend
+names one a plugin launches on (the first backend ``fiber run`` had)."""
 
 
 def _table(rows: Sequence[Sequence[str]], wrap: int | None = None) -> str:
@@ -96,6 +102,81 @@ def _when(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
+def run_launchers() -> dict[str, Callable[[argparse.ArgumentParser], None]]:
+    """The plugins' launchers of ``fiber run``, by backend name (``fiber_run_launchers``)."""
+    out: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+    for answer in plugins().pm.hook.fiber_run_launchers():
+        for name, add_options in (answer or {}).items():
+            if name in out:
+                raise PluginError(f"two plugins launch `fiber run` on backend {name!r}: uninstall one")
+            out[name] = add_options
+    return out
+
+
+def run_backend(argv: Sequence[str], launchers: Mapping[str, object]) -> str:
+    """The backend ``fiber run ARGV`` launches on, as far as can be told before its options are
+    parsed: a leading ``--backend NAME``, else the configured backend if a plugin launches on
+    it, else :data:`RUN_FALLBACK` if one does, else the only one launched on."""
+    if argv and argv[0] == "--backend" and len(argv) > 1:
+        return argv[1]
+    if argv and argv[0].startswith("--backend="):
+        return argv[0].partition("=")[2]
+    configured = selected_backend_name()
+    if configured in launchers:
+        return configured
+    if RUN_FALLBACK in launchers or len(launchers) != 1:
+        return RUN_FALLBACK
+    return next(iter(launchers))
+
+
+class _Trial(argparse.ArgumentParser):
+    """A parser whose errors are exceptions: the arguments may be another launcher's."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def _run_parser(name: str, launchers: Mapping[str, Callable[[argparse.ArgumentParser], None]],
+                kind: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The parser of ``fiber run`` on backend ``name`` (a name or an alias)."""
+    canonical = plugins().canonical(name)  # an unknown name: the registry's error, with what to install
+    if canonical not in launchers:
+        raise FiberError(f"fiber run launches programs on {' or '.join(sorted(launchers))}, not on "
+                         f"{canonical!r}: give --backend {' or --backend '.join(sorted(launchers))}, or run "
+                         f"the program directly there: FIBER_BACKEND={canonical} CMD")
+    parser = kind(prog="fiber run", formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default=canonical,
+                        help=f"where the program runs: {', '.join(sorted(launchers))} (default: the configured "
+                             f"backend if it is one of these, else {RUN_FALLBACK})")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD...", help="the command to run")
+    launchers[canonical](parser)
+    return parser
+
+
+def _run(argv: Sequence[str]) -> int:
+    """``fiber run``: the arguments are parsed by the parser of the backend they launch on.
+
+    A ``--backend`` after other options is known only once they are parsed: the launchers are
+    tried in turn (the one :func:`run_backend` names first), and the first whose parser takes
+    every option and whose ``--backend`` names it wins; with none, the first one's parser says
+    what is wrong."""
+    launchers = run_launchers()
+    first = plugins().canonical(run_backend(argv, launchers))
+    for name in [first, *sorted(set(launchers) - {first})]:
+        try:
+            args, extra = _run_parser(name, launchers, _Trial).parse_known_args(argv)
+        except ValueError:
+            continue
+        if not extra and plugins().canonical(args.backend) == name:
+            break
+    else:
+        args = _run_parser(first, launchers).parse_args(argv)
+        args = _run_parser(args.backend, launchers).parse_args(argv)
+    if not args.cmd:
+        raise FiberError("fiber run: give the command to run, e.g. fiber run --image IMG python app.py")
+    return args.func(args)
+
+
 def _missing_command(command: str, package: str, args: argparse.Namespace) -> int:
     print(f"fiber: error: `fiber {command}` comes with {package}, which is not available here: "
           f"{plugins().advice(package)}", file=sys.stderr)
@@ -137,6 +218,17 @@ def main(argv: list[str] | None = None) -> int:
     top.set_defaults(func=_top)
 
     plugins().pm.hook.fiber_add_commands(subparsers=sub)
+    try:
+        launchers = run_launchers()
+    except PluginError as e:
+        print(f"fiber: error: {e}", file=sys.stderr)
+        return 2
+    if launchers:  # its options depend on the backend it launches on: parsed by _run
+        sub.add_parser("run", add_help=False, help="run a program as a job of a backend, its processes as "
+                       f"jobs beside it (backends: {', '.join(sorted(launchers))})")
+        argv = sys.argv[1:] if argv is None else argv
+        if argv[:1] == ["run"]:
+            return _handle(_run, argv[1:])
     for command, (package, what) in KNOWN_COMMANDS.items():
         if command not in sub.choices:  # its plugin is missing: say so, whatever the arguments
             stub = sub.add_parser(command, add_help=False, help=f"{what} (needs {package})")
@@ -144,8 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_any", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return _handle(args.func, args)
+
+
+def _handle(func: Callable[[Any], int], arg: Any) -> int:
+    """``func(arg)``, a command; a FiberError it raises is its one line on stderr, status 2."""
     try:
-        return args.func(args)
+        return func(arg)
     except FiberError as e:
         print(f"fiber: error: {e}", file=sys.stderr)
         return 2

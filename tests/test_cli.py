@@ -197,6 +197,48 @@ def test_unknown_options_are_still_refused() -> None:
     assert "unrecognized arguments: --bogus" in out.stderr
 
 
+LAUNCHER = """
+import sys
+from fiber_core import cli
+from fiber_core.contract import hookimpl
+from fiber_core.runtime.config import plugins
+
+
+def add_options(parser):
+    parser.add_argument("--image")
+    parser.set_defaults(func=lambda args: print("launched", args.backend, args.image, *args.cmd) or 7)
+
+
+class Launcher:
+    @hookimpl
+    def fiber_run_launchers(self):
+        return {sys.argv[1]: add_options}
+
+
+plugins().register_plugin(Launcher(), name="launcher")
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def launch(on: str, *args: str) -> subprocess.CompletedProcess:
+    """``fiber ARGS`` with a plugin registered by hand that launches ``fiber run`` on backend ``on``."""
+    return subprocess.run([sys.executable, "-c", LAUNCHER, on, *args], capture_output=True, text=True, timeout=T,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("FIBER_")})
+
+
+def test_fiber_run_hands_its_arguments_to_the_launcher_of_the_backend_it_names() -> None:
+    out = launch("local", "run", "--image", "img", "--backend", "local", "python", "app.py", "--image", "x")
+    assert (out.returncode, out.stdout, out.stderr) == (7, "launched local img python app.py --image x\n", "")
+    helped = launch("local", "run", "--backend", "local", "--help")
+    assert helped.returncode == 0 and "--image IMAGE" in helped.stdout
+
+
+def test_two_plugins_launching_on_one_backend_is_one_line_naming_it() -> None:
+    out = launch("kubernetes", "run", "python", "app.py")
+    assert out.returncode == 2
+    assert out.stderr == "fiber: error: two plugins launch `fiber run` on backend 'kubernetes': uninstall one\n"
+
+
 def test_readmes_give_the_commands_fiber_gives(core_only: list[str]) -> None:
     out = fiber_core_only(core_only, "backends", cwd=ROOT)
     hints = {name: cells[2] for name, cells in table(out.stdout.split("\n\n")[1].split("\n", 1)[1]).items()}

@@ -12,7 +12,8 @@ user picks, so calls on jobs never go through hooks: they are plain method calls
 on the :class:`fiber_core.contract.backend.Backend` instance.
 
 The hooks: :func:`fiber_register_backends` (what a backend plugin implements),
-:func:`fiber_add_commands`, :func:`fiber_detect_backend` and :func:`fiber_journal_store`. A function marked
+:func:`fiber_add_commands`, :func:`fiber_run_launchers`, :func:`fiber_detect_backend` and
+:func:`fiber_journal_store`. A function marked
 with :data:`hookimpl` under any other name (``fiber_register_backend``) is a
 :class:`~fiber_core.base.errors.PluginError` when plugins load, naming the plugin
 and the hook; an unmarked function is not a hook and is never called.
@@ -33,7 +34,7 @@ import pluggy
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from fiber_core.contract.backend import Backend
     from fiber_core.contract.store import ObjectStore
@@ -81,9 +82,30 @@ def fiber_add_commands(subparsers: argparse._SubParsersAction) -> None:
 
     Called once when ``fiber`` starts, for every plugin. Each subcommand's parser
     sets ``func`` (``parser.set_defaults(func=handler)``); ``handler(args)``
-    returns the exit status. ``fiber run`` comes from the fiber-k8s plugin this way.
+    returns the exit status. (``fiber run`` is the core's: a plugin adds a launcher with
+    :func:`fiber_run_launchers`.)
 
     :param subparsers: the object ``argparse`` returns from ``add_subparsers()``.
+    """
+
+
+@hookspec
+def fiber_run_launchers() -> Mapping[str, Callable[[argparse.ArgumentParser], None]] | None:
+    """Name the backends on which ``fiber run`` can launch a whole program, with how.
+
+    ``fiber run [--backend NAME] [OPTIONS] CMD...`` runs ``CMD`` itself as a job of a backend
+    (a pod, a Batch job), where its processes become that backend's jobs. Called once when
+    ``fiber run`` starts, for every plugin. ``fiber run`` picks the backend (its ``--backend``,
+    else the configured backend when a plugin launches on it, else ``kubernetes``), builds a
+    parser of its own for it that already has ``--backend`` and the positional ``cmd``, and
+    calls that backend's function with it: the function adds the backend's options (each
+    launcher has its own parser, so two plugins may both have ``--image``) and sets ``func``
+    (``parser.set_defaults(func=handler)``); ``handler(args)`` returns the exit status.
+    Without any launcher, ``fiber run`` says which distribution to install.
+
+    :return: ``{backend name: add_options}``, the names as registered (not aliases); a name
+        that two plugins claim is a :class:`~fiber_core.base.errors.PluginError`.
+        fiber-k8s answers ``kubernetes``, fiber-aws ``aws-batch``.
     """
 
 

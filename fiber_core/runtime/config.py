@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fiber_core.base.errors import ConfigError, UnknownBackendError
@@ -201,6 +201,20 @@ class Config:
     def backend_settings(self, backend: str) -> dict[str, Any]:
         """Every option of ``backend``, resolved and typed."""
         return {o.name: self.get(o.name, backend) for o in self._backend_options.get(backend, ())}
+
+    def made_here(self, section: str, skip: Collection[str] = ()) -> dict[str, str]:
+        """The settings of ``section`` (``fiber`` or a backend's) made on this machine, not
+        defaults, as the environment variables that make them in another process: what
+        ``fiber run`` forwards to the job that runs the program. ``skip``: names not forwarded."""
+        env = {}
+        for option in self.options(section):
+            value = self.lookup(option.name, section)
+            if option.name in skip or value.source == "default" or value.value is None:
+                continue
+            v = value.value
+            env[env_variable(option.name, section)] = (",".join(v) if isinstance(v, list)
+                                                       else ("1" if v else "0") if isinstance(v, bool) else str(v))
+        return env
 
     def check_file(self) -> None:
         """Validate every key of ``.fiberconfig`` whose section is known."""

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # moto's AWS emulator as an HTTP server on 127.0.0.1, for the fiber-aws tests: `up` | `down` | `status`.
 #
+# It runs through plugins/fiber_aws/tests/batch_emulator.py: moto's server, plus what AWS Batch
+# does and moto does not (retry strategies, a lost host, the job role's credentials and the
+# execution role's secrets in a job's container; that file's docstring says what and why).
+#
 # Its Batch jobs really run: moto starts one container per job on the project's private
 # dockerd (scripts/services/docker.sh, DOCKER_HOST=unix://$FIBER_SERVICES_DIR/docker/docker.sock)
 # with HOST networking (MOTO_DOCKER_NETWORK_MODE=host), so jobs reach the test process on
@@ -28,7 +32,9 @@ find_python() {
   return 1
 }
 
-running() { ours_running "$pidfile" "moto.server"; }  # our moto server
+emulator=$FIBER_REPO/plugins/fiber_aws/tests/batch_emulator.py
+# our moto server (started by moto.server itself before batch_emulator.py existed)
+running() { ours_running "$pidfile" "batch_emulator.py" || ours_running "$pidfile" "moto.server"; }
 
 port() { sed -n 's|^FIBER_MOTO_ENDPOINT=http://127.0.0.1:||p' "$envfile" 2>/dev/null; }
 
@@ -62,12 +68,12 @@ up() {
   local p
   p=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   rm -f "$envfile"
-  echo "--- $(date -Is) starting moto_server on 127.0.0.1:$p" >>"$log"
+  echo "--- $(date -Is) starting moto_server (batch_emulator.py) on 127.0.0.1:$p" >>"$log"
   # No proxy that leads anywhere, no instance metadata service: nothing leaves 127.0.0.0/8.
   env DOCKER_HOST="unix://$docker_sock" MOTO_DOCKER_NETWORK_MODE=host MOTO_PORT="$p" \
     AWS_EC2_METADATA_DISABLED=true HTTP_PROXY=$dead_proxy HTTPS_PROXY=$dead_proxy \
     http_proxy=$dead_proxy https_proxy=$dead_proxy NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost \
-    setsid "$py" -m moto.server -H 127.0.0.1 -p "$p" </dev/null >>"$log" 2>&1 9>&- &
+    setsid "$py" "$emulator" -H 127.0.0.1 -p "$p" </dev/null >>"$log" 2>&1 9>&- &
   echo $! >"$pidfile"
   local _
   for _ in $(seq 1 120); do

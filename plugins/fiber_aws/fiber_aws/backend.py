@@ -350,9 +350,15 @@ class AwsBatchBackend(Backend):
                  "%s (AWS Batch job %s)", job.spec.name, alternatives[index - 1], old.queue, waited,
                  alternatives[index], handle.queue, job_id)
 
-    def _send(self, spec: JobSpec, count: int) -> tuple[str, BatchJob]:
-        """Submit ``spec`` (an array job of ``count`` children when more than one): the Batch
-        job's id, and the handle its jobs start with."""
+    def submit(self, spec: JobSpec, **more: Any) -> str:
+        """Submit ``spec`` as a Batch job that this backend does not follow (no poller watches it,
+        its cleanup does not stop it), with ``more`` SubmitJob parameters (``retryStrategy``);
+        its id. ``fiber run`` submits the job of the program itself so."""
+        return self._send(spec, 1, more)[0]
+
+    def _send(self, spec: JobSpec, count: int, more: Mapping[str, Any] | None = None) -> tuple[str, BatchJob]:
+        """Submit ``spec`` (an array job of ``count`` children when more than one, with ``more``
+        SubmitJob parameters): the Batch job's id, and the handle its jobs start with."""
         queue, gpus = self.queue_for(spec)
         image = self.job_image(spec)
         vcpus = max(1, math.ceil(spec.cpu)) if spec.cpu else DEFAULT_VCPUS
@@ -371,6 +377,7 @@ class AwsBatchBackend(Backend):
                     "resourceRequirements": resources(vcpus, memory, gpus),
                 },
                 tags=tags(spec, self.run_id), **({"arrayProperties": {"size": count}} if count > 1 else {}),
+                **(more or {}),
             )
         except AwsError as e:
             hint = (f"check that job queue {queue!r} exists in {self.region} and is ENABLED "

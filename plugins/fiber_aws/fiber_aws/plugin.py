@@ -1,5 +1,5 @@
-"""Registers the ``aws-batch`` backend (alias ``aws``), whose settings live in ``[aws]``, and
-journals in S3 (``journal = s3://bucket/prefix``)."""
+"""Registers the ``aws-batch`` backend (alias ``aws``), whose settings live in ``[aws]``, journals
+in S3 (``journal = s3://bucket/prefix``), and ``fiber run --backend aws-batch``."""
 
 from __future__ import annotations
 
@@ -23,3 +23,10 @@ def fiber_journal_store(url: str) -> Any:
     from fiber_aws.journal import S3Store  # (boto3 with it: only for a journal in S3)
 
     return S3Store(url)
+
+
+@hookimpl
+def fiber_run_launchers() -> dict[str, Any]:
+    from fiber_aws.run import add_options
+
+    return {"aws-batch": add_options}

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fiber_core.contract import (
@@ -210,6 +210,12 @@ def container_environment(env: Mapping[str, str], parameters: Mapping[str, str])
     return plain, hidden
 
 
+def credential_variables(entries: Iterable[str]) -> list[str]:
+    """The names of the ``KEY=VALUE`` ``entries`` that carry AWS credentials."""
+    return [item.partition("=")[0].strip() for item in entries
+            if item.partition("=")[0].strip().upper() in _AWS_CREDENTIAL_ENV or _ACCESS_KEY_ID.search(item)]
+
+
 def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
     """Fail if anything that looks like an AWS credential reached fiber's configuration
     (``settings``, whose ``known`` option names are not suspect, and the environment)."""
@@ -222,10 +228,8 @@ def refuse_credentials(settings: Mapping[str, Any], known: set[str]) -> None:
              and k.split("_", 2)[-1].lower() not in known]
     found += [f"setting {k!r}" for k in settings
               if k not in known and _CREDENTIAL_WORDS.search(k)]
-    for item in settings.get("extra_env") or []:
-        name = item.partition("=")[0].strip()
-        if name.upper() in _AWS_CREDENTIAL_ENV or _ACCESS_KEY_ID.search(item):
-            found.append(f"{name} in [{SECTION}] extra_env (give the jobs a job_role instead)")
+    found += [f"{name} in [{SECTION}] extra_env (give the jobs a job_role instead)"
+              for name in credential_variables(settings.get("extra_env") or [])]
     for key, value in settings.items():
         if key != "extra_env" and isinstance(value, str) and _ACCESS_KEY_ID.search(value):
             found.append(f"an access key id in setting {key!r}")

@@ -33,20 +33,24 @@ import boto3
 import docker
 import fiber_core
 import pytest
+from aws_helpers import (
+    CPU_QUEUE,
+    FAR_QUEUE,
+    GPU_QUEUES,
+    IMAGE,
+    REGION,
+    SERVICES,
+    SPOT_QUEUE,
+    WAIT,
+    ensure_infrastructure,
+    read_env,
+)
 from fiber_core.contract import Backend, BackendError, ConfigError, EndReason, Job, JobSpec
 from fiber_core.runtime.config import config, create_backend, listen_host, plugins
 from fiber_core.testing import BackendConformance, failing_program
 
 from fiber_aws.backend import AwsBatchBackend
 
-SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
-REGION = "us-east-1"
-IMAGE = "fiber-test:latest"
-CPU_QUEUE = "fiber-cpu"
-GPU_QUEUES = {"a10g": ("fiber-gpu-a10g", "g5.xlarge"), "t4": ("fiber-gpu-t4", "g4dn.xlarge")}
-FAR_QUEUE = "fiber-far"  # its compute environment is in a VPC this machine is not part of
-SPOT_QUEUE = "fiber-spot"  # its compute environment runs on Spot instances
-WAIT = 120.0  # bound of every wait on a job
 MOTO_KILLS = (
     "moto stops a terminated Batch job with `docker kill` (SIGKILL, exit status 137) at once, "
     "where AWS Batch sends SIGTERM first (ECS StopTask, then SIGKILL after the stop timeout): "
@@ -56,72 +60,17 @@ MOTO_KILLS = (
 _docker: docker.DockerClient | None = None
 
 
-def _read_env(path: Path) -> dict[str, str]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return {}
-    return dict(line.split("=", 1) for line in lines if "=" in line)
-
-
 def _moto_api(endpoint: str, path: str, body: dict | None = None) -> None:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     data = json.dumps(body).encode() if body is not None else None
     opener.open(urllib.request.Request(endpoint + path, data=data, method="POST"), timeout=10).read()
 
 
-def _ensure_infrastructure(endpoint: str) -> None:
-    """Compute environments and job queues in moto: one CPU queue, one queue per GPU type."""
-    kw = {"region_name": REGION, "endpoint_url": endpoint}
-    iam, ec2, batch = boto3.client("iam", **kw), boto3.client("ec2", **kw), boto3.client("batch", **kw)
-    try:
-        role = iam.get_role(RoleName="fiber-batch-service")["Role"]
-    except iam.exceptions.NoSuchEntityException:
-        role = iam.create_role(RoleName="fiber-batch-service", AssumeRolePolicyDocument=json.dumps({
-            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                    "Principal": {"Service": "batch.amazonaws.com"}}]}))["Role"]
-    try:
-        profile = iam.get_instance_profile(InstanceProfileName="fiber-ecs-instance")["InstanceProfile"]
-    except iam.exceptions.NoSuchEntityException:
-        profile = iam.create_instance_profile(InstanceProfileName="fiber-ecs-instance")["InstanceProfile"]
-
-    def network(name: str, cidr: str) -> tuple[str, str]:
-        vpcs = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [name]}])["Vpcs"]
-        if vpcs:
-            vpc = vpcs[0]["VpcId"]
-            subnet = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"][0]["SubnetId"]
-            sg = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [vpc]},
-                                                       {"Name": "group-name", "Values": [name]}])
-            return subnet, sg["SecurityGroups"][0]["GroupId"]
-        vpc = ec2.create_vpc(CidrBlock=cidr, TagSpecifications=[
-            {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": name}]}])["Vpc"]["VpcId"]
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=cidr.replace("/16", "/24"))["Subnet"]["SubnetId"]
-        sg = ec2.create_security_group(GroupName=name, Description="fiber jobs", VpcId=vpc)["GroupId"]
-        return subnet, sg
-
-    here = network("fiber-loopback", "127.0.0.0/16")
-    far = network("fiber-far", "10.77.0.0/16")
-    wanted = {CPU_QUEUE: (["m5.large"], here, "EC2"), FAR_QUEUE: (["m5.large"], far, "EC2"),
-              SPOT_QUEUE: (["m5.large"], here, "SPOT")}
-    wanted.update({q: ([itype], here, "EC2") for q, itype in GPU_QUEUES.values()})
-    existing = {q["jobQueueName"] for q in batch.describe_job_queues()["jobQueues"]}
-    for queue, (types, (subnet, sg), capacity) in wanted.items():
-        if queue in existing:
-            continue
-        ce = batch.create_compute_environment(
-            computeEnvironmentName=f"{queue}-ce", type="MANAGED", state="ENABLED", serviceRole=role["Arn"],
-            computeResources={"type": capacity, "minvCpus": 0, "maxvCpus": 64, "instanceTypes": types,
-                              "subnets": [subnet], "securityGroupIds": [sg],
-                              "instanceRole": profile["Arn"]})
-        batch.create_job_queue(jobQueueName=queue, state="ENABLED", priority=1,
-                               computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce["computeEnvironmentArn"]}])
-
-
 @pytest.fixture(scope="module", autouse=True)
 def moto() -> Iterator[str]:
     """The moto endpoint, with this module's environment: fake credentials, [aws] settings."""
     global _docker
-    env = _read_env(SERVICES / "moto" / "env")
+    env = read_env(SERVICES / "moto" / "env")
     if "FIBER_MOTO_ENDPOINT" not in env:
         pytest.fail(f"moto is not running ({SERVICES}/moto/env is missing): "
                     "bash scripts/test-services.sh up docker moto")
@@ -153,7 +102,7 @@ def moto() -> Iterator[str]:
         "FIBER_AWS_KEY_FROM": "environment",
     }.items():
         mp.setenv(key, value)
-    _ensure_infrastructure(endpoint)
+    ensure_infrastructure(endpoint)
     yield endpoint
     mp.undo()
 

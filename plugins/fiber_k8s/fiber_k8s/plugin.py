@@ -3,7 +3,6 @@ selects the backend inside a pod when nothing else is configured."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from fiber_core.contract import hookimpl
@@ -26,7 +25,7 @@ def fiber_detect_backend() -> str | None:
 
 
 @hookimpl
-def fiber_add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from fiber_k8s.run import add_command
+def fiber_run_launchers() -> dict[str, Any]:
+    from fiber_k8s.run import add_options
 
-    add_command(subparsers)
+    return {"kubernetes": add_options}

@@ -33,10 +33,10 @@ from fiber_core.contract import (
 
 # The one import of a plugin beyond the contract, named in its import contract (pyproject.toml):
 # a command of the CLI, it forwards the settings made here, which only the runtime resolves.
-from fiber_core.runtime.config import GLOBAL_OPTIONS, config, selected_backend_name
+from fiber_core.runtime.config import config
 
 from fiber_k8s import durable
-from fiber_k8s.backend import CONTAINER, OPTIONS, KubernetesBackend, load_pod_template
+from fiber_k8s.backend import CONTAINER, KubernetesBackend, load_pod_template
 from fiber_k8s.rbac import SERVICE_ACCOUNT
 
 _NOT_FORWARDED = {"backend", "listen_host", "listen_port", "kubeconfig", "context", "registry", "image"}
@@ -44,12 +44,9 @@ _NOT_FORWARDED = {"backend", "listen_host", "listen_port", "kubeconfig", "contex
 the parent pod's own image, the one of --image or --build.)"""
 
 
-def add_command(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``fiber run`` to the ``fiber`` command line."""
-    p = subparsers.add_parser(
-        "run", help="run a program on Kubernetes: it runs in a pod, its processes in pods",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backend", default="kubernetes", help="only kubernetes (alias k8s) is supported")
+def add_options(p: argparse.ArgumentParser) -> None:
+    """Add the options of ``fiber run`` on Kubernetes to its parser (which has ``--backend`` and the command)."""
+    p.description = __doc__
     image = p.add_mutually_exclusive_group()
     image.add_argument("--image", help="image of the parent pod and, by default, of its jobs")
     image.add_argument("--build", action="store_true",
@@ -76,25 +73,12 @@ def add_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the parent pod's manifest and exit")
     p.add_argument("--detach", action="store_true", help="create the pod, print its name and exit")
     p.add_argument("--keep", action="store_true", help="keep the parent pod after it ends (for kubectl logs)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD...", help="the command the parent pod runs")
     p.set_defaults(func=run)
 
 
 def _forwarded_env() -> dict[str, str]:
     """The settings made on this machine (not defaults), as FIBER_* variables for the pod."""
-    env = {}
-    rows = [(o, o.name, "fiber") for o in GLOBAL_OPTIONS]
-    rows += [(o, f"kubernetes_{o.name}", "kubernetes") for o in OPTIONS]
-    for option, key, section in rows:
-        if option.name in _NOT_FORWARDED:
-            continue
-        value = config.lookup(option.name, section)
-        if value.source == "default" or value.value is None:
-            continue
-        v = value.value
-        env["FIBER_" + key.upper()] = (",".join(v) if isinstance(v, list)
-                                       else ("1" if v else "0") if isinstance(v, bool) else str(v))
-    return env
+    return {**config.made_here("fiber", _NOT_FORWARDED), **config.made_here(KubernetesBackend.settings_section(), _NOT_FORWARDED)}
 
 
 def _print_manifest(body: dict[str, Any]) -> None:
@@ -161,11 +145,6 @@ def build_image(context: str, dockerfile: str, registry: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """The ``fiber run`` command; returns the parent pod's exit status."""
-    if selected_backend_name(args.backend) != KubernetesBackend.name:
-        raise FiberError(f"fiber run launches programs on Kubernetes only, not on {args.backend!r}; "
-                         f"for other backends run the program directly: FIBER_BACKEND={args.backend} CMD")
-    if not args.cmd:
-        raise FiberError("fiber run: give the command to run, e.g. fiber run --image IMG python app.py")
     settings = config.backend_settings(KubernetesBackend.name)
     if args.namespace:
         settings["namespace"] = args.namespace

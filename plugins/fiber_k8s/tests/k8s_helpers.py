@@ -9,11 +9,8 @@ import it: pytest loads several ``conftest`` modules under one name.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import re
-import shutil
 import ssl
 import subprocess
 import sys
@@ -21,6 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from fiber_core.testing.job_site import build_job_site
 
 HERE = Path(__file__).parent
 PLUGIN = HERE.parent
@@ -126,60 +125,11 @@ def make_tls(tmp: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def _requirements(dist: str) -> list[str]:
-    names = []
-    for req in importlib.metadata.requires(dist) or []:
-        if "extra ==" in req:
-            continue
-        m = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", req)
-        if m:
-            names.append(m.group(0))
-    return names
-
-
 def build_pod_site(target: Path) -> Path:
-    """A directory that gives a pod's Python the fiber-k8s plugin and its dependencies.
-
-    The test image ``fiber-test`` has Python 3.11 and fiber-core only. This copies the
-    files of ``kubernetes`` and everything it requires from this (3.11) environment, and
-    fiber_k8s with a dist-info holding its entry point, so that ``PYTHONPATH=<target>``
-    (or the image built from it) runs a parent process that starts pods. This tree's
-    fiber_core goes with it: the plugin may need what the image's (built from another
-    commit) does not have yet.
-    """
-    target.mkdir(parents=True, exist_ok=True)
-    seen: set[str] = set()
-    todo = ["kubernetes"]
-    while todo:
-        name = todo.pop()
-        key = re.sub(r"[-_.]+", "-", name).lower()
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            dist = importlib.metadata.distribution(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        for f in dist.files or []:
-            if ".." in f.parts or f.parts[0] == "__pycache__" or "__pycache__" in f.parts:
-                continue
-            src = Path(str(dist.locate_file(f)))
-            if src.is_file():
-                dst = target / f
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dst)
-        todo.extend(_requirements(name))
-    for package in (PLUGIN / "fiber_k8s", PLUGIN.parents[1] / "fiber_core"):
-        shutil.copytree(package, target / package.name, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
-    dist = importlib.metadata.distribution("fiber-k8s")  # installed (editable) for the tests
-    info = target / f"fiber_k8s-{dist.version}.dist-info"
-    info.mkdir(exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fiber-k8s\nVersion: {dist.version}\n")
-    eps = [ep for ep in dist.entry_points if ep.group == "fiber"]
-    (info / "entry_points.txt").write_text("[fiber]\n" + "".join(f"{ep.name} = {ep.value}\n" for ep in eps))
-    (info / "top_level.txt").write_text("fiber_k8s\n")
-    return target
+    """A directory that gives a pod's Python the fiber-k8s plugin, ``kubernetes`` and what it
+    requires, and this tree's fiber_core, for ``PYTHONPATH=<target>`` (or the image built from it):
+    a parent process that starts pods (:func:`fiber_core.testing.job_site.build_job_site`)."""
+    return build_job_site(target, PLUGIN / "fiber_k8s", "fiber-k8s", "kubernetes")
 
 
 def use_environment(env: dict[str, str], monkeypatch: Any) -> None:

@@ -261,9 +261,10 @@ def test_fiber_run_missing_image_fails_promptly(env: dict[str, str], image: str,
     assert "ErrImagePull" in out.stderr and "fiber-no-such-image:3" in out.stderr
 
 
-def test_fiber_run_is_for_kubernetes(env: dict[str, str], tmp_path: Path) -> None:
+def test_fiber_run_on_a_backend_no_plugin_launches_on_names_those_that_do(env: dict[str, str],
+                                                                          tmp_path: Path) -> None:
     out = fiber("run", "--backend", "local", "--image", "x", "python3", env=env, cwd=tmp_path)
-    assert out.returncode == 2 and "Kubernetes only" in out.stderr
+    assert out.returncode == 2 and "fiber run launches programs on aws-batch or kubernetes, not on 'local'" in out.stderr
     out = fiber("run", env=env, cwd=tmp_path)
     assert out.returncode == 2 and "give the command" in out.stderr
 
