@@ -27,6 +27,7 @@ Usage::
     python benchmarks/core.py            # about 1-2 minutes
     python benchmarks/core.py --quick    # smoke run, under 20 s
     python benchmarks/core.py --pin 0    # every process on CPU 0
+    python benchmarks/core.py --breakdown   # where Fiber's Queue round trip goes
 
 The fiber side uses the configured backend (``FIBER_BACKEND``, default
 ``local``). Only stdlib modules are imported at the top of this file, because
@@ -279,6 +280,81 @@ def _queue_round(ctrl: Any, data: Any, done: Any, kind: str, n: int, size: int) 
     return time.perf_counter() - t0
 
 
+# -- where a Fiber Queue round trip goes (--breakdown) --------------------------------------
+# White box: it wraps private methods of fiber_core's queue to read the clock there.
+# time.perf_counter_ns is CLOCK_MONOTONIC on Linux, one clock for every process.
+
+_STAMPS: dict[str, list[int]] = {}
+
+
+def _stamp_calls(owner: Any, name: str, label: str, code: bytes | None = None) -> None:
+    """Have every call of ``owner.name`` (with a frame of kind ``code``) record the clock."""
+    inner = getattr(owner, name)
+    stamps, clock = _STAMPS.setdefault(label, []), time.perf_counter_ns
+
+    def stamped(self: Any, *args: Any) -> Any:
+        if code is None or bytes(args[0][:1]) == code:
+            stamps.append(clock())
+        return inner(self, *args)
+
+    setattr(owner, name, stamped)
+
+
+def child_queue_echo_stamped(into: Any, back: Any) -> None:
+    """:func:`child_queue_echo`, reading the clock as the item arrives, is got and is put."""
+    from fiber_core.parallel.queues import _Borrower
+    from fiber_core.wire.messages import QUEUE_ITEM
+
+    _stamp_calls(_Borrower, "_dispatch", "read", QUEUE_ITEM)
+    got, put = _STAMPS.setdefault("got", []), _STAMPS.setdefault("put", [])
+    clock = time.perf_counter_ns
+    while (item := into.get()) is not None:
+        got.append(clock())
+        back.put(item)
+        put.append(clock())
+    back.put(_STAMPS)
+
+
+def queue_rtt_breakdown(n: int) -> None:
+    """Print the median of each step of Fiber's Queue round trip (the parent owns both queues)."""
+    import fiber_core
+    from fiber_core.parallel.queue_serve import Store
+
+    _stamp_calls(Store, "lend", "lent")
+    _stamp_calls(Store, "put_many", "stored")
+    into, back = fiber_core.Queue(), fiber_core.Queue()
+    p = fiber_core.Process(target=child_queue_echo_stamped, args=(into, back))
+    p.start()
+    _queue_pings(into, back, 200)  # warm-up: the child borrows from here on
+    clock, sent, done = time.perf_counter_ns, [], []
+    for _ in range(n):
+        sent.append(clock())
+        into.put(SMALL_OBJ)
+        back.get()
+        done.append(clock())
+    into.put(None)
+    child = back.get()
+    p.join()
+    # The last n of each: the warm-up came first, the None and the stamps last.
+    at = {"sent": sent, "lent": _STAMPS["lent"][-n - 1:-1], "read": child["read"][-n - 1:-1],
+          "got": child["got"][-n:], "put": child["put"][-n:],
+          "stored": _STAMPS["stored"][-n - 1:-1], "done": done}
+    steps = [
+        ("sent", "lent", "parent's put -> a hub thread of the owner wakes and lends the item"),
+        ("lent", "read", "-> the child has read it (one send, one wakeup)"),
+        ("read", "got", "-> the child's get returns"),
+        ("got", "put", "-> the child's put into the second queue returns"),
+        ("put", "stored", "-> a hub thread of the owner has read it and stores it"),
+        ("stored", "done", "-> the parent's get wakes and returns"),
+        ("sent", "done", "round trip"),
+    ]
+    print(f"\nFiber Queue round trip, {n} pings, medians (us):\n")
+    print("| step | us |")
+    print("|---|---:|")
+    for a, b, label in steps:
+        print(f"| {label} | {statistics.median(y - x for x, y in zip(at[a], at[b])) / 1e3:.1f} |")
+
+
 # -- report ------------------------------------------------------------------------------
 
 
@@ -345,9 +421,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="pin this process and every child to one CPU")
     parser.add_argument("--only", choices=("start", "pipe", "queue", "queue-rtt"), action="append",
                         help="run only these sections (repeatable)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="only Fiber's Queue round trip, step by step (white box)")
     args = parser.parse_args(argv)
     if args.pin is not None:  # first, so that every thread and child inherits it
         os.sched_setaffinity(0, {args.pin})
+    if args.breakdown:
+        queue_rtt_breakdown(300 if args.quick else 3000)
+        return 0
     if args.quick:
         reps = {"start": 3, "pipe": 3, "queue": 3, "queue-rtt": 3}
         n_rtt, n_small, n_big = 300, 3000, 30

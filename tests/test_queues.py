@@ -388,6 +388,80 @@ def test_fast_consumers_share_a_queue_without_loss() -> None:
 
 
 
+def _echo_from_threads(q: fiber_core.Queue, out: fiber_core.Queue, threads: int) -> None:
+    def echo() -> None:
+        while (item := q.get(timeout=T)) is not None:
+            out.put(item)
+
+    workers = [threading.Thread(target=echo) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    out.put(None)
+
+
+def test_threads_of_one_borrowing_handle_get_every_item_once_in_bursts_and_in_lock_step() -> None:
+    # The threads share one borrowing connection: one reads the answer to its request,
+    # the others wait for it or for their own.
+    q, out, threads = fiber_core.Queue(), fiber_core.Queue(), 4
+    p = fiber_core.Process(target=_echo_from_threads, args=(q, out, threads))
+    p.start()
+    for i in range(2000):  # a burst: loans of many items
+        q.put(i)
+    got = [out.get(timeout=T) for _ in range(2000)]
+    for i in range(2000, 2300):  # lock-step: every get finds the queue empty
+        q.put(i)
+        got.append(out.get(timeout=T))
+    for _ in range(threads):
+        q.put(None)
+    assert out.get(timeout=T) is None
+    p.join(T)
+    assert p.exitcode == 0
+    assert sorted(got) == list(range(2300))
+    assert got[2000:] == list(range(2000, 2300))
+    assert q.empty()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _get_interrupted_then_go_on(q: fiber_core.Queue, first: int, rest: int,
+                                report: fiber_core.Queue) -> None:
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    signal.signal(signal.SIGALRM, interrupt)
+    got = [q.get(timeout=T) for _ in range(first)]  # a tight loop: the handle borrows
+    assert q._borrower is not None  # white box: what this test is about
+    signal.setitimer(signal.ITIMER_REAL, 0.2)  # the next get waits, reading its own answer
+    try:
+        got.append(q.get(timeout=T))
+        interrupted = False
+    except _Interrupted:
+        interrupted = True
+    report.put(interrupted)
+    got += [q.get(timeout=T) for _ in range(rest)]  # its request's answer comes all the same
+    report.put(got)
+
+
+def test_a_getter_interrupted_while_it_reads_its_answer_leaves_the_answer_to_the_next_get() -> None:
+    q, report = fiber_core.Queue(), fiber_core.Queue()
+    for i in range(50):
+        q.put(i)
+    p = fiber_core.Process(target=_get_interrupted_then_go_on, args=(q, 50, 100, report))
+    p.start()
+    assert report.get(timeout=T) is True  # interrupted with its request out
+    for i in range(50, 150):
+        q.put(i)
+    assert report.get(timeout=T) == list(range(150))
+    p.join(T)
+    assert p.exitcode == 0
+
+
 def test_a_bounded_queue_counts_lent_items_against_its_size(no_idle_recall: None) -> None:
     q, _release, p, taken, held = _lend_to_a_child(50, 10, maxsize=50)
     assert held > 0

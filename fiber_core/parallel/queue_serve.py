@@ -96,6 +96,7 @@ class Store:
         self.recall_wanted = threading.Condition(self.lock)
         self.want_recall = False
         self.recaller: threading.Thread | None = None
+        self.recaller_idle = False  # the recaller waits for a first lent item
 
     def put(self, data: _Item, block: bool = True, timeout: float | None = None) -> None:
         with self.lock:
@@ -163,8 +164,8 @@ class Store:
             size += len(data)
         loan.lent.extend(batch)
         loan.active = time.monotonic()
-        if self.lent == 1:  # the first lent item (``get`` counted it): idle loans are watched
-            self.recall_wanted.notify()
+        if self.lent == 1 and self.recaller_idle:  # the first lent item (``get`` counted it)
+            self.recall_wanted.notify()  # idle loans are watched from now on
         self.lent += len(batch) - 1
         return batch
 
@@ -214,7 +215,9 @@ class Store:
                     self.recaller = None
                     return
                 if not self.want_recall:
+                    self.recaller_idle = not self.lent
                     self.recall_wanted.wait(_RECALL_TICK if self.lent else None)
+                    self.recaller_idle = False
                 now = time.monotonic()
                 everyone, self.want_recall = self.want_recall, False
                 targets = [loan for loan in self.loans.values()
@@ -306,6 +309,7 @@ def _get_for(store: Store, sock: socket.socket, block: bool, timeout: float | No
     """``store.get()`` for a client; given up if the client dies while it waits.
 
     A process terminated while blocked in ``get()`` must not take the next item with it.
+    (An item lent to it comes back with its connection: no check for it.)
     """
     try:
         return store.get(False, lend=lend)
@@ -323,8 +327,8 @@ def _get_for(store: Store, sock: socket.socket, block: bool, timeout: float | No
             if _peer_gone(sock):
                 raise EOFError("the client went away") from None
             continue
-        if _peer_gone(sock):
-            store.unget(item, lend)
+        if not lend and _peer_gone(sock):
+            store.unget(item)
             raise EOFError("the client went away")
         return item
 

@@ -94,17 +94,22 @@ _ACK_DELAY = 0.001  # a borrower acknowledges what its program took about this l
 
 
 class _Borrower:
-    """A handle's connection for lent items, with a thread that reads it and one that acks.
+    """A handle's connection for lent items: who reads it, and a thread that acks.
 
-    The reader answers recalls even while the program is busy elsewhere. Items
-    taken by :meth:`get` are acknowledged in runs, by the acker within
-    :data:`_ACK_DELAY`, or first thing before any other message. All sends happen
-    under ``cond``'s lock, so the owner sees acknowledgements and returns in the
-    order in which items were taken.
+    One thread at a time reads the connection. A thread that waits for the answer to
+    its own request reads it itself, so that a lent item reaches its caller without a
+    hand-over between threads; the reader thread reads it only while nobody else does
+    and it is needed: while lent items wait here unused (a recall must be answered even
+    while the program is busy elsewhere), or while an answer is due that no thread is
+    waiting for (its getter was interrupted). Items taken by :meth:`get` are
+    acknowledged in runs, by the acker within :data:`_ACK_DELAY`, or first thing before
+    any other message. All sends happen under ``cond``'s lock, so the owner sees
+    acknowledgements and returns in the order in which items were taken.
     """
 
     def __init__(self, sock: socket.socket) -> None:
         self.conn = Connection(sock)
+        self.frames = FrameReader(sock)  # read by the thread that holds ``reading``
         self.token = int.from_bytes(os.urandom(8), "big") >> 1 or 1
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
@@ -114,15 +119,19 @@ class _Borrower:
         self.empty_answers: set[int] = set()
         self.size_asked = self.size_answered = 0
         self.size_reply = (0, 0)
+        self.reading = False  # a thread reads the connection now
+        self.awaiting = 0  # threads waiting for the answer to a request of their own
+        self.reader_due = threading.Condition(self.lock)
         self.acked = 0  # items acknowledged ...
         self.unacked = 0  # ... and taken since
         self.ack_due = threading.Condition(self.lock)
+        self.acker_idle = False  # the acker waits for a first unacknowledged item
         self.error: BaseException | None = None
         self.cut_taken = 0  # taken, unacknowledged when the connection ended: to be reported
         self.closed = False
         self.conn.send_frame(encode_queue_loan(self.token))
         _borrowers.add(self)
-        threading.Thread(target=self._read, args=(sock,), name="fiber-queue-borrower",
+        threading.Thread(target=self._read_loop, name="fiber-queue-borrower",
                          daemon=True).start()
         threading.Thread(target=self._ack_loop, name="fiber-queue-acker", daemon=True).start()
 
@@ -139,11 +148,21 @@ class _Borrower:
         elif msg:
             self.conn.send_frame(msg)
 
+    def _taken(self) -> memoryview:
+        """The next lent item, taken by the program (``cond``'s lock is held)."""
+        data = self.items.popleft()
+        self.unacked += 1
+        if self.unacked == 1 and self.acker_idle:
+            self.ack_due.notify()
+        return data
+
     def _ack_loop(self) -> None:
         with self.ack_due:
             while not self.closed and self.error is None:
                 if not self.unacked:
+                    self.acker_idle = True
                     self.ack_due.wait()
+                    self.acker_idle = False
                     continue
                 self.ack_due.wait(_ACK_DELAY)  # the program usually takes more meanwhile
                 try:
@@ -161,6 +180,9 @@ class _Borrower:
             if not self.closed:
                 self.cut_taken = self.unacked
         self.items.clear()
+        self.cond.notify_all()
+        self.ack_due.notify()
+        self.reader_due.notify()
 
     def report_cut(self) -> None:
         """Raise :class:`QueueCutError` once if the connection ended while the program held
@@ -184,6 +206,7 @@ class _Borrower:
                 pass
             self.conn.close()
             self.ack_due.notify()
+            self.reader_due.notify()
             self.cond.notify_all()  # a get() waiting on an answer ends
         _borrowers.discard(self)
 
@@ -196,11 +219,7 @@ class _Borrower:
         with self.lock:
             if not self.items or self.closed or self.error is not None:
                 return None
-            data = self.items.popleft()
-            self.unacked += 1
-            if self.unacked == 1:
-                self.ack_due.notify()
-            return data
+            return self._taken()
 
     def held(self) -> int:
         """Items lent to this handle and not yet taken."""
@@ -219,10 +238,15 @@ class _Borrower:
             self.size_asked += 1
             mine = self.size_asked
             self._send(QUEUE_SIZE)
-            while self.size_answered < mine:
-                if self.error is not None or self.closed:
-                    return None
-                self.cond.wait()
+            self.awaiting += 1
+            try:
+                while self.size_answered < mine:
+                    if self.error is not None or self.closed:
+                        return None
+                    self._await_answer()
+            finally:
+                self.awaiting -= 1
+                self._leave()
             waiting, room = self.size_reply
             return waiting + len(self.items), room
 
@@ -232,80 +256,121 @@ class _Borrower:
         end = None if timeout is None or not block else time.monotonic() + timeout
         mine = 0  # the number of this thread's request, once sent
         with self.cond:
-            while True:
-                if self.closed:
-                    raise ValueError("the queue was closed")
-                if self.items and self.error is None:
-                    data = self.items.popleft()
-                    self.unacked += 1
-                    if self.unacked == 1:
-                        self.ack_due.notify()
-                    return data
-                if self.error is not None:
-                    if self.cut_taken:
-                        taken, self.cut_taken = self.cut_taken, 0
-                        raise QueueCutError(taken) from self.error
-                    raise FiberError("the process that created this queue has exited") \
-                        from self.error
-                if mine and self.answered >= mine:
-                    if mine in self.empty_answers:
-                        self.empty_answers.discard(mine)
-                        raise Empty
-                    mine = 0  # answered, but other threads took the items: ask again
-                left = None if end is None else end - time.monotonic()
-                if not mine and self.asked == self.answered:
-                    if left is not None and left <= 0:
-                        raise Empty
-                    request = encode_queue_get(block, None if left is None else max(left, 0.0),
-                                               window)
-                    try:
-                        self._send(request)
-                    except OSError as e:
-                        self._broken(e)
-                        continue
-                    self.asked += 1
-                    mine = self.asked
-                    self.cond.wait()
-                elif not mine:  # another thread's request is out
-                    if not block or (left is not None and left <= 0):
-                        raise Empty
-                    self.cond.wait(left)
-                else:
-                    self.cond.wait()  # the owner answers by the request's own timeout
-
-    def _read(self, sock: socket.socket) -> None:
-        reader = FrameReader(sock)
-        try:
-            while True:
-                msg = reader.recv_bytes()
-                op = kind_of(msg)
-                with self.cond:
+            try:
+                while True:
                     if self.closed:
-                        return  # what still comes goes back to the owner with the connection
-                    if op == QUEUE_ITEM:
-                        self.items.append(body(msg))
-                        self.answered += 1
-                    elif op == QUEUE_BATCH:
-                        self.items.extend(decode_queue_batch(msg))
-                        self.answered += 1
-                    elif op == QUEUE_EMPTY:
-                        self.answered += 1
-                        self.empty_answers.add(self.answered)
-                    elif op == QUEUE_SIZES:
-                        self.size_reply = decode_queue_sizes(msg)
-                        self.size_answered += 1
-                    elif op == QUEUE_RECALL:  # another getter waits: give back what is unused
-                        n = len(self.items)
-                        self.items.clear()
-                        self._send(encode_queue_return(n))
+                        raise ValueError("the queue was closed")
+                    if self.items and self.error is None:
+                        return self._taken()
+                    if self.error is not None:
+                        if self.cut_taken:
+                            taken, self.cut_taken = self.cut_taken, 0
+                            raise QueueCutError(taken) from self.error
+                        raise FiberError("the process that created this queue has exited") \
+                            from self.error
+                    if mine and self.answered >= mine:
+                        if mine in self.empty_answers:
+                            self.empty_answers.discard(mine)
+                            raise Empty
+                        mine = 0  # answered, but other threads took the items: ask again
+                        self.awaiting -= 1
+                    left = None if end is None else end - time.monotonic()
+                    if not mine and self.asked == self.answered:
+                        if left is not None and left <= 0:
+                            raise Empty
+                        request = encode_queue_get(block, None if left is None else max(left, 0.0),
+                                                   window)
+                        try:
+                            self._send(request)
+                        except OSError as e:
+                            self._broken(e)
+                            continue
+                        self.asked += 1
+                        mine = self.asked
+                        self.awaiting += 1
+                        self._await_answer()
+                    elif not mine:  # another thread's request is out
+                        if not block or (left is not None and left <= 0):
+                            raise Empty
+                        self.cond.wait(left)
                     else:
-                        raise unexpected(msg, "a borrowing queue handle's connection")
-                    self.cond.notify_all()
+                        self._await_answer()  # the owner answers by the request's own timeout
+            finally:
+                if mine:
+                    self.awaiting -= 1
+                self._leave()
+
+    def _await_answer(self) -> None:
+        """Read the next frame if no other thread reads, else wait for one that does
+        (``cond``'s lock is held; it is let go meanwhile)."""
+        if self.reading:
+            self.cond.wait()
+            return
+        self.reading = True
+        msg = None
+        self.lock.release()
+        try:
+            msg = self.frames.recv_bytes()
         except (EOFError, OSError, ValueError) as e:
-            with self.cond:
+            self.lock.acquire()
+            self.reading = False
+            self._broken(e)
+            return
+        except BaseException:
+            self.lock.acquire()
+            self.reading = False
+            self.cond.notify_all()  # another thread takes over the reading
+            raise
+        self.lock.acquire()
+        self.reading = False
+        if not self.closed:  # else what still comes goes back to the owner with the connection
+            try:
+                self._dispatch(msg)
+            except (OSError, ValueError) as e:  # a recall not answered, a frame out of place
                 self._broken(e)
-                self.cond.notify_all()
-                self.ack_due.notify()
+                return
+        self.cond.notify_all()
+
+    def _unattended(self) -> bool:
+        """Whether the reader thread must read: nobody does, and unused items wait here or
+        an answer is due that no thread waits for."""
+        return not self.reading and (bool(self.items) or not self.awaiting and (
+            self.asked > self.answered or self.size_asked > self.size_answered))
+
+    def _leave(self) -> None:
+        """A caller leaves (``cond``'s lock is held): wake the reader thread if it must read."""
+        if self._unattended() and self.error is None and not self.closed:
+            self.reader_due.notify()
+
+    def _read_loop(self) -> None:
+        with self.cond:
+            while not self.closed and self.error is None:
+                if not self._unattended():
+                    self.reader_due.wait()
+                    continue
+                self._await_answer()
+
+    def _dispatch(self, msg: bytes | bytearray) -> None:
+        """Take in one frame from the owner (``cond``'s lock is held)."""
+        op = kind_of(msg)
+        if op == QUEUE_ITEM:
+            self.items.append(body(msg))
+            self.answered += 1
+        elif op == QUEUE_BATCH:
+            self.items.extend(decode_queue_batch(msg))
+            self.answered += 1
+        elif op == QUEUE_EMPTY:
+            self.answered += 1
+            self.empty_answers.add(self.answered)
+        elif op == QUEUE_SIZES:
+            self.size_reply = decode_queue_sizes(msg)
+            self.size_answered += 1
+        elif op == QUEUE_RECALL:  # another getter waits: give back what is unused
+            n = len(self.items)
+            self.items.clear()
+            self._send(encode_queue_return(n))
+        else:
+            raise unexpected(msg, "a borrowing queue handle's connection")
 
 
 _borrowers: weakref.WeakSet[_Borrower] = weakref.WeakSet()
