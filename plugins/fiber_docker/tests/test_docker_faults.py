@@ -172,8 +172,9 @@ def runs_per_item(where: Path) -> dict[int, int]:
 
 
 @contextlib.contextmanager
-def heartbeat_timeout(seconds: float) -> Iterator[None]:
-    fiber_core.init(heartbeat_timeout=seconds)
+def configured(**settings: float) -> Iterator[None]:
+    """``fiber_core.init(**settings)`` for the block, then the environment's configuration again."""
+    fiber_core.init(**settings)
     try:
         yield
     finally:
@@ -253,11 +254,14 @@ def _check_healed(out: Outcome) -> None:
     assert out.worker in {w for _, w in out.got[out.healed_at:]}  # and the worker came back
 
 
-def _check_lost(api: docker.APIClient, out: Outcome) -> None:
+def _check_lost(api: docker.APIClient, out: Outcome, reason: EndReason | None = EndReason.UNRESPONSIVE) -> None:
+    """Every result once; the struck worker is lost (for ``reason``, if given) and its container removed."""
     assert sorted(x for x, _ in out.got) == list(range(N))  # each result once, though one may have run twice
     assert set(out.runs) == set(range(N))
     ends = {loss["id"]: loss["reason"] for loss in out.snap["loss_log"]}
-    assert ends[out.container] == EndReason.UNRESPONSIVE.value, out.snap["loss_log"]
+    assert out.container in ends, out.snap["loss_log"]
+    if reason is not None:
+        assert ends[out.container] == reason.value, out.snap["loss_log"]
     wait_until(lambda: gone(api, out.container), "the struck worker's container is removed")
 
 
@@ -305,7 +309,7 @@ def _pause(api: docker.APIClient) -> Fault:
 @pytest.mark.usefixtures("docker_env")
 def test_a_container_paused_for_good_is_lost_unresponsive_and_every_result_comes_once(
         docker_api: docker.APIClient, task_log: Path) -> None:
-    with heartbeat_timeout(3.0):
+    with configured(heartbeat_timeout=3.0):
         out = _faulted_map(docker_api, task_log, _pause(docker_api), heals=False)
     _check_lost(docker_api, out)
 
@@ -314,7 +318,7 @@ def test_a_container_paused_for_good_is_lost_unresponsive_and_every_result_comes
 @pytest.mark.usefixtures("docker_env")
 def test_a_container_paused_shorter_than_the_bound_loses_nothing_and_runs_nothing_twice(
         docker_api: docker.APIClient, task_log: Path) -> None:
-    with heartbeat_timeout(WAIT):
+    with configured(heartbeat_timeout=WAIT):
         out = _faulted_map(docker_api, task_log, _pause(docker_api), heals=True)
     _check_healed(out)
 
@@ -347,7 +351,7 @@ def _partition(api: docker.APIClient, cuts: list[Partition]) -> Fault:
 def test_a_container_cut_off_for_good_is_lost_unresponsive_and_every_result_comes_once(
         docker_api: docker.APIClient, task_log: Path) -> None:
     cuts: list[Partition] = []
-    with heartbeat_timeout(3.0):
+    with configured(heartbeat_timeout=3.0):
         out = _faulted_map(docker_api, task_log, _partition(docker_api, cuts), heals=False)
     _check_lost(docker_api, out)
     assert cuts[0].dropped, "the partition dropped nothing"
@@ -358,7 +362,20 @@ def test_a_container_cut_off_for_good_is_lost_unresponsive_and_every_result_come
 def test_a_partition_that_heals_within_the_bound_loses_nothing_and_runs_nothing_twice(
         docker_api: docker.APIClient, task_log: Path) -> None:
     cuts: list[Partition] = []
-    with heartbeat_timeout(WAIT):
+    with configured(heartbeat_timeout=WAIT):
         out = _faulted_map(docker_api, task_log, _partition(docker_api, cuts), heals=True)
     _check_healed(out)
+    assert cuts[0].dropped, "the partition dropped nothing"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("docker_env")
+def test_with_heartbeats_off_a_container_cut_off_for_good_is_lost_after_peer_timeout(
+        docker_api: docker.APIClient, task_log: Path) -> None:
+    """Unlike a paused container, a cut-off one does not answer TCP keepalive: ``peer_timeout``
+    ends its connections (whichever side sees it first: the worker leaves, or is stopped)."""
+    cuts: list[Partition] = []
+    with configured(heartbeat_timeout=0, peer_timeout=4):
+        out = _faulted_map(docker_api, task_log, _partition(docker_api, cuts), heals=False)
+    _check_lost(docker_api, out, reason=None)
     assert cuts[0].dropped, "the partition dropped nothing"
