@@ -18,7 +18,10 @@ SIGKILL is :attr:`~EndReason.OOM`, a SIGKILL with ``OOMKilled`` false and no ``k
 backend did not cause (``docker stop`` or ``docker kill`` by someone else) is
 :attr:`~EndReason.PREEMPTED`; a start the
 daemon refuses is :attr:`~EndReason.NEVER_STARTED`; a container gone without a ``die``
-event, or a daemon that stopped answering, is :attr:`~EndReason.HOST_LOST`.
+event, or a daemon that stopped answering, is :attr:`~EndReason.HOST_LOST`. A job stopped
+while its container is paused (``docker pause``) is unpaused after the signal, which would
+otherwise wait in the frozen processes (the daemon thaws it only for SIGKILL and the image's
+``STOPSIGNAL``).
 
 The ``docker`` SDK is imported when a backend first talks to the daemon, never when
 the plugin is loaded.
@@ -69,7 +72,14 @@ from fiber_docker.spec import (
     limits,
     mounts,
 )
-from fiber_docker.status import START_FAILED, ImageCheck, check_verdict, container_end, exitcode
+from fiber_docker.status import (
+    START_FAILED,
+    ImageCheck,
+    check_verdict,
+    container_end,
+    exitcode,
+    thaw_to_signal,
+)
 
 log = logging.getLogger("fiber")
 
@@ -122,6 +132,7 @@ class _Container:
     signalled: bool = False  # this backend sent it a signal: kill events are ours
     outside_signal: str | None = None  # the signal of a kill event we did not cause
     oom: bool = False  # the daemon reported an oom event
+    paused: bool = False  # docker pause froze it (pause and unpause events, and the re-list)
     missing: int = 0  # consecutive re-lists that did not find it (two make it lost)
     output_done: threading.Event = field(default_factory=threading.Event)  # the log is whole
 
@@ -419,6 +430,15 @@ class DockerBackend(Backend):
             if isinstance(e, docker.errors.APIError) and e.status_code == 409:
                 return  # not running (exiting, or being removed)
             raise BackendError(f"cannot signal container {c.name} on {self._where}", cause=e) from None
+        if thaw_to_signal(sig, c.paused):
+            self._thaw(c)
+
+    def _thaw(self, c: _Container) -> None:
+        """Unpause a container that a signal of this backend waits in (a stopped job must end)."""
+        try:
+            self._api.unpause(c.id)
+        except Exception as e:  # 409: thawed already or not running; 404: removed; or the daemon went away
+            log.debug("fiber: could not unpause container %s: %s", c.name, explain(e))
 
     def terminate_job(self, job: Job) -> None:
         self._signal(job, "SIGTERM")
@@ -470,7 +490,7 @@ class DockerBackend(Backend):
         daemon whose clock is behind ours: a replayed event changes nothing), and the re-list
         runs at once for what the daemon no longer holds.
         """
-        filters = {"type": ["container"], "event": ["die", "kill", "oom"],
+        filters = {"type": ["container"], "event": ["die", "kill", "oom", "pause", "unpause"],
                    "label": [f"{LABEL_RUN}={self.run_id}", f"{LABEL_OWNER}={self.owner}"]}
         stream = self._stream_api.events(since=self._since, filters=filters, decode=True)
         with self._lock:
@@ -499,6 +519,8 @@ class DockerBackend(Backend):
         with c.lock:
             if action == "oom":
                 c.oom = True
+            elif action in ("pause", "unpause"):
+                c.paused = action == "pause"
             elif action == "kill" and not c.signalled:
                 c.outside_signal = c.outside_signal or str(attributes.get("signal", "?"))
             elif action == "die" and not c.started:  # _start records it once the start call returned
@@ -537,6 +559,9 @@ class DockerBackend(Backend):
                                      "the container vanished without a die event (removed by force?)")
                 continue
             c.missing = 0
+            c.paused = row.get("State") == "paused"  # (a pause or unpause event missed)
+            if c.paused and c.signalled:  # paused just before our signal, which waits in it
+                self._thaw(c)
             state = self._state(c) if row.get("State") in ("exited", "dead") else None
             if state is not None:  # else removed since: its die event, or the next round, tells
                 self._finish(job, exitcode(state["ExitCode"]), bool(state.get("OOMKilled")))
