@@ -13,8 +13,8 @@ replays it), on a worker the seed picks, and heals (or not) a hundred results la
 run's own clock, never a time. ``WAIT`` bounds every wait.
 
 A job is paused here only once its program runs: a SIGTERM sent in the first moments of a
-container (before ``docker-init`` has blocked the signals it forwards) is dropped by the
-kernel, paused or not, and its job does not end: a limit of the backend's stop, not of pausing.
+container is lost, paused or not (by all signs before ``docker-init`` has blocked the
+signals it forwards), and its job does not end: a limit of the backend's stop, not of pausing.
 """
 
 from __future__ import annotations
