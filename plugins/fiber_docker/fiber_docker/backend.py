@@ -21,7 +21,8 @@ daemon refuses is :attr:`~EndReason.NEVER_STARTED`; a container gone without a `
 event, or a daemon that stopped answering, is :attr:`~EndReason.HOST_LOST`. A job stopped
 while its container is paused (``docker pause``) is unpaused after the signal, which would
 otherwise wait in the frozen processes (the daemon thaws it only for SIGKILL and the image's
-``STOPSIGNAL``).
+``STOPSIGNAL``); a job stopped as soon as it started is signalled once its init runs the job's
+command (:data:`INIT_CHECK_SECONDS`).
 
 The ``docker`` SDK is imported when a backend first talks to the daemon, never when
 the plugin is loaded.
@@ -117,6 +118,11 @@ CHECK_TIMEOUT = 120.0
 """Seconds the image check container may take."""
 PARALLEL_STARTS = 8
 """Containers started at once, per backend."""
+INIT_CHECK_SECONDS = 10.0
+"""For this long after its start, a container is sent a signal other than SIGKILL only once its
+init (docker-init) runs the job's command, waiting at most as long: before that, the init has
+not blocked the signals it forwards, and the kernel drops them (the first process of a PID
+namespace gets only the signals it handles or blocks): the job would never end."""
 
 
 @dataclass(eq=False)
@@ -127,6 +133,7 @@ class _Container:
     name: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     started: bool = False  # the daemon accepted the start; until then:
+    started_at: float = 0.0  # (monotonic) when it did
     signal: str | None = None  # a signal asked for, sent once it has started
     status: int | None = None  # an exit whose die event came before the start call returned
     signalled: bool = False  # this backend sent it a signal: kill events are ours
@@ -364,7 +371,7 @@ class DockerBackend(Backend):
                 close_stream(stream)
             self._start_failed(job, e)
         with c.lock:
-            c.started = True
+            c.started, c.started_at = True, time.monotonic()
             pending, status = c.signal, c.status
         if status is not None:  # it ended before we knew it started
             self._finish(job, status)
@@ -422,6 +429,8 @@ class DockerBackend(Backend):
     def _send(self, c: _Container, sig: str) -> None:
         import docker
 
+        if sig != "SIGKILL" and time.monotonic() - c.started_at < INIT_CHECK_SECONDS:
+            self._wait_for_init(c)
         try:
             self._api.kill(c.id, signal=sig)
         except docker.errors.NotFound:
@@ -432,6 +441,18 @@ class DockerBackend(Backend):
             raise BackendError(f"cannot signal container {c.name} on {self._where}", cause=e) from None
         if thaw_to_signal(sig, c.paused):
             self._thaw(c)
+
+    def _wait_for_init(self, c: _Container) -> None:
+        """Wait until the container's init has started the job's command (it has blocked the
+        signals it forwards by then), at most until :data:`INIT_CHECK_SECONDS` after the start."""
+        deadline = c.started_at + INIT_CHECK_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                if len(self._api.top(c.id)["Processes"]) >= 2:
+                    return
+            except Exception:  # ended, removed, or the daemon cannot list them: send at once
+                return
+            time.sleep(0.01)  # the init's start is milliseconds; no event tells it
 
     def _thaw(self, c: _Container) -> None:
         """Unpause a container that a signal of this backend waits in (a stopped job must end)."""

@@ -12,9 +12,9 @@ Each fault strikes at a point of the run's progress a seed draws (``FIBER_CHAOS_
 replays it), on a worker the seed picks, and heals (or not) a hundred results later: the
 run's own clock, never a time. ``WAIT`` bounds every wait.
 
-A job is paused here only once its program runs: a SIGTERM sent in the first moments of a
-container is lost, paused or not (by all signs before ``docker-init`` has blocked the
-signals it forwards), and its job does not end: a limit of the backend's stop, not of pausing.
+A signal sent in the first moments of a container would be lost (before ``docker-init``
+has blocked the signals it forwards, the kernel drops them): the backend waits for the init
+to run the job's command first, and a test stops containers as soon as they run.
 """
 
 from __future__ import annotations
@@ -288,6 +288,22 @@ def stopsignal_image(docker_api: docker.APIClient) -> Iterator[str]:
     finally:
         with contextlib.suppress(docker.errors.APIError):
             docker_api.remove_image(STOPSIGNAL_IMAGE)
+
+
+@pytest.mark.usefixtures("docker_env")
+def test_a_job_terminated_as_soon_as_its_container_runs_ends(docker_api: docker.APIClient) -> None:
+    backend = create_backend("docker", "t" + os.urandom(4).hex())
+    assert isinstance(backend, DockerBackend)
+    try:
+        for _ in range(20):
+            job = backend.start_job(JobSpec(command=["python3", "-c", "import time; time.sleep(600)"],
+                                            name="young"))
+            wait_until(lambda: docker_api.inspect_container(job.id)["State"]["Running"],  # noqa: B023
+                       "the daemon started it")
+            backend.stop_job(job)
+            assert backend.wait_for_job(job, WAIT) == -signal.SIGTERM  # not lost
+    finally:
+        backend.cleanup()
 
 
 def pause(api: docker.APIClient, container: str) -> None:
