@@ -18,7 +18,11 @@ SIGKILL is :attr:`~EndReason.OOM`, a SIGKILL with ``OOMKilled`` false and no ``k
 backend did not cause (``docker stop`` or ``docker kill`` by someone else) is
 :attr:`~EndReason.PREEMPTED`; a start the
 daemon refuses is :attr:`~EndReason.NEVER_STARTED`; a container gone without a ``die``
-event, or a daemon that stopped answering, is :attr:`~EndReason.HOST_LOST`.
+event, or a daemon that stopped answering, is :attr:`~EndReason.HOST_LOST`. A job stopped
+while its container is paused (``docker pause``) is unpaused after the signal, which would
+otherwise wait in the frozen processes (the daemon thaws it only for SIGKILL and the image's
+``STOPSIGNAL``); a job stopped as soon as it started is signalled once its init runs the job's
+command (:data:`INIT_CHECK_SECONDS`).
 
 The ``docker`` SDK is imported when a backend first talks to the daemon, never when
 the plugin is loaded.
@@ -69,7 +73,14 @@ from fiber_docker.spec import (
     limits,
     mounts,
 )
-from fiber_docker.status import START_FAILED, ImageCheck, check_verdict, container_end, exitcode
+from fiber_docker.status import (
+    START_FAILED,
+    ImageCheck,
+    check_verdict,
+    container_end,
+    exitcode,
+    thaw_to_signal,
+)
 
 log = logging.getLogger("fiber")
 
@@ -107,6 +118,11 @@ CHECK_TIMEOUT = 120.0
 """Seconds the image check container may take."""
 PARALLEL_STARTS = 8
 """Containers started at once, per backend."""
+INIT_CHECK_SECONDS = 10.0
+"""For this long after its start, a container is sent a signal other than SIGKILL only once its
+init (docker-init) runs the job's command, waiting at most as long: before that, the init has
+not blocked the signals it forwards, and the kernel drops them (the first process of a PID
+namespace gets only the signals it handles or blocks): the job would never end."""
 
 
 @dataclass(eq=False)
@@ -117,11 +133,13 @@ class _Container:
     name: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     started: bool = False  # the daemon accepted the start; until then:
+    started_at: float = 0.0  # (monotonic) when it did
     signal: str | None = None  # a signal asked for, sent once it has started
     status: int | None = None  # an exit whose die event came before the start call returned
     signalled: bool = False  # this backend sent it a signal: kill events are ours
     outside_signal: str | None = None  # the signal of a kill event we did not cause
     oom: bool = False  # the daemon reported an oom event
+    paused: bool = False  # docker pause froze it (pause and unpause events, and the re-list)
     missing: int = 0  # consecutive re-lists that did not find it (two make it lost)
     output_done: threading.Event = field(default_factory=threading.Event)  # the log is whole
 
@@ -353,7 +371,7 @@ class DockerBackend(Backend):
                 close_stream(stream)
             self._start_failed(job, e)
         with c.lock:
-            c.started = True
+            c.started, c.started_at = True, time.monotonic()
             pending, status = c.signal, c.status
         if status is not None:  # it ended before we knew it started
             self._finish(job, status)
@@ -411,6 +429,8 @@ class DockerBackend(Backend):
     def _send(self, c: _Container, sig: str) -> None:
         import docker
 
+        if sig != "SIGKILL" and time.monotonic() - c.started_at < INIT_CHECK_SECONDS:
+            self._wait_for_init(c)
         try:
             self._api.kill(c.id, signal=sig)
         except docker.errors.NotFound:
@@ -419,6 +439,27 @@ class DockerBackend(Backend):
             if isinstance(e, docker.errors.APIError) and e.status_code == 409:
                 return  # not running (exiting, or being removed)
             raise BackendError(f"cannot signal container {c.name} on {self._where}", cause=e) from None
+        if thaw_to_signal(sig, c.paused):
+            self._thaw(c)
+
+    def _wait_for_init(self, c: _Container) -> None:
+        """Wait until the container's init has started the job's command (it has blocked the
+        signals it forwards by then), at most until :data:`INIT_CHECK_SECONDS` after the start."""
+        deadline = c.started_at + INIT_CHECK_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                if len(self._api.top(c.id)["Processes"]) >= 2:
+                    return
+            except Exception:  # ended, removed, or the daemon cannot list them: send at once
+                return
+            time.sleep(0.01)  # the init's start is milliseconds; no event tells it
+
+    def _thaw(self, c: _Container) -> None:
+        """Unpause a container that a signal of this backend waits in (a stopped job must end)."""
+        try:
+            self._api.unpause(c.id)
+        except Exception as e:  # 409: thawed already or not running; 404: removed; or the daemon went away
+            log.debug("fiber: could not unpause container %s: %s", c.name, explain(e))
 
     def terminate_job(self, job: Job) -> None:
         self._signal(job, "SIGTERM")
@@ -470,7 +511,7 @@ class DockerBackend(Backend):
         daemon whose clock is behind ours: a replayed event changes nothing), and the re-list
         runs at once for what the daemon no longer holds.
         """
-        filters = {"type": ["container"], "event": ["die", "kill", "oom"],
+        filters = {"type": ["container"], "event": ["die", "kill", "oom", "pause", "unpause"],
                    "label": [f"{LABEL_RUN}={self.run_id}", f"{LABEL_OWNER}={self.owner}"]}
         stream = self._stream_api.events(since=self._since, filters=filters, decode=True)
         with self._lock:
@@ -499,6 +540,8 @@ class DockerBackend(Backend):
         with c.lock:
             if action == "oom":
                 c.oom = True
+            elif action in ("pause", "unpause"):
+                c.paused = action == "pause"
             elif action == "kill" and not c.signalled:
                 c.outside_signal = c.outside_signal or str(attributes.get("signal", "?"))
             elif action == "die" and not c.started:  # _start records it once the start call returned
@@ -537,6 +580,9 @@ class DockerBackend(Backend):
                                      "the container vanished without a die event (removed by force?)")
                 continue
             c.missing = 0
+            c.paused = row.get("State") == "paused"  # (a pause or unpause event missed)
+            if c.paused and c.signalled:  # paused just before our signal, which waits in it
+                self._thaw(c)
             state = self._state(c) if row.get("State") in ("exited", "dead") else None
             if state is not None:  # else removed since: its die event, or the next round, tells
                 self._finish(job, exitcode(state["ExitCode"]), bool(state.get("OOMKilled")))

@@ -20,6 +20,13 @@ def exitcode(status: Any) -> int:
     return exitcode_from_status(int(status)) or 0
 
 
+def thaw_to_signal(sig: str, paused: bool) -> bool:
+    """Whether a container must be unpaused for ``sig`` to reach it: the daemon thaws a paused
+    container itself only for SIGKILL and for its image's ``STOPSIGNAL``; any other signal
+    waits in the frozen processes, and so would the job's end."""
+    return paused and sig != "SIGKILL"
+
+
 def container_end(code: int, *, oom: bool | None, outside_signal: str | None, stop_requested: bool,
                   memory: int | None) -> tuple[EndReason | None, str]:
     """Why a container that exited with ``code`` ended, and what to say of it.

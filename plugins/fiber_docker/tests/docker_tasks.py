@@ -114,3 +114,15 @@ def container_of(q, code: int) -> None:  # noqa: ANN001
     with open("/proc/self/mountinfo") as f:  # Docker mounts /etc/hosts from the container's directory
         q.put(re.search(r"/containers/([0-9a-f]{64})/", f.read()).group(1))  # type: ignore[union-attr]
     sys.exit(code)
+
+
+def logged_task(x: int, where: str) -> tuple[int, str]:
+    """Record a run of ``x`` in ``where`` (a file per run: the task log a fault test reads),
+    do ~20 ms of work, return ``x`` and the name of the worker that ran it."""
+    import fiber_core
+
+    fd = os.open(os.path.join(where, f"{x}.{os.getpid()}.{time.monotonic_ns()}"),
+                 os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.close(fd)
+    time.sleep(0.02)  # the task's work
+    return x, fiber_core.current_process().name

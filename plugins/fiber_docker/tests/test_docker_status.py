@@ -7,7 +7,7 @@ import sys
 import pytest
 from fiber_core.contract import EndReason
 
-from fiber_docker.status import check_verdict, container_end, exitcode
+from fiber_docker.status import check_verdict, container_end, exitcode, thaw_to_signal
 
 
 def test_a_shell_style_status_is_multiprocessings_exit_code() -> None:
@@ -39,3 +39,9 @@ def test_the_image_check_says_what_is_missing() -> None:
     assert check_verdict(None, "", "python3", "img", 120, None).transient
     assert "has no 'python3'" in check_verdict(127, "exec failed", "python3", "img", 120, None).message
     assert "not fiber-core" in check_verdict(1, "No module named 'fiber_core'", "python3", "img", 120, None).message
+
+
+def test_a_paused_container_is_thawed_for_every_signal_but_sigkill_which_the_daemon_thaws_for() -> None:
+    assert thaw_to_signal("SIGTERM", paused=True)
+    assert not thaw_to_signal("SIGKILL", paused=True)
+    assert not thaw_to_signal("SIGTERM", paused=False)
