@@ -224,7 +224,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def measure(what: str, method: str, mib: int, workers: int, rounds: int, where: str, repo: str = HERE) -> dict:
     out = subprocess.run([sys.executable, where, what, method, str(mib), str(workers), str(rounds)],
                          capture_output=True, text=True, timeout=3600,
-                         env={**os.environ, "PYTHONPATH": repo, "RAY_DEDUP_LOGS": "0"})
+                         env={**os.environ, "PYTHONPATH": repo, "RAY_DEDUP_LOGS": "0"},
+                         cwd=repo)  # jobs run `python -m`, which imports from the working directory first
     if out.returncode != 0:
         raise SystemExit(f"{method} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

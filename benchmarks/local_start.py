@@ -67,7 +67,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def measure(lib: str, mode: str, n: int, where: str, repo: str = HERE) -> list[float]:
     out = subprocess.run([sys.executable, where, lib, mode, str(n)], capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "PYTHONPATH": repo})
+                         timeout=900, env={**os.environ, "PYTHONPATH": repo},
+                         cwd=repo)  # jobs run `python -m`, which imports from the working directory first
     if out.returncode != 0:
         raise RuntimeError(f"{lib} {mode}: {out.stderr[-2000:]}")
     return json.loads(out.stdout)

@@ -79,6 +79,7 @@ def compare(other: str, rounds: int) -> None:
             for name in (["other", "this"] if r % 2 == 0 else ["this", "other"]):
                 out = subprocess.run([sys.executable, os.path.abspath(__file__), "--case", kind,
                                       "--n", str(n)], env=dict(os.environ, PYTHONPATH=trees[name]),
+                                     cwd=trees[name],  # jobs run `python -m` there
                                      capture_output=True, text=True, check=True)
                 res.setdefault(label, {}).setdefault(name, []).append(float(out.stdout))
     print(f"this = {ROOT}, other = {other}; medians over {rounds} interleaved rounds "
