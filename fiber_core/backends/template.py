@@ -62,12 +62,16 @@ _MAX_LINE = 1 << 24
 
 # -- the template process --------------------------------------------------------------------
 
-PRELOAD = ("fiber_core.processes.worker", "fiber_core.parallel.pool.worker", "cloudpickle",
+PRELOAD = ("fiber_core.processes.worker", "fiber_core.parallel.pool.worker",
            "fiber_core.parallel.synchronize", "fiber_core.parallel.queues")
-"""What every template imports: the worker, the Pool's worker, and what a worker imports to
-unpickle its process object or its first task whenever they hold a function of the main
-module or a lambda (cloudpickle), a lock, a Barrier or a queue (about 18 ms of CPU in each
-worker; 12 ms once here)."""
+"""What every template imports before it forks: the worker, the Pool's worker, and what a
+worker imports to unpickle its process object or its first task whenever they hold a lock,
+a Barrier or a queue."""
+
+LATER = ("cloudpickle",)
+"""What the template imports once it has forked the jobs asked for first, before the next:
+what a worker needs only for a function sent by value (a lambda, a closure), about 9 ms of
+CPU that the program's first jobs then do not wait for (one that needs it imports it)."""
 
 
 def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: list[int],
@@ -250,8 +254,9 @@ def _fork_job(sock: socket.socket, request: dict, fds: list[int], children: set[
     _send(sock, {"pid": pid})
 
 
-def serve(sock: socket.socket, preload: Sequence[str]) -> None:
-    """The template's loop: fork a child per request, report each child's end."""
+def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[str] = ()) -> None:
+    """The template's loop: fork a child per request, report each child's end; import
+    ``later_preload`` once the first requests are served and none waits."""
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
     if parent_pidfd is not None:
@@ -269,8 +274,15 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     fds: list[int] = []
     children: set[int] = set()
     watched = [sock.fileno(), wake_r] + ([parent_pidfd] if parent_pidfd is not None else [])
+    later = list(later_preload)
+    served = False
     while True:
-        ready = select.select(watched, [], [])[0]
+        ready = select.select(watched, [], [], 0 if served and later else None)[0]
+        if not ready:  # the first requests are served and no other waits: import the rest
+            _preload(later)
+            later.clear()
+            gc.freeze()
+            continue
         if parent_pidfd in ready:
             _kill_children(children)  # a job in a long C call cannot see it: it ends here
             return
@@ -283,6 +295,7 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
                 return  # the backend is gone: the jobs end with their parent by themselves
             for request, its_fds in got:
                 _fork_job(sock, request, its_fds, children, (wake_r, wake_w), parent_pidfd)
+                served = True
 
 
 # -- the backend's side ---------------------------------------------------------------------------
@@ -457,6 +470,6 @@ class Template:
 
 if __name__ == "__main__":
     try:
-        serve(socket.socket(fileno=int(sys.argv[1])), [*PRELOAD, *sys.argv[2:]])
+        serve(socket.socket(fileno=int(sys.argv[1])), [*PRELOAD, *sys.argv[2:]], LATER)
     except (ConnectionError, KeyboardInterrupt):
         pass  # the backend went away meanwhile: nothing is left to serve
