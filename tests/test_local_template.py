@@ -102,11 +102,14 @@ def test_the_template_preloads_what_unpickling_locks_imports(template: int) -> N
     p.join(T)
 
 
-def test_the_template_imports_cloudpickle_once_it_has_forked_its_first_jobs(template: int) -> None:
-    # Not before (the program's first jobs do not wait for it), but a later job has it.
+def test_the_template_imports_cloudpickle_once_no_job_was_asked_for_a_while(template: int) -> None:
+    # Not before it is ready (the program's first jobs do not wait for it), but a later job has it.
+    from fiber_core.backends.template import LATER_IDLE_SECONDS
+
     q = fiber_core.Queue()
     deadline = time.monotonic() + T
     while True:
+        time.sleep(LATER_IDLE_SECONDS)  # the condition itself: no job asked for that long
         p = fiber_core.Process(target=modules_loaded, args=(q, ["cloudpickle"]))
         p.start()
         forked_from, (loaded,) = q.get(timeout=T)

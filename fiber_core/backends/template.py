@@ -69,9 +69,14 @@ worker imports to unpickle its process object or its first task whenever they ho
 a Barrier or a queue."""
 
 LATER = ("cloudpickle",)
-"""What the template imports once it has forked the jobs asked for first, before the next:
-what a worker needs only for a function sent by value (a lambda, a closure), about 9 ms of
-CPU that the program's first jobs then do not wait for (one that needs it imports it)."""
+"""What the template imports once no request has come for :data:`LATER_IDLE_SECONDS`: what
+a worker needs only for a function sent by value (a lambda, a closure), about 9 ms of CPU
+that the program's first jobs do not wait for (one forked before imports it itself)."""
+
+LATER_IDLE_SECONDS = 1.0
+"""How long the template waits for no request before it imports :data:`LATER`: long enough
+that a Pool's starts, which come in runs as its workers get ready, are not held up by it
+(importing between two runs cost a loaded machine's Pool(64) a few tenths of a second)."""
 
 
 def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: list[int],
@@ -256,7 +261,7 @@ def _fork_job(sock: socket.socket, request: dict, fds: list[int], children: set[
 
 def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[str] = ()) -> None:
     """The template's loop: fork a child per request, report each child's end; import
-    ``later_preload`` once the first requests are served and none waits."""
+    ``later_preload`` once no request has come for :data:`LATER_IDLE_SECONDS`."""
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
     if parent_pidfd is not None:
@@ -275,10 +280,9 @@ def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[s
     children: set[int] = set()
     watched = [sock.fileno(), wake_r] + ([parent_pidfd] if parent_pidfd is not None else [])
     later = list(later_preload)
-    served = False
     while True:
-        ready = select.select(watched, [], [], 0 if served and later else None)[0]
-        if not ready:  # the first requests are served and no other waits: import the rest
+        ready = select.select(watched, [], [], LATER_IDLE_SECONDS if later else None)[0]
+        if not ready:  # no request for a while: the program's first starts are past
             _preload(later)
             later.clear()
             gc.freeze()
@@ -295,7 +299,6 @@ def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[s
                 return  # the backend is gone: the jobs end with their parent by themselves
             for request, its_fds in got:
                 _fork_job(sock, request, its_fds, children, (wake_r, wake_w), parent_pidfd)
-                served = True
 
 
 # -- the backend's side ---------------------------------------------------------------------------
