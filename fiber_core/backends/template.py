@@ -39,8 +39,11 @@ template it lost.
 The template ends when the socket closes (its parent ended or cleaned up). It
 preloads the worker module, the Pool's module (a pool worker imports it first: about
 6 ms of CPU each, as much as the rest of its start), what a worker needs to unpickle
-functions and synchronization objects (:data:`PRELOAD`) and the modules named by the
-``forkserver_preload`` setting (``fiber_core.set_forkserver_preload``).
+synchronization objects and queues (:data:`PRELOAD`) and the modules named by the
+``forkserver_preload`` setting (``fiber_core.set_forkserver_preload``); what it needs to
+unpickle a function sent by value only once no job was asked for a while (:data:`LATER`).
+The local backend starts it when the run selects the backend (``warm_up``), so that it
+imports while the program goes on.
 """
 
 from __future__ import annotations
