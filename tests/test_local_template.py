@@ -177,3 +177,32 @@ def test_a_forked_job_forks_no_watcher_the_template_watches_its_parent(template:
     p.start()
     assert q.get(timeout=T) == (template, [])
     p.join(T)
+
+
+def test_the_run_starts_the_template_when_it_selects_the_local_backend(run_script) -> None:  # noqa: ANN001
+    # The hub's start selects the backend: the template is on its way before any job is asked for.
+    out = run_script("""
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            runtime().hub
+            backend = runtime().backend
+            print(backend._template is not None and backend.jobs == [], backend.wait_template(30))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_the_run_starts_no_template_where_jobs_start_as_new_interpreters(run_script) -> None:  # noqa: ANN001
+    out = run_script("""
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            fiber_core.init(local_start="fresh")
+            runtime().hub
+            print(runtime().backend._template is None)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"]
