@@ -94,12 +94,30 @@ def test_the_template_preloads_what_pool_workers_import(template: int) -> None:
     p.join(T)
 
 
-def test_the_template_preloads_what_unpickling_functions_and_locks_imports(template: int) -> None:
+def test_the_template_preloads_what_unpickling_locks_imports(template: int) -> None:
     q = fiber_core.Queue()
-    p = fiber_core.Process(target=modules_loaded, args=(q, ["cloudpickle", "fiber_core.parallel.synchronize"]))
+    p = fiber_core.Process(target=modules_loaded, args=(q, ["fiber_core.parallel.synchronize"]))
     p.start()
-    assert q.get(timeout=T) == (template, [True, True])
+    assert q.get(timeout=T) == (template, [True])
     p.join(T)
+
+
+def test_the_template_imports_cloudpickle_once_no_job_was_asked_for_a_while(template: int) -> None:
+    # Not before it is ready (the program's first jobs do not wait for it), but a later job has it.
+    from fiber_core.backends.template import LATER_IDLE_SECONDS
+
+    q = fiber_core.Queue()
+    deadline = time.monotonic() + T
+    while True:
+        time.sleep(LATER_IDLE_SECONDS)  # the condition itself: no job asked for that long
+        p = fiber_core.Process(target=modules_loaded, args=(q, ["cloudpickle"]))
+        p.start()
+        forked_from, (loaded,) = q.get(timeout=T)
+        p.join(T)
+        assert forked_from == template and p.exitcode == 0
+        if loaded or time.monotonic() > deadline:
+            break
+    assert loaded
 
 
 def test_a_forked_job_reaches_its_parent_on_its_channel_without_the_hub(
@@ -159,3 +177,32 @@ def test_a_forked_job_forks_no_watcher_the_template_watches_its_parent(template:
     p.start()
     assert q.get(timeout=T) == (template, [])
     p.join(T)
+
+
+def test_the_run_starts_the_template_when_it_selects_the_local_backend(run_script) -> None:  # noqa: ANN001
+    # The hub's start selects the backend: the template is on its way before any job is asked for.
+    out = run_script("""
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            runtime().hub
+            backend = runtime().backend
+            print(backend._template is not None and backend.jobs == [], backend.wait_template(30))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_the_run_starts_no_template_where_jobs_start_as_new_interpreters(run_script) -> None:  # noqa: ANN001
+    out = run_script("""
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            fiber_core.init(local_start="fresh")
+            runtime().hub
+            print(runtime().backend._template is None)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"]

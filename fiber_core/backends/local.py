@@ -191,6 +191,12 @@ class LocalBackend(Backend):
             return template if template.wait_ready(_TEMPLATE_WAIT) else None
         return template if template.ready.is_set() else None
 
+    def warm_up(self) -> None:
+        """Start the template now (it imports for about as long as a new interpreter's
+        start): a Pool made later in the run forks its workers from it at once."""
+        if self.settings.get("start", "template") == "template":
+            self._template_for()
+
     def wait_template(self, timeout: float | None = None) -> bool:
         """Start the template if it is not started, and wait until it is ready; False if it
         is not ready within ``timeout`` or cannot start (jobs then start fresh)."""

@@ -39,8 +39,11 @@ template it lost.
 The template ends when the socket closes (its parent ended or cleaned up). It
 preloads the worker module, the Pool's module (a pool worker imports it first: about
 6 ms of CPU each, as much as the rest of its start), what a worker needs to unpickle
-functions and synchronization objects (:data:`PRELOAD`) and the modules named by the
-``forkserver_preload`` setting (``fiber_core.set_forkserver_preload``).
+synchronization objects and queues (:data:`PRELOAD`) and the modules named by the
+``forkserver_preload`` setting (``fiber_core.set_forkserver_preload``); what it needs to
+unpickle a function sent by value only once no job was asked for a while (:data:`LATER`).
+The local backend starts it when the run selects the backend (``warm_up``), so that it
+imports while the program goes on.
 """
 
 from __future__ import annotations
@@ -62,12 +65,21 @@ _MAX_LINE = 1 << 24
 
 # -- the template process --------------------------------------------------------------------
 
-PRELOAD = ("fiber_core.processes.worker", "fiber_core.parallel.pool.worker", "cloudpickle",
+PRELOAD = ("fiber_core.processes.worker", "fiber_core.parallel.pool.worker",
            "fiber_core.parallel.synchronize", "fiber_core.parallel.queues")
-"""What every template imports: the worker, the Pool's worker, and what a worker imports to
-unpickle its process object or its first task whenever they hold a function of the main
-module or a lambda (cloudpickle), a lock, a Barrier or a queue (about 18 ms of CPU in each
-worker; 12 ms once here)."""
+"""What every template imports before it forks: the worker, the Pool's worker, and what a
+worker imports to unpickle its process object or its first task whenever they hold a lock,
+a Barrier or a queue."""
+
+LATER = ("cloudpickle",)
+"""What the template imports once no request has come for :data:`LATER_IDLE_SECONDS`: what
+a worker needs only for a function sent by value (a lambda, a closure), about 9 ms of CPU
+that the program's first jobs do not wait for (one forked before imports it itself)."""
+
+LATER_IDLE_SECONDS = 1.0
+"""How long the template waits for no request before it imports :data:`LATER`: long enough
+that a Pool's starts, which come in runs as its workers get ready, are not held up by it
+(importing between two runs cost a loaded machine's Pool(64) a few tenths of a second)."""
 
 
 def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: list[int],
@@ -250,8 +262,9 @@ def _fork_job(sock: socket.socket, request: dict, fds: list[int], children: set[
     _send(sock, {"pid": pid})
 
 
-def serve(sock: socket.socket, preload: Sequence[str]) -> None:
-    """The template's loop: fork a child per request, report each child's end."""
+def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[str] = ()) -> None:
+    """The template's loop: fork a child per request, report each child's end; import
+    ``later_preload`` once no request has come for :data:`LATER_IDLE_SECONDS`."""
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
     if parent_pidfd is not None:
@@ -269,8 +282,14 @@ def serve(sock: socket.socket, preload: Sequence[str]) -> None:
     fds: list[int] = []
     children: set[int] = set()
     watched = [sock.fileno(), wake_r] + ([parent_pidfd] if parent_pidfd is not None else [])
+    later = list(later_preload)
     while True:
-        ready = select.select(watched, [], [])[0]
+        ready = select.select(watched, [], [], LATER_IDLE_SECONDS if later else None)[0]
+        if not ready:  # no request for a while: the program's first starts are past
+            _preload(later)
+            later.clear()
+            gc.freeze()
+            continue
         if parent_pidfd in ready:
             _kill_children(children)  # a job in a long C call cannot see it: it ends here
             return
@@ -457,6 +476,6 @@ class Template:
 
 if __name__ == "__main__":
     try:
-        serve(socket.socket(fileno=int(sys.argv[1])), [*PRELOAD, *sys.argv[2:]])
+        serve(socket.socket(fileno=int(sys.argv[1])), [*PRELOAD, *sys.argv[2:]], LATER)
     except (ConnectionError, KeyboardInterrupt):
         pass  # the backend went away meanwhile: nothing is left to serve

@@ -527,6 +527,18 @@ class Backend(ABC):
         """
         return None
 
+    def warm_up(self) -> None:
+        """The run is under way in the program's first process: start ahead, without
+        waiting for it, what this backend's first job will need.
+
+        Called once, when the run selects this backend (its hub starting, or its first
+        job), never in a job. The local backend starts its template here: it imports while
+        the program (or the Pool that started the run) goes on, and the first workers fork
+        from it sooner. The default does nothing. Never raises and never blocks on the
+        platform.
+        """
+        return None
+
     def get_listen_addr(self) -> str:
         """The host or IP address that jobs use to reach this process.
 

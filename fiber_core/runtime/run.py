@@ -146,6 +146,8 @@ class Runtime:
                 self._backends[canonical] = (version, backend)
                 self._all_backends.append(backend)
                 self.handle_sigterm()
+                if name is None and not self.is_worker:
+                    backend.warm_up()
             if name is None:
                 self._selected = (version, backend)
             return backend

@@ -1,0 +1,100 @@
+"""CPU per task of a map of 10 ms sleeps, in the parent and in the workers, against multiprocessing.
+
+On a machine with few CPUs and many workers (512 on 2 CPUs), a map of short tasks is paced
+by the CPU every task costs, not by the tasks' own time: this counts it. The parent's CPU is
+its own clock (every thread: the master, the hub, the caller); the workers' is read from
+``/proc/PID/stat`` of each worker before and after the map (the kernel counts it in ticks of
+10 ms: use enough tasks that the workers' total is many ticks). Each measure runs in a
+program of its own; the libraries alternate every round (the order flips); medians.
+
+``--against DIR`` measures the ``fiber_core`` of the checkout ``DIR`` too (``fiber (ref)``).
+
+    python benchmarks/task_cpu.py -n 16 --tasks 3200 --rounds 3
+    python benchmarks/task_cpu.py -n 16 --tasks 3200 --chunksize 10 --against ../base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sleep_task(x: float) -> float:
+    time.sleep(x)
+    return x
+
+
+def pid_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def in_program(lib: str, n: int, tasks: int, chunksize: int | None) -> dict[str, float]:
+    """One measure, in this program: a pool of ``n``, warmed, then the timed map."""
+    if lib == "fiber":
+        import fiber_core
+
+        pool = fiber_core.Pool(n)
+    else:
+        import multiprocessing
+
+        pool = multiprocessing.get_context(lib).Pool(n)
+    try:
+        pool.map(sleep_task, [0.0] * (4 * n))
+        pool.map(sleep_task, [0.01] * (2 * n))  # every worker has run the function
+        pids = ([w.process.pid for w in pool._workers.values()] if lib == "fiber"  # type: ignore[attr-defined]
+                else [p.pid for p in pool._pool])  # type: ignore[attr-defined]
+        w0, p0, t0 = sum(map(pid_cpu, pids)), time.process_time(), time.perf_counter()
+        pool.map(sleep_task, [0.01] * tasks, chunksize=chunksize)
+        t1, p1, w1 = time.perf_counter(), time.process_time(), sum(map(pid_cpu, pids))
+    finally:
+        pool.terminate()
+        pool.join()
+    return {"workers_us": (w1 - w0) / tasks * 1e6, "parent_us": (p1 - p0) / tasks * 1e6,
+            "rate": tasks / (t1 - t0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=16, help="workers")
+    ap.add_argument("--tasks", type=int, default=3200)
+    ap.add_argument("--chunksize", type=int, default=None, help="default: each library's own choice")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--against", help="a checkout whose fiber_core is measured too")
+    ap.add_argument("--libs", default="fork,forkserver,spawn", help="multiprocessing's start methods")
+    ap.add_argument("--in-program", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.in_program:
+        print(json.dumps(in_program(args.in_program, args.n, args.tasks, args.chunksize)))
+        return
+    modes = [("fiber", HERE)] + ([("fiber (ref)", os.path.abspath(args.against))] if args.against else [])
+    modes += [(lib, HERE) for lib in args.libs.split(",") if lib]
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in modes}
+    extra = [] if args.chunksize is None else ["--chunksize", str(args.chunksize)]
+    for r in range(args.rounds):
+        for name, repo in modes if r % 2 == 0 else modes[::-1]:
+            lib = "fiber" if name.startswith("fiber") else name
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--in-program", lib, "-n", str(args.n),
+                                  "--tasks", str(args.tasks), *extra], capture_output=True, text=True, timeout=900,
+                                 env={**os.environ, "PYTHONPATH": repo})
+            if out.returncode != 0:
+                raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
+            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"Pool({args.n}), map of {args.tasks} tasks of 10 ms, chunksize {args.chunksize or 'default'}, "
+          f"medians of {args.rounds} (load average {os.getloadavg()[0]:.1f}):")
+    for name, runs in results.items():
+        print(f"  {name:12s} workers {statistics.median(x['workers_us'] for x in runs):7.1f} us/task, "
+              f"parent {statistics.median(x['parent_us'] for x in runs):6.1f} us/task, "
+              f"{statistics.median(x['rate'] for x in runs):8.0f} tasks/s")
+
+
+if __name__ == "__main__":
+    main()
