@@ -84,7 +84,8 @@ def main() -> None:
             lib = "fiber" if name.startswith("fiber") else name
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--in-program", lib, "-n", str(args.n),
                                   "--tasks", str(args.tasks), *extra], capture_output=True, text=True, timeout=900,
-                                 env={**os.environ, "PYTHONPATH": repo})
+                                 env={**os.environ, "PYTHONPATH": repo},
+                                 cwd=repo)  # jobs run `python -m`, which imports from the working directory first
             if out.returncode != 0:
                 raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
             results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
