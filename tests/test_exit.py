@@ -154,3 +154,25 @@ def test_a_manager_not_shut_down_is_shut_down_at_exit(run_script) -> None:  # no
     key, pid, rest = out.stdout.split(" ", 2)
     assert (key, rest.strip()) == ("server", "{'x': 1}"), out.stdout
     assert not alive(int(pid))
+
+
+def test_what_pool_tasks_printed_arrives_though_the_pool_is_terminated_after_its_results(run_script) -> None:  # noqa: ANN001
+    # terminate() kills the workers at once: what a task printed must have reached the parent
+    # before its result did (the stdlib's workers write straight to the inherited stdout).
+    out = run_script("""
+        import fiber_core
+
+        def shout(x):
+            print("line", x, "x" * 2000, flush=True)
+            return x
+
+        if __name__ == "__main__":
+            for _ in range(5):
+                pool = fiber_core.Pool(3)
+                assert pool.map(shout, range(200), chunksize=1) == list(range(200))
+                pool.terminate()
+                pool.join()
+    """, timeout=4 * T)
+    assert out.returncode == 0, out.stderr
+    lines = [ln.split(" ")[2] for ln in out.stdout.splitlines() if ln.endswith("x" * 2000)]
+    assert sorted(map(int, lines)) == sorted(list(range(200)) * 5), f"{len(lines)} of 1000 lines"

@@ -124,11 +124,28 @@ def flush_std_streams() -> None:
             pass
 
 
+output_pumps: list[Any] = []
+"""In a job that forwards its output: what copies fds 1 and 2 to the parent (each with a
+``drain()`` that sends what is left), set by the job's bootstrap."""
+
+
+def output_sent() -> None:
+    """In a job: send the parent now what it wrote to stdout and stderr and was not sent
+    yet (a pool worker does before it sends results, so that their output comes first)."""
+    flush_std_streams()
+    for pump in output_pumps:
+        pump.drain()
+
+
 OUTPUT_TAIL_LINES = 50
 """Lines of a job's output the parent keeps for the live view (its last ones)..."""
 
 OUTPUT_LINE_CHARS = 300
 """... each cut to this many characters."""
+
+_PRINTING = threading.Lock()
+"""Held while a job's lines are written: the jobs' threads share ``sys.stdout``, whose
+writes from several threads at once may interleave within a line."""
 
 
 class _OutputPrinter:
@@ -166,8 +183,9 @@ class _OutputPrinter:
         self.last.extend(line[:OUTPUT_LINE_CHARS] for line in decoded[-OUTPUT_TAIL_LINES:])
         text = "".join(self.prefix + line + "\n" for line in decoded)
         try:
-            stream.write(text)
-            stream.flush()
+            with _PRINTING:
+                stream.write(text)
+                stream.flush()
         except (OSError, ValueError):
             pass
 

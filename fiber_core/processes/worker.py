@@ -34,6 +34,7 @@ from fiber_core.contract.env import (
     SECRET_VARIABLES,
     job_token,
 )
+from fiber_core.processes import host
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
@@ -124,34 +125,63 @@ def _watch_parent_outside(parent: int) -> None:
     _watcher_pipe = w
 
 
-def _forward(fd: int, kind: bytes, conn, lock: threading.Lock) -> tuple:  # noqa: ANN001
-    saved = os.dup(fd)
-    r, w = os.pipe()
-    os.dup2(w, fd)
-    os.close(w)
+class _Pump:
+    """Copies what the job writes to one of its fds to the parent (and to the fd's saved copy).
 
-    def pump() -> None:
+    A thread waits for data; whoever holds :attr:`lock` reads and sends, so :meth:`drain`
+    (the pool worker, before it sends results) sends what is left in the pipe itself, after
+    whatever the thread had already read: output a task printed reaches the parent before
+    its result, and a worker killed once its results are in loses none of it.
+    """
+
+    def __init__(self, fd: int, kind: bytes, conn: Connection, lock: threading.Lock) -> None:
+        self.saved = os.dup(fd)
+        self.r, w = os.pipe()
+        os.dup2(w, fd)
+        os.close(w)
+        os.set_blocking(self.r, False)
+        self.kind, self.conn, self.send_lock = kind, conn, lock
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"fiber-forward-{fd}")
+        self.thread.start()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.r, select.POLLIN)
+        while True:
+            poller.poll()
+            with self.lock:
+                if not self._pass():
+                    break
+        os.close(self.r)
+
+    def _pass(self) -> bool:
+        """Read and send what the pipe holds (under :attr:`lock`); False at its end."""
         while True:
             try:
-                chunk = os.read(r, 65536)
+                chunk = os.read(self.r, 65536)
+            except BlockingIOError:
+                return True
             except OSError:
-                break
+                return False
             if not chunk:
-                break
+                return False
             try:
-                os.write(saved, chunk)
+                os.write(self.saved, chunk)
             except OSError:
                 pass
             try:
-                with lock:
-                    conn.send_frame(kind, chunk)
+                with self.send_lock:
+                    self.conn.send_frame(self.kind, chunk)
             except OSError:
                 pass
-        os.close(r)
 
-    t = threading.Thread(target=pump, daemon=True, name=f"fiber-forward-{fd}")
-    t.start()
-    return saved, t
+    def drain(self) -> None:
+        with self.lock:
+            try:
+                self._pass()
+            except OSError:  # the pipe was closed at the job's end
+                pass
 
 
 def _import_main(ref: tuple[str, str] | None) -> None:
@@ -363,8 +393,9 @@ def _forward_output(conn: Connection, lock: threading.Lock) -> list[tuple[int, i
     """Send fds 1 and 2 to the parent too; (fd, its saved copy, the pump thread) for each."""
     sys.stdout.flush()
     sys.stderr.flush()
-    forwards = [(fd, *_forward(fd, kind, conn, lock))
-                for fd, kind in ((1, PROCESS_STDOUT), (2, PROCESS_STDERR))]
+    pumps = [_Pump(fd, kind, conn, lock) for fd, kind in ((1, PROCESS_STDOUT), (2, PROCESS_STDERR))]
+    host.output_pumps[:] = pumps  # for host.output_sent()
+    forwards = [(fd, pump.saved, pump.thread) for fd, pump in zip((1, 2), pumps)]
     streams: tuple[Any, ...] = (sys.stdout, sys.stderr)  # reconfigure() if TextIOWrapper
     for stream in streams:
         try:

@@ -27,6 +27,7 @@ from typing import Any
 from fiber_core.base.errors import FiberError
 from fiber_core.base.usage import Sampler
 from fiber_core.parallel.durable import task as current
+from fiber_core.processes.host import output_sent
 from fiber_core.runtime.hub import dial
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.framing import Connection
@@ -261,6 +262,7 @@ def _run_batch(conn: Connection, drain: Drain, look: Callable[[], None], cancell
                 break  # the master drops this call's results: the rest are not started
     elapsed = time.perf_counter() - start
     payload = encode_results(batch_id, elapsed, results)
+    output_sent()  # what the units printed goes first: a worker killed once its results are in loses none
     with drain.lock:
         conn.send_frame(POOL_RESULTS, payload)
         drain.current = -1
