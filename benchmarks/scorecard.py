@@ -417,8 +417,10 @@ def strike_cell(args: argparse.Namespace, backend: str, api: Any) -> None:
             outcome = f"raised {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
         elapsed = time.perf_counter() - began
     stop.set()
-    print(RESULT_MARK + json.dumps({"outcome": outcome, "seconds": elapsed, "struck": striker.struck}),
-          flush=True)
+    result = {"outcome": outcome, "seconds": elapsed, "struck": striker.struck}
+    if isinstance(lib, FiberPool):  # the workers it counted lost, by end reason
+        result["losses"] = lib.pool.status_snapshot()["losses"]
+    print(RESULT_MARK + json.dumps(result), flush=True)
     for _, kind, pid in striker.struck:  # let a frozen worker end with its pool
         if kind == "stop" and isinstance(pid, int):
             try:
