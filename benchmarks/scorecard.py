@@ -30,8 +30,9 @@ the test services of ``scripts/test-services.sh``, configured as their plugins' 
 Where the worker processes are: the pool's worker table for Fiber's local backend, the run's
 worker processes found in ``/proc`` for its other backends (containers, pods and the SSH
 hosts' namespaces all share this machine's process table), ``pool._pool`` for
-``multiprocessing.Pool``, the executor's process table for ``concurrent.futures`` and loky, psutil's children of the
-program for Dask (``LocalCluster``, processes) and Ray (``ray.util.multiprocessing.Pool``).
+``multiprocessing.Pool``, the executor's process table for ``concurrent.futures`` and loky,
+psutil's children of the program for Dask (``LocalCluster``, processes) and Ray
+(``ray.util.multiprocessing.Pool``).
 
 Each cell runs in a process of its own with a hard time limit: one that takes no result for
 ``--stall`` seconds (longer than Fiber's default ``heartbeat_timeout``, 15 s, twice over), or
@@ -233,14 +234,6 @@ class FiberPool(Library):
         else:  # a job's id is a container, a pod, a host's job: its process is found by the run
             self._serving = lambda: fiber_backends.run_workers(self.run_id)
 
-    def hub_port(self) -> int:
-        """The TCP port of this run's hub, which the SSH hosts' workers reach."""
-        from fiber_core.runtime.run import runtime
-
-        rt = runtime()
-        tcp = [a for a in rt.addresses_for(rt.get_backend(None)).split(",") if a.startswith("tcp:")]
-        return int(tcp[0].rsplit(":", 1)[1])
-
     def ordered(self, func: Callable[[Any], Any], items: list[Any], chunksize: int) -> Iterator[Any]:
         return self.pool.imap(func, items, chunksize)
 
@@ -404,7 +397,7 @@ def strike_cell(args: argparse.Namespace, backend: str, api: Any) -> None:
     schedule = schedule_for(args.kind, args.kind_seed, workload, args.faults)
     lib = start(args.library, args.workers, backend)
     lib.map(abs, list(range(4 * args.workers)), 1, Progress())  # every library's workers up, then the clock
-    network = Network(lib.hub_port()) if isinstance(lib, FiberPool) and backend == "ssh" else None
+    network = Network() if isinstance(lib, FiberPool) and backend == "ssh" else None
     progress = Progress()
     stop = threading.Event()
     threading.Thread(target=report_progress, args=(progress, stop), daemon=True).start()

@@ -37,16 +37,17 @@ def load_chaos() -> Any:
 class Network:
     """The SSH test hosts' links to this run's hub: partitions and loss, undone by :meth:`close`."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self) -> None:
         ssh_tests()
         from test_ssh import ENV_FILE
-        from test_ssh_faults import Rules
+        from test_ssh_faults import Rules, hub_port
 
+        from fiber_core.runtime.run import runtime
         from scoring.backends import read_env
 
         facts = read_env(ENV_FILE)
         self.addresses = dict(zip(facts["FIBER_SSH_HOSTNAMES"].split(), facts["FIBER_SSH_HOSTS"].split()))
-        self.port = port
+        self.port = hub_port(runtime())
         self._rules = Rules
         self._lock = threading.Lock()
         self._added: list[Any] = []
