@@ -35,8 +35,9 @@ psutil's children of the program for Dask (``LocalCluster``, processes) and Ray
 (``ray.util.multiprocessing.Pool``).
 
 Each cell runs in a process of its own with a hard time limit: one that takes no result for
-``--stall`` seconds (longer than Fiber's default ``heartbeat_timeout``, 15 s, twice over), or
-runs past ``--limit``, is ``hung``. A cell is ``exact`` (every result, each once, right),
+``--stall`` seconds once its pool is up (longer than Fiber's default ``heartbeat_timeout``,
+15 s, twice over), whose pool is not up within ``--start`` seconds, or that runs past
+``--limit``, is ``hung``. A cell is ``exact`` (every result, each once, right),
 ``wrong`` (a result that is not the task's), ``lost`` (results missing), ``hung``, or
 ``raised`` (the exception that reached the program), with its time against the same
 library's undisturbed run. Peers that are not installed are left out: install them in a
@@ -451,9 +452,10 @@ def end_all(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def read_marks(path: str) -> tuple[int, dict[str, Any] | None]:
-    """The last progress count and the result line a cell's output holds so far."""
-    done, result = 0, None
+def read_marks(path: str) -> tuple[int | None, dict[str, Any] | None]:
+    """The last progress count (None before the cell's pool is up) and the result line a
+    cell's output holds so far."""
+    done, result = None, None
     with open(path, errors="replace") as f:
         for line in f:
             if line.startswith(PROGRESS_MARK):
@@ -463,11 +465,23 @@ def read_marks(path: str) -> tuple[int, dict[str, Any] | None]:
     return done, result
 
 
-def watch(proc: subprocess.Popen[bytes], out: str, stall: float, limit: float) -> dict[str, Any]:
-    """Waits for a cell's result; ``hung`` when it takes no result for ``stall`` seconds or
-    runs past ``limit``."""
-    began = last_move = time.monotonic()
-    seen = -1
+def hung_why(running: float, quiet: float | None, stall: float, start: float, limit: float) -> str | None:
+    """Why a cell that has run ``running`` seconds, the last ``quiet`` of them without a new
+    result (None: its pool is not up yet), counts as hung; None while it does not. A pool's
+    start is bounded by ``start``, not ``stall``: on a loaded machine a cluster's start may
+    take longer than a stall, and it is not a fault's doing."""
+    if running > limit:
+        return f"past {limit:g} s"
+    if quiet is None:
+        return f"not started within {start:g} s" if running > start else None
+    return f"no result for {stall:g} s" if quiet > stall else None
+
+
+def watch(proc: subprocess.Popen[bytes], out: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Waits for a cell's result; ``hung`` as :func:`hung_why` says."""
+    began = time.monotonic()
+    last_move: float | None = None
+    seen = None
     while True:
         time.sleep(0.2)
         done, result = read_marks(out)
@@ -484,12 +498,13 @@ def watch(proc: subprocess.Popen[bytes], out: str, stall: float, limit: float) -
             with open(out, errors="replace") as f:
                 tail = f.read()[-400:].strip().replace("\n", " | ")
             return {"outcome": f"raised (the process exited {proc.returncode}: {tail})", "seconds": now - began}
-        if done != seen:
+        if done is not None and done != seen:
             seen, last_move = done, now
-        if now - last_move > stall or now - began > limit:
+        why = hung_why(now - began, None if last_move is None else now - last_move, args.stall, args.start,
+                       args.limit)
+        if why:
             end_all(proc)
-            why = f"no result for {stall:g} s" if now - last_move > stall else f"past {limit:g} s"
-            return {"outcome": f"hung ({why}, at result {done})", "seconds": now - began}
+            return {"outcome": f"hung ({why}, at result {done or 0})", "seconds": now - began}
 
 
 def run_cell(args: argparse.Namespace, row: Row, kind: str, seed: int) -> dict[str, Any]:
@@ -503,7 +518,7 @@ def run_cell(args: argparse.Namespace, row: Row, kind: str, seed: int) -> dict[s
         with open(out, "wb") as sink:
             proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-        return watch(proc, out, args.stall, args.limit)
+        return watch(proc, out, args)
     finally:
         os.unlink(out)
 
@@ -562,7 +577,8 @@ def table(args: argparse.Namespace) -> None:
     workload = Workload(args.tasks, args.generations, args.population, args.chunksize)
     print(f"{args.workers} workers; a map of {args.tasks} tasks of 1-5 ms CPU, then {args.generations} "
           f"generations of {args.population} tasks of 1 ms; chunk size {args.chunksize}; "
-          f"hung: no result for {args.stall:g} s or past {args.limit:g} s\n")
+          f"hung: no result for {args.stall:g} s once started, not started within {args.start:g} s, "
+          f"or past {args.limit:g} s\n")
     for kind in kinds:
         print(f"{kind}: {DESCRIPTIONS[kind]}")
         if kind != "none":
@@ -609,6 +625,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=29, help="the first schedule's seed (FIBER_CHAOS_SEED wins)")
     ap.add_argument("--stall", type=float, default=40.0, help="seconds without a result that count as hung")
     ap.add_argument("--limit", type=float, default=300.0, help="seconds a cell may run in all")
+    ap.add_argument("--start", type=float, default=300.0,
+                    help="seconds a cell's pool may take to start (a stall counts from then)")
     ap.add_argument("--cell", nargs=2, metavar=("LIBRARY", "KIND"), help=argparse.SUPPRESS)
     ap.add_argument("--kind-seed", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--backend", default="local", help=argparse.SUPPRESS)

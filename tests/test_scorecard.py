@@ -14,6 +14,7 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 SCRIPT = os.path.join(BENCHMARKS, "scorecard.py")
 sys.path.insert(0, BENCHMARKS)
 
+from scorecard import hung_why  # noqa: E402
 from scoring.kinds import BACKENDS, KINDS, fault_count, not_applicable  # noqa: E402
 
 
@@ -70,3 +71,12 @@ def test_the_peers_are_struck_by_signals_only() -> None:
 
 def test_a_partition_for_good_and_a_loss_strike_once_and_the_undisturbed_run_not_at_all() -> None:
     assert [fault_count(k, 3) for k in KINDS] == [0, 3, 3, 3, 3, 1, 1, 3]
+
+
+def test_a_cell_is_hung_by_its_stall_once_started_and_by_the_start_bound_before() -> None:
+    bounds = {"stall": 40.0, "start": 300.0, "limit": 1000.0}
+    assert hung_why(100.0, None, **bounds) is None  # a slow start is not a stall
+    assert hung_why(301.0, None, **bounds) == "not started within 300 s"
+    assert hung_why(301.0, 39.0, **bounds) is None
+    assert hung_why(301.0, 41.0, **bounds) == "no result for 40 s"
+    assert hung_why(1001.0, 1.0, **bounds) == "past 1000 s"
