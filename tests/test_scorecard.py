@@ -15,6 +15,7 @@ SCRIPT = os.path.join(BENCHMARKS, "scorecard.py")
 sys.path.insert(0, BENCHMARKS)
 
 from scorecard import hung_why  # noqa: E402
+from scoring.backends import is_worker  # noqa: E402
 from scoring.kinds import BACKENDS, KINDS, fault_count, not_applicable  # noqa: E402
 
 
@@ -80,3 +81,10 @@ def test_a_cell_is_hung_by_its_stall_once_started_and_by_the_start_bound_before(
     assert hung_why(301.0, 39.0, **bounds) is None
     assert hung_why(301.0, 41.0, **bounds) == "no result for 40 s"
     assert hung_why(1001.0, 1.0, **bounds) == "past 1000 s"
+
+
+def test_a_workers_process_is_told_from_the_init_and_the_shell_that_start_it() -> None:
+    worker = [b"python3", b"-m", b"fiber_core.processes.worker", b""]
+    assert is_worker(worker)
+    assert not is_worker([b"/sbin/docker-init", b"--", b"/bin/sh", b"-c", b"exec \"$@\"", b"fiber-job", *worker])
+    assert not is_worker([b"/bin/sh", b"-c", b"\"$@\" & p=$!", b"fiber-job", *worker])

@@ -28,7 +28,8 @@ SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "fiber-test:latest"
 WORKER_MODULE = b"fiber_core.processes.worker"
-"""What every backend's worker command runs (``python -m ...``)."""
+"""What every backend's worker command runs (``python -m ...``); a container's ``docker-init``
+and a pod's ``sh -c`` wrapper have it among their arguments too, and are not the worker."""
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -137,6 +138,12 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
+def is_worker(argv: list[bytes]) -> bool:
+    """Whether a command line is the worker bootstrap's (``PYTHON -m fiber_core.processes.worker``),
+    not a container's init or a pod's shell that names it as an argument."""
+    return argv[1:3] == [b"-m", WORKER_MODULE]
+
+
 def run_workers(run_id: str) -> list[int]:
     """The pids of the run's worker processes on this machine that are not stopped, in the
     order they started (a stable worker index)."""
@@ -146,7 +153,7 @@ def run_workers(run_id: str) -> list[int]:
         if not name.isdigit():
             continue
         try:
-            if WORKER_MODULE not in _read(f"/proc/{name}/cmdline").split(b"\0"):
+            if not is_worker(_read(f"/proc/{name}/cmdline").split(b"\0")):
                 continue
             if mark not in _read(f"/proc/{name}/environ").split(b"\0"):
                 continue
