@@ -8,23 +8,36 @@ taken in order (``imap``, ``Executor.map``) where the library gives them in orde
 (Dask) as its futures complete.
 
 Each fault kind has one schedule (``fiber_core.testing.faults.FaultSchedule``): a seed gives
-``--faults`` faults, each "after the k-th result, this kind, this worker index", and the
-same seed is used for every library, so each library is struck at the same points of the
-run. ``tests/chaos.py`` fires it: a thread reads the count of results the program has taken
-and signals the worker at that index (modulo the live workers, in the order they started):
+``--faults`` faults (one for ``cut`` and ``loss``), each "after the k-th result, this kind,
+this worker index", and the same seed is used for every library and backend, so each is
+struck at the same points of the run. ``scoring.strike`` fires it: a thread reads the count
+of results the program has taken and strikes the worker at that index (modulo the live
+workers, in the order they started), its host or its platform (``scoring.kinds`` says what
+each kind does, and which library or backend it cannot be produced for: ``n/a``, with the
+reason as a footnote):
 
 * ``none``: the undisturbed run, the reference for the others' time;
-* ``kill``: SIGKILL (a crash, an out-of-memory kill);
-* ``term``: SIGTERM (a preemption notice, ``docker stop``, a pod's deletion);
-* ``stop``: SIGSTOP (a frozen worker: alive, its socket open, silent).
+* ``kill``, ``term``, ``stop``: SIGKILL, SIGTERM, SIGSTOP to the worker's process (a crash, a
+  preemption notice, a frozen worker);
+* ``heal``, ``cut``: the worker's SSH host cut off from the master for 20 s, or for good;
+* ``loss``: 1 % of the packets between the SSH hosts and the master lost (and 1 % duplicated);
+* ``restart``: the platform's API (dockerd, the Kubernetes API server) away for 10 s.
 
-Where the worker processes are: ``pool._pool`` for Fiber and ``multiprocessing.Pool``, the
-executor's process table for ``concurrent.futures`` and loky, psutil's children of the
-program for Dask (``LocalCluster``, processes) and Ray (``ray.util.multiprocessing.Pool``).
+Fiber runs on each backend of ``--backends`` (``local``, ``docker``, ``ssh``, ``kubernetes``:
+the test services of ``scripts/test-services.sh``, configured as their plugins' tests do,
+``scoring.backends``); the peers run on this machine.
+
+Where the worker processes are: the pool's worker table for Fiber's local backend, the run's
+worker processes found in ``/proc`` for its other backends (containers, pods and the SSH
+hosts' namespaces all share this machine's process table), ``pool._pool`` for
+``multiprocessing.Pool``, the executor's process table for ``concurrent.futures`` and loky,
+psutil's children of the program for Dask (``LocalCluster``, processes) and Ray
+(``ray.util.multiprocessing.Pool``).
 
 Each cell runs in a process of its own with a hard time limit: one that takes no result for
-``--stall`` seconds (longer than Fiber's default ``heartbeat_timeout``, 15 s, twice over), or
-runs past ``--limit``, is ``hung``. A cell is ``exact`` (every result, each once, right),
+``--stall`` seconds once its pool is up (longer than Fiber's default ``heartbeat_timeout``,
+15 s, twice over), whose pool is not up within ``--start`` seconds, or that runs past
+``--limit``, is ``hung``. A cell is ``exact`` (every result, each once, right),
 ``wrong`` (a result that is not the task's), ``lost`` (results missing), ``hung``, or
 ``raised`` (the exception that reached the program), with its time against the same
 library's undisturbed run. Peers that are not installed are left out: install them in a
@@ -35,6 +48,7 @@ virtual environment of their own, never in the project's::
     /tmp/peers/bin/python benchmarks/scorecard.py                  # the default size
     /tmp/peers/bin/python benchmarks/scorecard.py --tasks 100000  # the full size
     python benchmarks/scorecard.py --tasks 200 --libraries fiber --kinds none,kill
+    .venv/bin/python benchmarks/scorecard.py --libraries fiber --backends local,docker,ssh,kubernetes
 
 ``FIBER_CHAOS_SEED=N`` (or ``--seed N``) replays the schedules of a printed run.
 """
@@ -42,7 +56,6 @@ virtual environment of their own, never in the project's::
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import json
 import os
@@ -59,6 +72,10 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from scoring import backends as fiber_backends  # noqa: E402
+from scoring.kinds import BACKENDS, DESCRIPTIONS, KINDS, fault_count, not_applicable  # noqa: E402
+from scoring.strike import Network, Striker, load_chaos  # noqa: E402
+
 from fiber_core.testing.faults import FaultSchedule, chaos_seed  # noqa: E402
 
 LIBRARIES = ("fiber", "multiprocessing", "futures", "loky", "dask", "ray")
@@ -67,8 +84,8 @@ LIBRARIES = ("fiber", "multiprocessing", "futures", "loky", "dask", "ray")
 REQUIRES = {"loky": "loky", "dask": "distributed", "ray": "ray"}
 """The module each peer needs (the others come with Python or with Fiber)."""
 
-KINDS = ("none", "kill", "term", "stop")
-"""The fault kinds, in the order of the table's columns (``none``: undisturbed)."""
+BACKEND_REQUIRES = {"docker": "fiber_docker", "ssh": "fiber_ssh", "kubernetes": "fiber_k8s"}
+"""The plugin each of Fiber's backends needs (``local`` is the core's)."""
 
 RESULT_MARK = "SCORECARD-RESULT "
 PROGRESS_MARK = "SCORECARD-PROGRESS "
@@ -76,6 +93,9 @@ PROGRESS_SECONDS = 0.5
 """How often a cell's process says how many results it has taken."""
 
 MODULUS = 1_000_003
+
+CLOSE_SECONDS = 60.0
+"""How long a cell waits for its pool to close (containers and pods are removed then)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -204,11 +224,16 @@ def children(keep: Callable[[str], bool]) -> list[int]:
 
 
 class FiberPool(Library):
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, backend: str = "local") -> None:
         import fiber_core
+        from fiber_core.runtime.run import runtime
 
         self.pool = fiber_core.Pool(workers)
-        self._serving = load_chaos().serving(self.pool)
+        self.run_id = runtime().run_id
+        if backend == "local":  # the pool's own table (the workers' processes are its children)
+            self._serving = load_chaos().serving(self.pool)
+        else:  # a job's id is a container, a pod, a host's job: its process is found by the run
+            self._serving = lambda: fiber_backends.run_workers(self.run_id)
 
     def ordered(self, func: Callable[[Any], Any], items: list[Any], chunksize: int) -> Iterator[Any]:
         return self.pool.imap(func, items, chunksize)
@@ -313,9 +338,9 @@ class RayPool(Library):
         ray.shutdown()
 
 
-def start(library: str, workers: int) -> Library:
+def start(library: str, workers: int, backend: str = "local") -> Library:
     if library == "fiber":
-        return FiberPool(workers)
+        return FiberPool(workers, backend)
     if library == "multiprocessing":
         return StdlibPool(workers)
     if library in ("futures", "loky"):
@@ -330,22 +355,10 @@ def start(library: str, workers: int) -> Library:
 # ---------------------------------------------------------------------------------------
 # One cell, in a process of its own
 
-@functools.cache
-def load_chaos() -> Any:
-    """``tests/chaos.py``, the one thing that fires a schedule (loaded by path: the name
-    ``chaos`` is also this directory's ``chaos.py``)."""
-    spec = importlib.util.spec_from_file_location("tests_chaos", os.path.join(ROOT, "tests", "chaos.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tests_chaos"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def schedule_for(kind: str, seed: int, workload: Workload, faults: int) -> FaultSchedule:
     """The schedule of one fault kind: ``faults`` faults among the run's results, after the
     first tenth (every library's workers are all up by then)."""
-    count = 0 if kind == "none" else faults
+    count = fault_count(kind, faults)
     return FaultSchedule.spread(seed, workload.results, count, kinds=(kind if count else "kill",),
                                 first=workload.results // 10)
 
@@ -373,35 +386,44 @@ def report_progress(progress: Progress, stop: threading.Event) -> None:
 
 
 def cell(args: argparse.Namespace) -> None:
-    """Runs one library under one kind's schedule and prints its result line."""
-    chaos = load_chaos()
+    """Runs one library (on one backend, for Fiber) under one kind's schedule and prints its
+    result line."""
+    backend = args.backend if args.library == "fiber" else "local"
+    with fiber_backends.configured(backend, api_outage=args.kind == "restart") as api:
+        strike_cell(args, backend, api)
+
+
+def strike_cell(args: argparse.Namespace, backend: str, api: Any) -> None:
     workload = Workload(args.tasks, args.generations, args.population, args.chunksize)
     schedule = schedule_for(args.kind, args.kind_seed, workload, args.faults)
-    lib = start(args.library, args.workers)
+    lib = start(args.library, args.workers, backend)
     lib.map(abs, list(range(4 * args.workers)), 1, Progress())  # every library's workers up, then the clock
+    network = Network() if isinstance(lib, FiberPool) and backend == "ssh" else None
     progress = Progress()
     stop = threading.Event()
     threading.Thread(target=report_progress, args=(progress, stop), daemon=True).start()
-    striker = chaos.Chaos(progress, schedule, candidates=lib.pids)
+    striker = Striker(progress, schedule, lib.pids, network=network, api=api)
     began = time.perf_counter()
     with striker:
         try:
             outcome = run_workload(lib, workload, progress)
         except BaseException as e:  # what reached the program is the result
             outcome = f"raised {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-    elapsed = time.perf_counter() - began
+        elapsed = time.perf_counter() - began
     stop.set()
-    print(RESULT_MARK + json.dumps({"outcome": outcome, "seconds": elapsed, "struck": striker.struck}),
-          flush=True)
+    result = {"outcome": outcome, "seconds": elapsed, "struck": striker.struck}
+    if isinstance(lib, FiberPool):  # the workers it counted lost, by end reason
+        result["losses"] = lib.pool.status_snapshot()["losses"]
+    print(RESULT_MARK + json.dumps(result), flush=True)
     for _, kind, pid in striker.struck:  # let a frozen worker end with its pool
-        if kind == "stop":
+        if kind == "stop" and isinstance(pid, int):
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
     closing = threading.Thread(target=lib.close, daemon=True)
     closing.start()
-    closing.join(20)
+    closing.join(CLOSE_SECONDS)
     if closing.is_alive():
         os._exit(0)  # a pool that cannot close: its result is out, the table's watcher ends the rest
 
@@ -430,9 +452,10 @@ def end_all(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def read_marks(path: str) -> tuple[int, dict[str, Any] | None]:
-    """The last progress count and the result line a cell's output holds so far."""
-    done, result = 0, None
+def read_marks(path: str) -> tuple[int | None, dict[str, Any] | None]:
+    """The last progress count (None before the cell's pool is up) and the result line a
+    cell's output holds so far."""
+    done, result = None, None
     with open(path, errors="replace") as f:
         for line in f:
             if line.startswith(PROGRESS_MARK):
@@ -442,11 +465,23 @@ def read_marks(path: str) -> tuple[int, dict[str, Any] | None]:
     return done, result
 
 
-def watch(proc: subprocess.Popen[bytes], out: str, stall: float, limit: float) -> dict[str, Any]:
-    """Waits for a cell's result; ``hung`` when it takes no result for ``stall`` seconds or
-    runs past ``limit``."""
-    began = last_move = time.monotonic()
-    seen = -1
+def hung_why(running: float, quiet: float | None, stall: float, start: float, limit: float) -> str | None:
+    """Why a cell that has run ``running`` seconds, the last ``quiet`` of them without a new
+    result (None: its pool is not up yet), counts as hung; None while it does not. A pool's
+    start is bounded by ``start``, not ``stall``: on a loaded machine a cluster's start may
+    take longer than a stall, and it is not a fault's doing."""
+    if running > limit:
+        return f"past {limit:g} s"
+    if quiet is None:
+        return f"not started within {start:g} s" if running > start else None
+    return f"no result for {stall:g} s" if quiet > stall else None
+
+
+def watch(proc: subprocess.Popen[bytes], out: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Waits for a cell's result; ``hung`` as :func:`hung_why` says."""
+    began = time.monotonic()
+    last_move: float | None = None
+    seen = None
     while True:
         time.sleep(0.2)
         done, result = read_marks(out)
@@ -463,17 +498,18 @@ def watch(proc: subprocess.Popen[bytes], out: str, stall: float, limit: float) -
             with open(out, errors="replace") as f:
                 tail = f.read()[-400:].strip().replace("\n", " | ")
             return {"outcome": f"raised (the process exited {proc.returncode}: {tail})", "seconds": now - began}
-        if done != seen:
+        if done is not None and done != seen:
             seen, last_move = done, now
-        if now - last_move > stall or now - began > limit:
+        why = hung_why(now - began, None if last_move is None else now - last_move, args.stall, args.start,
+                       args.limit)
+        if why:
             end_all(proc)
-            why = f"no result for {stall:g} s" if now - last_move > stall else f"past {limit:g} s"
-            return {"outcome": f"hung ({why}, at result {done})", "seconds": now - began}
+            return {"outcome": f"hung ({why}, at result {done or 0})", "seconds": now - began}
 
 
-def run_cell(args: argparse.Namespace, library: str, kind: str, seed: int) -> dict[str, Any]:
-    command = [sys.executable, os.path.abspath(__file__), "--cell", library, kind, "--kind-seed", str(seed),
-               "--tasks", str(args.tasks), "--generations", str(args.generations),
+def run_cell(args: argparse.Namespace, row: Row, kind: str, seed: int) -> dict[str, Any]:
+    command = [sys.executable, os.path.abspath(__file__), "--cell", row.library, kind, "--kind-seed", str(seed),
+               "--backend", row.backend, "--tasks", str(args.tasks), "--generations", str(args.generations),
                "--population", str(args.population), "--chunksize", str(args.chunksize),
                "--workers", str(args.workers), "--faults", str(args.faults)]
     with tempfile.NamedTemporaryFile(prefix="scorecard-", suffix=".log", delete=False) as f:
@@ -482,14 +518,34 @@ def run_cell(args: argparse.Namespace, library: str, kind: str, seed: int) -> di
         with open(out, "wb") as sink:
             proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-        return watch(proc, out, args.stall, args.limit)
+        return watch(proc, out, args)
     finally:
         os.unlink(out)
 
 
-def installed(library: str) -> bool:
-    module = REQUIRES.get(library)
-    return module is None or importlib.util.find_spec(module) is not None
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: a library, and for Fiber the backend its workers run on."""
+
+    library: str
+    backend: str = "local"
+
+    @property
+    def label(self) -> str:
+        return f"fiber {self.backend}" if self.library == "fiber" else self.library
+
+    def missing(self) -> str | None:
+        """What is not installed for this row, or None."""
+        module = REQUIRES.get(self.library) or (BACKEND_REQUIRES.get(self.backend) if self.library == "fiber" else None)
+        if module is None or importlib.util.find_spec(module) is not None:
+            return None
+        return module
+
+
+def rows_of(libraries: list[str], backends: list[str]) -> list[Row]:
+    """The table's rows: Fiber once per backend, each peer once (on this machine)."""
+    return [Row(library, backend) for library in libraries
+            for backend in (backends if library == "fiber" else ["local"])]
 
 
 def describe(result: dict[str, Any], reference: float | None) -> str:
@@ -502,45 +558,63 @@ def describe(result: dict[str, Any], reference: float | None) -> str:
     return outcome
 
 
+def check_names(libraries: list[str], backends: list[str], kinds: list[str]) -> None:
+    for name, known, what in ([(n, LIBRARIES, "library") for n in libraries]
+                              + [(n, BACKENDS, "backend") for n in backends]
+                              + [(n, KINDS, "fault kind") for n in kinds]):
+        if name not in known:
+            sys.exit(f"unknown {what} {name!r} (libraries: {', '.join(LIBRARIES)}; "
+                     f"backends: {', '.join(BACKENDS)}; kinds: {', '.join(KINDS)})")
+
+
 def table(args: argparse.Namespace) -> None:
     libraries = [name for name in args.libraries.split(",") if name]
+    backends = [name for name in args.backends.split(",") if name]
     kinds = [k for k in args.kinds.split(",") if k]
-    for name in libraries + kinds:
-        if name not in LIBRARIES + KINDS:
-            sys.exit(f"unknown library or fault kind {name!r} (libraries: {', '.join(LIBRARIES)}; "
-                     f"kinds: {', '.join(KINDS)})")
+    check_names(libraries, backends, kinds)
     seed = chaos_seed(args.seed)
     seeds = {kind: seed + i for i, kind in enumerate(KINDS)}
     workload = Workload(args.tasks, args.generations, args.population, args.chunksize)
     print(f"{args.workers} workers; a map of {args.tasks} tasks of 1-5 ms CPU, then {args.generations} "
           f"generations of {args.population} tasks of 1 ms; chunk size {args.chunksize}; "
-          f"hung: no result for {args.stall:g} s or past {args.limit:g} s\n")
+          f"hung: no result for {args.stall:g} s once started, not started within {args.start:g} s, "
+          f"or past {args.limit:g} s\n")
     for kind in kinds:
+        print(f"{kind}: {DESCRIPTIONS[kind]}")
         if kind != "none":
             faults = schedule_for(kind, seeds[kind], workload, args.faults).faults
             points = ", ".join(f"after {f.after} on worker index {f.worker}" for f in faults)
             print(f"{kind}: seed {seeds[kind]}: {points}")
     print(flush=True)
-    rows = []
-    for library in libraries:
-        if not installed(library):
-            print(f"{library}: not installed, left out", flush=True)
+    notes: dict[str, int] = {}
+    lines = []
+    for row in rows_of(libraries, backends):
+        if row.missing():
+            print(f"{row.label}: {row.missing()} is not installed, left out", flush=True)
             continue
-        results = {}
+        results: dict[str, dict[str, Any]] = {}
         for kind in kinds:
-            results[kind] = run_cell(args, library, kind, seeds[kind])
-            print(f"{library} {kind}: {json.dumps(results[kind])}", flush=True)
-        reference = results.get("none", {}).get("seconds") if results.get("none", {}).get("outcome") == "exact" else None
-        rows.append((library, [describe(results[k], reference) for k in kinds]))
+            why = not_applicable(row.library, row.backend, kind)
+            if why is not None:
+                results[kind] = {"outcome": f"n/a [{notes.setdefault(why, len(notes) + 1)}]"}
+                continue
+            results[kind] = run_cell(args, row, kind, seeds[kind])
+            print(f"{row.label} {kind}: {json.dumps(results[kind])}", flush=True)
+        none = results.get("none", {})
+        reference = none.get("seconds") if none.get("outcome") == "exact" else None
+        lines.append(f"| {row.label} | {' | '.join(describe(results[k], reference) for k in kinds)} |")
     print(f"\n| library | {' | '.join(kinds)} |")
     print(f"|---|{'---|' * len(kinds)}")
-    for library, cells in rows:
-        print(f"| {library} | {' | '.join(cells)} |")
+    print("\n".join(lines))
+    for why, number in notes.items():
+        print(f"\n[{number}] n/a: {why}")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated, of " + ", ".join(LIBRARIES))
+    ap.add_argument("--backends", default="local",
+                    help="Fiber's backends, comma-separated, of " + ", ".join(BACKENDS) + " (a row each)")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, of " + ", ".join(KINDS))
     ap.add_argument("--tasks", type=int, default=5000, help="tasks of the map (the issue's size: 100000)")
     ap.add_argument("--generations", type=int, default=5)
@@ -551,8 +625,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=29, help="the first schedule's seed (FIBER_CHAOS_SEED wins)")
     ap.add_argument("--stall", type=float, default=40.0, help="seconds without a result that count as hung")
     ap.add_argument("--limit", type=float, default=300.0, help="seconds a cell may run in all")
+    ap.add_argument("--start", type=float, default=300.0,
+                    help="seconds a cell's pool may take to start (a stall counts from then)")
     ap.add_argument("--cell", nargs=2, metavar=("LIBRARY", "KIND"), help=argparse.SUPPRESS)
     ap.add_argument("--kind-seed", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--backend", default="local", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     for name in ("tasks", "generations", "population", "chunksize", "workers"):
         if getattr(args, name) < 1:
