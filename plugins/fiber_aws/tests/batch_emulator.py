@@ -98,9 +98,13 @@ class RetryingJob(models.Job):
             super().run()  # one attempt: a container, until it ends
             success, attempt = self._attempt_success, self.latest_attempt
             exit_code = None if self.lost_host else self.exit_code
-            status_reason = self.lost_host or self.job_stopped_reason or CONTAINER_EXITED
+            # No exit code and no lost host: the container never ran (moto could not start it),
+            # for which moto, like this emulator, gives no reason.
+            ran = exit_code is not None or bool(self.lost_host)
+            status_reason = self.lost_host or self.job_stopped_reason or (CONTAINER_EXITED if ran else "")
             if attempt is not None:
-                attempt["statusReason"] = status_reason
+                if status_reason:
+                    attempt["statusReason"] = status_reason
                 attempt["stoppedAt"] = models.datetime2int_milliseconds(datetime.now())
                 attempt["container"]["logStreamName"] = self.log_stream_name
                 if exit_code is not None:
@@ -110,7 +114,7 @@ class RetryingJob(models.Job):
                 self._again()
                 continue
             self.exit_code = exit_code
-            self.job_stopped_reason = None if success else status_reason
+            self.job_stopped_reason = None if success else (status_reason or None)
             super()._mark_stopped(success)
             return
 
