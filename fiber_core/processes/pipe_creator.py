@@ -301,11 +301,16 @@ class PipeCreator:
                 if self._frame_from(r, False) is not _AGAIN:
                     break  # a message is next (True), or the connection ended (SWITCHED)
         finally:
-            link.rlock.release()
-            if r.gone:
-                with self.lock:
-                    if not link.relay_running:
-                        link.close_fds()
+            self._done_reading(r, link)
+
+    def _done_reading(self, r: Copy, link: _Link) -> None:
+        """Release ``link``'s read lock; close the fds of a copy that is gone, unless its
+        relay still runs."""
+        link.rlock.release()
+        if r.gone:
+            with self.lock:
+                if not link.relay_running:
+                    link.close_fds()
 
     def recv_direct(self, i: int) -> bytes | None:
         """The usual read of end ``i``: one frame of the copy whose socket it reads, if no
@@ -388,11 +393,7 @@ class PipeCreator:
                 if got is not _AGAIN:
                     return got
         finally:
-            link.rlock.release()
-            if r.gone:
-                with self.lock:
-                    if not link.relay_running:
-                        link.close_fds()
+            self._done_reading(r, link)
 
     def _frame_from(self, r: Copy, consume: bool) -> Any:
         """One frame of ``r``'s socket for the creator's end that reads it (``rlock`` held):
