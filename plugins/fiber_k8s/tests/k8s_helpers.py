@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +147,39 @@ def use_environment(env: dict[str, str], monkeypatch: Any) -> None:
         monkeypatch.setenv(key, value)
     config.reset()
     plugins().backends()
+
+
+@contextmanager
+def emulator_with_nodes(tmp: Path, nodes: list[dict[str, Any]]) -> Iterator[Emu]:
+    """An emulator of a test module's own, with ``nodes``; skips when the test dockerd or its
+    image is missing (the emulator runs the pods' containers there)."""
+    import uuid
+
+    import pytest
+
+    proc, kubeconfig = start_emulator(tmp, "--token", uuid.uuid4().hex, "--config", json.dumps({"nodes": nodes}))
+    try:
+        emu = Emu(str(kubeconfig))
+        docker = emu.admin("state")["docker"]
+        if not docker["reachable"] or IMAGE not in docker["images"]:
+            pytest.skip(f"the test dockerd or its image {IMAGE} is missing (scripts/test-services.sh up docker)")
+        yield emu
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def tree_in_pods_environment(emu: Emu, repo: Path, **settings: str) -> dict[str, str]:
+    """The kubernetes backend's settings for ``emu`` with this tree's fiber_core mounted in the
+    pods and first on their PYTHONPATH (with the tests' directory, for the functions they run),
+    plus ``settings`` (``fallback_wait="5"`` is ``FIBER_KUBERNETES_FALLBACK_WAIT=5``)."""
+    env = {
+        "FIBER_KUBERNETES_KUBECONFIG": emu.kubeconfig,
+        "FIBER_KUBERNETES_NAMESPACE": "default",
+        "FIBER_KUBERNETES_IMAGE": IMAGE,
+        "FIBER_KUBERNETES_VOLUMES": f"{repo}:{repo}:ro",
+        "FIBER_KUBERNETES_EXTRA_ENV": f"PYTHONPATH={repo}:{Path(__file__).parent}",
+        "FIBER_LISTEN_HOST": "127.0.0.1",
+    }
+    env.update({f"FIBER_KUBERNETES_{key.upper()}": value for key, value in settings.items()})
+    return env

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,13 @@ import pytest
 from fiber_core.contract import EndReason
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime
-from k8s_helpers import IMAGE, WAIT, Emu, start_emulator, use_environment
+from k8s_helpers import (
+    WAIT,
+    Emu,
+    emulator_with_nodes,
+    tree_in_pods_environment,
+    use_environment,
+)
 from kubernetes import client
 
 from fiber_k8s.spec import SPOT_LABELS
@@ -39,31 +44,14 @@ NODES = [
 def spot_emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emu]:
     """An emulator of this module's own: one spot node (labelled and tainted as on GKE), one on-demand."""
     tmp = tmp_path_factory.mktemp("k8s-spot-emulator")
-    proc, kubeconfig = start_emulator(tmp, "--token", uuid.uuid4().hex, "--config", json.dumps({"nodes": NODES}))
-    try:
-        emu = Emu(str(kubeconfig))
-        docker = emu.admin("state")["docker"]
-        if not docker["reachable"] or IMAGE not in docker["images"]:
-            pytest.skip(f"the test dockerd or its image {IMAGE} is missing (scripts/test-services.sh up docker)")
+    with emulator_with_nodes(tmp, NODES) as emu:
         yield emu
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 @pytest.fixture
 def spot_env(spot_emu: Emu, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The kubernetes backend on ``spot_emu``, with this tree's fiber_core in the pods."""
-    env = {
-        "FIBER_KUBERNETES_KUBECONFIG": spot_emu.kubeconfig,
-        "FIBER_KUBERNETES_NAMESPACE": "default",
-        "FIBER_KUBERNETES_IMAGE": IMAGE,
-        "FIBER_KUBERNETES_VOLUMES": f"{REPO}:{REPO}:ro",
-        "FIBER_KUBERNETES_EXTRA_ENV": f"PYTHONPATH={REPO}:{Path(__file__).parent}",
-        "FIBER_KUBERNETES_FALLBACK_WAIT": "5",
-        "FIBER_KUBERNETES_SPOT_LABEL": SPOT_LABELS["gke"],
-        "FIBER_LISTEN_HOST": "127.0.0.1",
-    }
+    env = tree_in_pods_environment(spot_emu, REPO, fallback_wait="5", spot_label=SPOT_LABELS["gke"])
     use_environment(env, monkeypatch)
     yield env
     runtime().get_backend("kubernetes").cleanup()

@@ -17,7 +17,13 @@ import pytest
 from fiber_core.contract import ConfigError, EndReason, GpuChoice, JobSpec
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime
-from k8s_helpers import IMAGE, WAIT, Emu, start_emulator, use_environment
+from k8s_helpers import (
+    WAIT,
+    Emu,
+    emulator_with_nodes,
+    tree_in_pods_environment,
+    use_environment,
+)
 
 from fiber_k8s.backend import KubernetesBackend
 from fiber_k8s.spec import DEFAULT_GPU_LABEL, SPOT_LABELS, capacity_terms, choice_spec, require_node
@@ -44,32 +50,15 @@ SHOW = ("import os; print('GOT', os.environ['FIBER_RESOURCES'], os.environ['FIBE
 def gpu_emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emu]:
     """An emulator of this module's own, with a CPU node, one A100 and two L4s (tainted)."""
     tmp = tmp_path_factory.mktemp("k8s-gpu-emulator")
-    proc, kubeconfig = start_emulator(tmp, "--token", uuid.uuid4().hex, "--config", json.dumps({"nodes": NODES}))
-    try:
-        emu = Emu(str(kubeconfig))
-        docker = emu.admin("state")["docker"]
-        if not docker["reachable"] or IMAGE not in docker["images"]:
-            pytest.skip(f"the test dockerd or its image {IMAGE} is missing (scripts/test-services.sh up docker)")
+    with emulator_with_nodes(tmp, NODES) as emu:
         yield emu
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 @pytest.fixture
 def gpu_env(gpu_emu: Emu, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The kubernetes backend on ``gpu_emu``, with this tree's fiber_core in the pods (mounted
     and first on PYTHONPATH), so that a job reads ``current_process().resources`` as here."""
-    env = {
-        "FIBER_KUBERNETES_KUBECONFIG": gpu_emu.kubeconfig,
-        "FIBER_KUBERNETES_NAMESPACE": "default",
-        "FIBER_KUBERNETES_IMAGE": IMAGE,
-        "FIBER_KUBERNETES_VOLUMES": f"{REPO}:{REPO}:ro",
-        "FIBER_KUBERNETES_EXTRA_ENV": f"PYTHONPATH={REPO}:{Path(__file__).parent}",
-        "FIBER_KUBERNETES_FALLBACK_WAIT": "1",
-        "FIBER_KUBERNETES_SPOT_LABEL": SPOT_LABELS["gke"],
-        "FIBER_LISTEN_HOST": "127.0.0.1",
-    }
+    env = tree_in_pods_environment(gpu_emu, REPO, fallback_wait="1", spot_label=SPOT_LABELS["gke"])
     use_environment(env, monkeypatch)
     yield env
     runtime().get_backend("kubernetes").cleanup()
