@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import fiber_core
@@ -18,7 +17,7 @@ import pytest
 from fiber_core.base.errors import BackendError, ConfigError
 from fiber_core.contract import HOST_LOST_EXITCODE, Alternative, EndReason, GpuChoice
 from test_ssh import GOT, T, _record, fresh_runtime, hosts, make_backend, py, ssh_env  # noqa: F401 (fixtures)
-from test_ssh_faults import PARENT, Rules
+from test_ssh_faults import PARENT, Rules, rules  # noqa: F401 (a fixture)
 
 from fiber_ssh.hosts import Slots, parse_host, place, place_alternative
 from fiber_ssh.status import Seen, job_end
@@ -78,21 +77,12 @@ def test_a_lost_spot_host_preempts_its_jobs_a_lost_on_demand_host_loses_them() -
 # -- on the test hosts ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def rules(hosts: dict[str, str]) -> Iterator[Rules]:  # noqa: F811
-    r = Rules()
-    try:
-        yield r
-    finally:
-        r.clear()
-
-
-def cut_connection(rules: Rules, netns: str, transport: Any) -> None:
+def cut_connection(into: Rules, netns: str, transport: Any) -> None:
     """Drop every packet of one SSH connection of this process to ``netns``'s host, both ways:
     that host is lost to this backend only (its keepalives go unanswered)."""
     port = str(transport.sock.getsockname()[1])
-    rules.add(netns, "filter", "OUTPUT", "-p", "tcp", "--sport", "22", "-d", PARENT, "--dport", port, "-j", "DROP")
-    rules.add(netns, "filter", "INPUT", "-p", "tcp", "-s", PARENT, "--sport", port, "--dport", "22", "-j", "DROP")
+    into.add(netns, "filter", "OUTPUT", "-p", "tcp", "--sport", "22", "-d", PARENT, "--dport", port, "-j", "DROP")
+    into.add(netns, "filter", "INPUT", "-p", "tcp", "-s", PARENT, "--sport", port, "--dport", "22", "-j", "DROP")
 
 
 def test_jobs_go_to_hosts_of_the_kind_they_ask_for_and_know_it(make_backend: Any, hosts: dict[str, str]) -> None:  # noqa: F811
@@ -112,7 +102,7 @@ def test_jobs_go_to_hosts_of_the_kind_they_ask_for_and_know_it(make_backend: Any
 
 
 def test_a_job_on_a_spot_host_that_is_lost_ends_preempted(make_backend: Any, hosts: dict[str, str],  # noqa: F811
-                                                          rules: Rules) -> None:
+                                                          rules: Rules) -> None:  # noqa: F811
     h1, h2, _ = hosts["FIBER_SSH_HOSTS"].split()
     b = make_backend(hosts=f"{h1}*2[capacity=spot], {h2}*2", orphan_timeout=5.0, retry_lost=1.0)
     on_spot = b.start_job(py(GOT, capacity="spot"))
@@ -138,7 +128,7 @@ def runs_where_on_demand(x: int) -> tuple[int, str, str | None]:
 
 @pytest.mark.parametrize("role", [None, "learner"])
 def test_a_task_on_a_lost_spot_host_runs_its_next_attempt_on_an_on_demand_worker(hosts: dict[str, str],  # noqa: F811
-                                                                                 rules: Rules,
+                                                                                 rules: Rules,  # noqa: F811
                                                                                  role: str | None) -> None:
     h1, h2, _ = hosts["FIBER_SSH_HOSTS"].split()
     env = {**ssh_env(hosts), "FIBER_SSH_HOSTS": f"{h1}*1[capacity=spot], {h2}*2", "FIBER_SPARE_JOBS": "0",
