@@ -142,6 +142,8 @@ class _Pump:
         os.set_blocking(self.r, False)
         self.kind, self.conn, self.send_lock = kind, conn, lock
         self.lock = threading.Lock()
+        self.ready = select.poll()  # for drain(): whether anything is left to send
+        self.ready.register(self.r, select.POLLIN)
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"fiber-forward-{fd}")
         self.thread.start()
 
@@ -177,9 +179,10 @@ class _Pump:
                 pass
 
     def drain(self) -> None:
-        with self.lock:
+        with self.lock:  # taken: a chunk the thread read is sent by now
             try:
-                self._pass()
+                if self.ready.poll(0):  # (on an empty pipe, a read would raise)
+                    self._pass()
             except OSError:  # the pipe was closed at the job's end
                 pass
 
