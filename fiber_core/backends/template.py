@@ -371,7 +371,8 @@ class Template:
         self._jobs: dict[int, ForkedJob] = {}
         self._early: dict[int, int] = {}  # exits reported before the pid's answer was read
         self._gone: str | None = None
-        self._on_lost = on_lost
+        self.on_lost = on_lost
+        """Told why, when the template has gone with jobs of its own."""
         self.ready = threading.Event()
         """Set once the template has imported its modules and forks jobs."""
         self._settled = threading.Event()  # ready, or gone
@@ -460,18 +461,24 @@ class Template:
                 pass
             job.set_end(-signal.SIGKILL)
         if lost:
-            self._on_lost(why)
+            self.on_lost(why)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """End the template: it ends once it sees its socket closed, else after ``timeout``
+        seconds it is killed (its jobs end with it: see the module's docstring)."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
         try:
-            self._popen.wait(5)
+            self._popen.wait(timeout)
         except Exception:
             self._popen.kill()
+            try:
+                self._popen.wait(timeout or 5.0)
+            except Exception:
+                pass
 
 
 if __name__ == "__main__":
