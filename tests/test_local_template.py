@@ -221,6 +221,31 @@ def test_the_template_starts_before_the_plugins_load_and_is_the_one_jobs_fork_fr
     assert out.stdout.split() == ["local", "False", "2", "True", "True"]
 
 
+def test_a_lock_made_for_jobs_starts_the_template_and_a_bad_backend_waits_for_a_job(run_script) -> None:  # noqa: ANN001
+    # As multiprocessing starts its resource tracker when a lock is made, the run chooses its
+    # backend then; a backend that cannot be chosen is reported where a job starts, not here.
+    out = run_script("""
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            lock = fiber_core.Lock()
+            print(runtime()._selected is not None and runtime().backend.wait_template(30))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"]
+    out = run_script("""
+        import fiber_core
+
+        if __name__ == "__main__":
+            lock = fiber_core.Lock()
+            print("made")
+            fiber_core.Process(target=print).start()
+    """, env={"FIBER_BACKEND": "no-such-backend"})
+    assert out.stdout.split() == ["made"]
+    assert out.returncode == 1 and "no-such-backend" in out.stderr
+
+
 def test_a_program_s_first_pool_forks_every_worker_from_the_template_that_is_starting(run_script) -> None:  # noqa: ANN001
     # The template starts when the Pool chooses the backend, so its workers are asked for while
     # it imports: they wait for it rather than start as new interpreters beside it.

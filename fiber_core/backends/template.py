@@ -267,12 +267,14 @@ def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[s
     ``later_preload`` once no request has come for :data:`LATER_IDLE_SECONDS`."""
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
-    if parent_pidfd is not None:
-        import ctypes  # noqa: F401 - for the children's _die_with_template, loaded once here
     import gc
 
     gc.freeze()  # the children's collections then leave the preloaded objects' pages shared
     _send(sock, {"ready": True})
+    if parent_pidfd is not None:  # while the ready message travels and the first requests come
+        import ctypes  # noqa: F401 - for the children's _die_with_template, loaded once here
+
+        gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

@@ -153,6 +153,18 @@ class Runtime:
                 self._selected = (version, backend)
             return backend
 
+    def expect_jobs(self) -> None:
+        """The program made an object for its jobs (a lock, a shared value): in its first
+        process, choose the backend now, so that what it prepares for jobs (the local
+        template) starts meanwhile, as :mod:`multiprocessing` starts its resource tracker
+        there. A bad backend setting is not reported here but where a job starts."""
+        if self.is_worker or self._selected is not None:
+            return
+        try:
+            self.get_backend(None)
+        except FiberError:
+            pass
+
     def _select(self) -> str:
         """The configured backend's name (:func:`selected_backend_name`). Before the run's
         first backend is made, where it will likely be the local one (nothing chosen, or
