@@ -44,8 +44,7 @@ PROGRAM = textwrap.dedent("""
     if __name__ == "__main__":
         lib, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
         if lib == "fiber":
-            import fiber_core as mp
-            mp.init(local_start=mode)
+            import fiber_core as mp  # the start mode comes in FIBER_LOCAL_START, as a user's setting
             ctx = mp
         else:
             import multiprocessing
@@ -71,7 +70,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def measure(lib: str, mode: str, n: int, where: str, repo: str = HERE) -> list[float]:
     out = subprocess.run([sys.executable, where, lib, mode, str(n)], capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "PYTHONPATH": repo},
+                         timeout=900, env={**os.environ, "PYTHONPATH": repo, "FIBER_LOCAL_START": mode},
                          cwd=repo)  # jobs run `python -m`, which imports from the working directory first
     if out.returncode != 0:
         raise RuntimeError(f"{lib} {mode}: {out.stderr[-2000:]}")

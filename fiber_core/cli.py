@@ -17,8 +17,9 @@ from fiber_core.runtime.config import config, plugins, selected_backend_name
 WIDTH = 100
 """The widest line the tables of ``fiber`` print."""
 
-KNOWN_COMMANDS = {"run": ("fiber-k8s", "run a program on Kubernetes")}
-"""Commands that the project's plugins add, by name: the distribution and what the command does."""
+KNOWN_COMMANDS = {"run": (("fiber-k8s", "fiber-aws"), "run a program on Kubernetes or AWS Batch")}
+"""Commands that the project's plugins add, by name: the distributions that add it and what
+the command does."""
 
 RUN_FALLBACK = "kubernetes"
 """The backend ``fiber run`` launches on when neither ``--backend`` nor the configured backend
@@ -177,9 +178,12 @@ def _run(argv: Sequence[str]) -> int:
     return args.func(args)
 
 
-def _missing_command(command: str, package: str, args: argparse.Namespace) -> int:
-    print(f"fiber: error: `fiber {command}` comes with {package}, which is not available here: "
-          f"{plugins().advice(package)}", file=sys.stderr)
+def _missing_command(command: str, packages: Sequence[str], args: argparse.Namespace) -> int:
+    names = " or ".join(packages)
+    ways = "; or ".join(plugins().advice(package) for package in packages)
+    which = "which is" if len(packages) == 1 else "neither of which is"
+    print(f"fiber: error: `fiber {command}` comes with {names}, {which} available here: {ways}",
+          file=sys.stderr)
     return 2
 
 
@@ -229,10 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:] if argv is None else argv
         if argv[:1] == ["run"]:
             return _handle(_run, argv[1:])
-    for command, (package, what) in KNOWN_COMMANDS.items():
+    for command, (packages, what) in KNOWN_COMMANDS.items():
         if command not in sub.choices:  # its plugin is missing: say so, whatever the arguments
-            stub = sub.add_parser(command, add_help=False, help=f"{what} (needs {package})")
-            stub.set_defaults(func=functools.partial(_missing_command, command, package), takes_any=True)
+            stub = sub.add_parser(command, add_help=False, help=f"{what} (needs {' or '.join(packages)})")
+            stub.set_defaults(func=functools.partial(_missing_command, command, packages), takes_any=True)
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_any", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -171,11 +171,11 @@ def test_backends_without_the_plugins_says_how_to_install_them(core_only: list[s
 
 @pytest.mark.parametrize("args", [["run", "--help"], ["run"], ["run", "--image", "x", "python", "app.py"]],
                          ids=["help", "bare", "args"])
-def test_run_without_fiber_k8s_names_its_plugin(core_only: list[str], args: list[str]) -> None:
+def test_run_without_a_launching_plugin_names_both_that_launch(core_only: list[str], args: list[str]) -> None:
     out = fiber_core_only(core_only, *args, cwd=ROOT)
     assert out.returncode == 2
-    assert out.stderr == ("fiber: error: `fiber run` comes with fiber-k8s, which is not available here: "
-                          "pip install ./plugins/fiber_k8s\n")
+    assert out.stderr == ("fiber: error: `fiber run` comes with fiber-k8s or fiber-aws, neither of which is "
+                          "available here: pip install ./plugins/fiber_k8s; or pip install ./plugins/fiber_aws\n")
     assert out.stdout == ""
 
 
@@ -184,7 +184,7 @@ def test_help_names_the_backends(core_only: list[str], toy_dist: dict[str, str])
     assert bare.returncode == 0, bare.stderr
     assert "backends installed: local\n" in bare.stdout
     assert "other backends: aws-batch, docker, kubernetes, ssh (`fiber backends` says how" in bare.stdout
-    assert re.search(r"run +run a program on Kubernetes \(needs fiber-k8s\)", bare.stdout)
+    assert re.search(r"run +run a program on Kubernetes or AWS Batch \(needs\s+fiber-k8s or\s+fiber-aws\)", bare.stdout)
     with_toy = fiber("--help", env=toy_dist)
     assert with_toy.returncode == 0, with_toy.stderr
     installed = re.search(r"backends installed: (.*)", with_toy.stdout)

@@ -194,6 +194,97 @@ def test_the_run_starts_the_template_when_it_selects_the_local_backend(run_scrip
     assert out.stdout.split() == ["True", "True"]
 
 
+def test_the_template_starts_before_the_plugins_load_and_is_the_one_jobs_fork_from(run_script) -> None:  # noqa: ANN001
+    # Nothing configured: the local backend is likely, so its template imports while this
+    # process loads the plugins (which could still detect another backend).
+    out = run_script("""
+        import sys
+        from fiber_core.backends import template
+        from fiber_core.runtime.run import runtime
+
+        started = []
+        start = template.Template.__init__
+
+        def recorded(self, *args, **kwargs):
+            started.append("fiber_core.runtime.registry" in sys.modules)
+            start(self, *args, **kwargs)
+            started.append(self)
+
+        template.Template.__init__ = recorded
+
+        if __name__ == "__main__":
+            backend = runtime().backend
+            print(backend.name, started[0], len(started), backend._template is started[1],
+                  backend.wait_template(30))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["local", "False", "2", "True", "True"]
+
+
+def test_a_lock_made_for_jobs_starts_the_template_and_a_bad_backend_waits_for_a_job(run_script) -> None:  # noqa: ANN001
+    # As multiprocessing starts its resource tracker when a lock is made, the run chooses its
+    # backend then; a backend that cannot be chosen is reported where a job starts, not here.
+    out = run_script("""
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            lock = fiber_core.Lock()
+            print(runtime()._selected is not None and runtime().backend.wait_template(30))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"]
+    out = run_script("""
+        import fiber_core
+
+        if __name__ == "__main__":
+            lock = fiber_core.Lock()
+            print("made")
+            fiber_core.Process(target=print).start()
+    """, env={"FIBER_BACKEND": "no-such-backend"})
+    assert out.stdout.split() == ["made"]
+    assert out.returncode == 1 and "no-such-backend" in out.stderr
+
+
+def test_a_program_s_first_pool_forks_every_worker_from_the_template_that_is_starting(run_script) -> None:  # noqa: ANN001
+    # The template starts when the Pool chooses the backend, so its workers are asked for while
+    # it imports: they wait for it rather than start as new interpreters beside it.
+    out = run_script("""
+        import os
+        from pathlib import Path
+        import fiber_core
+        from fiber_core.runtime.run import runtime
+
+        def parent_pid(_):
+            return int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+        if __name__ == "__main__":
+            with fiber_core.Pool(3) as pool:
+                parents = set(pool.map(parent_pid, range(30), chunksize=1))
+            print(parents == {runtime().backend._template._popen.pid})
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"]
+
+
+@pytest.mark.parametrize("settings", [{"FIBER_BACKEND": "local", "FIBER_LOCAL_PRELOAD": "json"},
+                                      {"FIBER_LOCAL_START": "fresh"}])
+def test_a_template_starts_early_only_as_the_local_backend_s_settings_say(run_script, settings) -> None:  # noqa: ANN001
+    out = run_script("""
+        import os
+        from fiber_core.backends import template
+        from fiber_core.runtime.run import runtime
+
+        if __name__ == "__main__":
+            backend = runtime().backend
+            held = backend._template
+            print(held is None if os.environ.get("FIBER_LOCAL_START") == "fresh"
+                  else held.wait_ready(30) and held._popen.args[-1] == "json")
+    """, env=settings)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True"]
+
+
 def test_the_run_starts_no_template_where_jobs_start_as_new_interpreters(run_script) -> None:  # noqa: ANN001
     out = run_script("""
         import fiber_core

@@ -426,3 +426,31 @@ def test_detected_backend_is_used_only_when_none_is_configured(run_script, tmp_p
         "FIBER_BACKEND: local",
         "init(): local",
     ]
+
+
+def test_a_template_started_before_the_plugins_load_ends_when_one_detects_another_backend(
+        run_script, tmp_path: Path) -> None:  # noqa: ANN001
+    # Nothing is configured, so the local template starts before the plugins are loaded; the
+    # toy plugin then detects its own backend, and the early template is closed unused.
+    env = _installed(tmp_path, "fiber-toy", "fiber_toy", TOY_PLUGIN, "toy")
+    out = run_script("""
+        from fiber_core.backends import template
+        from fiber_core.runtime.run import runtime
+
+        started = []
+        start = template.Template.__init__
+
+        def recorded(self, *args, **kwargs):
+            start(self, *args, **kwargs)
+            started.append(self)
+
+        template.Template.__init__ = recorded
+
+        if __name__ == "__main__":
+            backend = runtime().backend
+            early = started[0]
+            print(backend.name, len(started), early._popen.wait(30) is not None,
+                  backend._template is started[-1] and backend._template is not early)
+    """, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["toy", "2", "True", "True"]

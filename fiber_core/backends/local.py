@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from fiber_core.backends.template import Request, Template, TemplateError
@@ -91,14 +91,10 @@ class LocalBackend(Backend):
         forks = [i for i, spec in enumerate(specs) if self._forkable(spec)]
         jobs: list[Job | None] = [None] * len(specs)
         try:
-            template = self._template_for() if forks else None
-            if template is None and len(forks) > 1 and self._template is not None:
-                # The template is starting: the first starts as a new interpreter beside it
-                # (an early first result); the rest wait for it, which costs one new
-                # interpreter's start, after which each fork is cheap.
-                jobs[forks[0]] = self._popen(specs[forks[0]])
-                forks = forks[1:]
-                template = self._template_for(wait=True)
+            # A template that is starting is waited for: it started when the run chose this
+            # backend, so it is ready sooner than a new interpreter would be, which would also
+            # take CPU from it.
+            template = self._template_for(wait=True) if forks else None
             if template is not None:
                 ooms = oom_kills()
                 for chunk in range(0, len(forks), _FORK_CHUNK):
@@ -122,7 +118,7 @@ class LocalBackend(Backend):
     def _fork(self, template: Template, specs: Sequence[JobSpec], ooms: int | None) -> list[Job | None]:
         """Fork ``specs`` from ``template``, each with a channel to this process; None for
         each one the template could not fork."""
-        env = {**os.environ, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
+        env = _template_env()
         paths = [self._log_path(spec.name) for spec in specs]
         pairs: list[tuple[socket.socket, socket.socket]] = []
         files = []
@@ -177,10 +173,10 @@ class LocalBackend(Backend):
         or, with ``wait``, when it gets ready within :data:`_TEMPLATE_WAIT` seconds."""
         with self._lock:
             if self._template is None and not self._template_failed:
-                env = {**os.environ, ENV_PARENT_PID: str(os.getpid())}
+                preload = list(self.settings.get("preload") or [])
                 try:
-                    self._template = Template(sys.executable, env, list(self.settings.get("preload") or []),
-                                              self._template_lost)
+                    self._template = (_early.adopt(preload, self._template_lost)
+                                      or Template(sys.executable, _template_env(), preload, self._template_lost))
                 except TemplateError as e:
                     self._template_failed = True
                     log.warning("fiber: %s; local jobs start as new interpreters", e)
@@ -275,6 +271,64 @@ class LocalBackend(Backend):
 
 
 _WORKER = "fiber_core.processes.worker"
+
+
+def _template_env() -> dict[str, str]:
+    return {**os.environ, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
+
+
+class _EarlyTemplate:
+    """A template started before the run's backend is chosen (:func:`start_template_early`),
+    until the local backend made for the run takes it or it is closed unused."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: tuple[list[str], Template] | None = None
+
+    def start(self, preload: list[str]) -> None:
+        with self._lock:
+            if self._held is None:
+                try:
+                    self._held = (preload, Template(sys.executable, _template_env(), preload, lambda why: None))
+                except TemplateError:
+                    pass  # the backend, once made, starts its own and says why it cannot
+
+    def adopt(self, preload: list[str], on_lost: Callable[[str], None]) -> Template | None:
+        """The template started early, if it preloads ``preload``; its losses go to ``on_lost``
+        from now on. One started with other settings is closed (they changed meanwhile)."""
+        with self._lock:
+            held, self._held = self._held, None
+            if held is not None and held[0] == preload:
+                held[1].on_lost = on_lost
+                return held[1]
+        if held is not None:
+            held[1].close(timeout=0)  # it has no jobs: it need not be waited for
+        return None
+
+    def discard(self) -> None:
+        """Close the template started early, if nobody took it."""
+        with self._lock:
+            held, self._held = self._held, None
+        if held is not None:
+            held[1].close(timeout=0)  # it has no jobs: it need not be waited for
+
+
+_early = _EarlyTemplate()
+
+
+def start_template_early(settings: Mapping[str, Any]) -> None:
+    """Start the template now, with this backend's ``settings``, for a backend of this run
+    made later (:meth:`LocalBackend.warm_up` takes it): while the program chooses its backend
+    (loading plugins) and imports the Pool, the template imports too. Nothing happens where
+    workers start as new interpreters. :func:`discard_early_template` closes it if the run
+    chose another backend after all."""
+    if settings.get("start", "template") == "template":
+        _early.start(list(settings.get("preload") or []))
+
+
+def discard_early_template() -> None:
+    """Close the template :func:`start_template_early` started, if no backend took it."""
+    _early.discard()
 
 
 STARTS_PER_CPU = 8

@@ -43,7 +43,11 @@ synchronization objects and queues (:data:`PRELOAD`) and the modules named by th
 ``forkserver_preload`` setting (``fiber_core.set_forkserver_preload``); what it needs to
 unpickle a function sent by value only once no job was asked for a while (:data:`LATER`).
 The local backend starts it when the run selects the backend (``warm_up``), so that it
-imports while the program goes on.
+imports while the program goes on; in the program's first process, where the backend will
+likely be this one, even before the plugins that choose it are loaded
+(:func:`fiber_core.backends.local.start_template_early`). The run selects its backend when
+the program first makes a lock, a semaphore, a shared value, a queue, a Pool or a Process.
+Jobs asked for while it imports wait for it.
 """
 
 from __future__ import annotations
@@ -267,12 +271,14 @@ def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[s
     ``later_preload`` once no request has come for :data:`LATER_IDLE_SECONDS`."""
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
-    if parent_pidfd is not None:
-        import ctypes  # noqa: F401 - for the children's _die_with_template, loaded once here
     import gc
 
     gc.freeze()  # the children's collections then leave the preloaded objects' pages shared
     _send(sock, {"ready": True})
+    if parent_pidfd is not None:  # while the ready message travels and the first requests come
+        import ctypes  # noqa: F401 - for the children's _die_with_template, loaded once here
+
+        gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -371,7 +377,8 @@ class Template:
         self._jobs: dict[int, ForkedJob] = {}
         self._early: dict[int, int] = {}  # exits reported before the pid's answer was read
         self._gone: str | None = None
-        self._on_lost = on_lost
+        self.on_lost = on_lost
+        """Told why, when the template has gone with jobs of its own."""
         self.ready = threading.Event()
         """Set once the template has imported its modules and forks jobs."""
         self._settled = threading.Event()  # ready, or gone
@@ -460,18 +467,24 @@ class Template:
                 pass
             job.set_end(-signal.SIGKILL)
         if lost:
-            self._on_lost(why)
+            self.on_lost(why)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """End the template: it ends once it sees its socket closed, else after ``timeout``
+        seconds it is killed (its jobs end with it: see the module's docstring)."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
         try:
-            self._popen.wait(5)
+            self._popen.wait(timeout)
         except Exception:
             self._popen.kill()
+            try:
+                self._popen.wait(timeout or 5.0)
+            except Exception:
+                pass
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import importlib.metadata
 import json
 import shlex
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,7 +99,9 @@ def _core_source() -> Path | None:
         return None
     if url is None or url.scheme != "file":
         return None
-    return Path(urllib.request.url2pathname(url.path))
+    from urllib.request import url2pathname  # here only: it loads ssl and http.client (8 ms)
+
+    return Path(url2pathname(url.path))
 
 
 def _shown(path: Path) -> str:

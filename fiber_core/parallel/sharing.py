@@ -326,6 +326,7 @@ def track_shared_dir(path: str) -> None:
 
 def create_semlock(owner: Any, kind: int, value: int, maxvalue: int) -> Any:
     """A new named semaphore (``_multiprocessing.SemLock``), removed with ``owner``."""
+    runtime().expect_jobs()
     for _ in range(100):
         name = new_name()
         try:
@@ -397,6 +398,7 @@ class Segment:
     @classmethod
     def create(cls, size: int) -> Segment:
         length = max(size, 1)  # an empty mapping is not allowed
+        runtime().expect_jobs()
         for _ in range(100):
             name = new_name()
             try:

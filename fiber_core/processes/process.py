@@ -501,13 +501,23 @@ class _JobRun:
 
     def launched(self, job: Job, payload: tuple[bytes | None, bytes]) -> None:
         """The backend started the job: watch it, and send ``payload`` once it connects."""
+        self.send_early(job, payload)
+        self.watch(payload)
+
+    def send_early(self, job: Job, payload: tuple[bytes | None, bytes]) -> None:
+        """The backend started the job: if it is connected already (a channel), send it
+        ``payload`` now, with no wait for the monitor thread to be scheduled."""
         self.job = job
         spares.take_channel(job, self._on_connect)
         if self.sock is not None and sum(len(p) for p in payload if p is not None) <= _EARLY_START:
-            try:  # connected already (a channel): no wait for the monitor thread to be scheduled
+            try:
                 self._send_start(Connection(self.sock), payload)
             except OSError:
                 pass  # the monitor finds the connection ended
+
+    def watch(self, payload: tuple[bytes | None, bytes]) -> None:
+        """Watch the job from a thread of its own, which sends ``payload`` once it connects
+        (if :meth:`send_early` could not)."""
         threading.Thread(target=self._monitor, args=(payload,), daemon=True,
                          name=f"fiber-monitor-{self.name}").start()
 
@@ -763,6 +773,22 @@ def start_processes(processes: Sequence[Process]) -> None:
     except BaseException:
         _stop_unused(done)
         raise
-    for run, job, to_send in done:
-        run.launched(job, to_send)
+    for run, job, to_send in done:  # every job on a channel is sent its start before any wait
+        run.send_early(job, to_send)
+    for run, _, _ in done:
         run.process._started(run)  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
+    _watch_all([(run, to_send) for run, _, to_send in done])
+
+
+def _watch_all(started: list[tuple[_JobRun, tuple[bytes | None, bytes]]]) -> None:
+    """Start each job's monitor thread (:meth:`_JobRun.watch`); several from a thread of their
+    own: a thread's start waits until it runs, which on busy CPUs (the jobs just started are
+    busy starting) would hold up the caller once per job."""
+    def watch_all() -> None:
+        for run, payload in started:
+            run.watch(payload)
+
+    if len(started) == 1:
+        watch_all()
+    elif started:
+        threading.Thread(target=watch_all, daemon=True, name="fiber-watchers").start()

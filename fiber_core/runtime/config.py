@@ -318,6 +318,19 @@ def selected_backend_name(explicit: str | None = None) -> str:
         raise UnknownBackendError(f"{e} (backend set by {value.source})") from None
 
 
+def likely_local_settings() -> dict[str, Any] | None:
+    """The local backend's settings where the run will likely use it, before the plugins are
+    loaded: no backend is set (one may still be detected) or ``local`` is; else None."""
+    value = config.lookup("backend")
+    if value.source != "default" and value.value != "local":
+        return None
+    from fiber_core.backends.local import LocalBackend  # as plugins() does, on first use
+
+    section = LocalBackend.settings_section()
+    config.register_backend_options(section, LocalBackend.options)  # as the registry does
+    return config.backend_settings(section)
+
+
 def create_backend(name: str, run_id: str, rundir: str | None = None) -> Backend:
     """A new instance of the backend ``name`` with its settings resolved now."""
     cls = plugins().get_class(name)

@@ -34,6 +34,7 @@ from fiber_core.contract.env import ENV_AUTHKEY, ENV_GROUP, ENV_PARENT_RUNDIR, E
 from fiber_core.runtime.config import (
     config,
     create_backend,
+    likely_local_settings,
     listen_host,
     plugins,
     selected_backend_name,
@@ -134,7 +135,7 @@ class Runtime:
             selected = self._selected
             if selected is not None and selected[0] == version:
                 return selected[1]
-            canonical = selected_backend_name()
+            canonical = self._select()
         else:
             canonical = plugins().canonical(name)
         with self._lock:
@@ -151,6 +152,37 @@ class Runtime:
             if name is None:
                 self._selected = (version, backend)
             return backend
+
+    def expect_jobs(self) -> None:
+        """The program made an object for its jobs (a lock, a shared value): in its first
+        process, choose the backend now, so that what it prepares for jobs (the local
+        template) starts meanwhile, as :mod:`multiprocessing` starts its resource tracker
+        there. A bad backend setting is not reported here but where a job starts."""
+        if self.is_worker or self._selected is not None:
+            return
+        try:
+            self.get_backend(None)
+        except FiberError:
+            pass
+
+    def _select(self) -> str:
+        """The configured backend's name (:func:`selected_backend_name`). Before the run's
+        first backend is made, where it will likely be the local one (nothing chosen, or
+        ``local``), the local template starts first: it imports while this process loads the
+        plugins that could still choose another (and then it is closed, unused)."""
+        settings = None if self.is_worker or self._backends else likely_local_settings()
+        if settings is None:
+            return selected_backend_name()
+        from fiber_core.backends import local  # loaded by likely_local_settings
+
+        local.start_template_early(settings)
+        canonical = ""
+        try:
+            canonical = selected_backend_name()
+            return canonical
+        finally:
+            if canonical != local.LocalBackend.name:
+                local.discard_early_template()
 
     @property
     def hub(self) -> Hub:
@@ -319,6 +351,9 @@ class Runtime:
                     backend.cleanup()
                 except Exception:
                     log.exception("fiber: cleanup of backend %s failed", backend.name)
+            local = sys.modules.get("fiber_core.backends.local")
+            if local is not None:  # a template started early that no backend took
+                local.discard_early_template()
             if self._status is not None:
                 self._status.close()
             if self._hub is not None:
