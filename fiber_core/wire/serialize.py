@@ -13,7 +13,6 @@ This module also holds :func:`Pipe` and :func:`wait`, the counterparts of
 from __future__ import annotations
 
 import copyreg
-import hashlib
 import io
 import pickle
 import sys
@@ -22,6 +21,7 @@ from multiprocessing.reduction import ForkingPickler
 from types import CodeType, FunctionType
 from typing import Any
 
+from fiber_core.base.blake2 import blake2b
 from fiber_core.base.errors import PicklingError
 
 _SMALL = 64 * 1024
@@ -109,7 +109,7 @@ def fingerprint(obj: Any) -> bytes:
             if isinstance(func, FunctionType):
                 parts.append(key.encode())
                 _code_key(func.__code__, parts)
-    return hashlib.blake2b(b"\0".join(parts), digest_size=16).digest()
+    return blake2b(b"\0".join(parts), digest_size=16).digest()
 
 
 def _main_object(name: str, expected: bytes, blob: bytes) -> Any:
