@@ -62,7 +62,9 @@ def sleep_task(seconds: float) -> None:
 
 def whoami(seconds: float) -> str:
     time.sleep(seconds)
-    return os.environ["FIBER_PROCESS_TOKEN"]  # one per job (pids repeat across containers)
+    # One per job: pids repeat across containers, whose host names differ (a job's token
+    # leaves its environment once the worker has read it).
+    return f"{platform.node()}:{os.getpid()}"
 
 
 def job_start(backend: str, preamble: str = "") -> float:
@@ -122,7 +124,7 @@ def pool_turn(backend: str, results: dict) -> None:
         pool.join()
 
 
-def run(reps: int, starts: int) -> dict:
+def run(reps: int, starts: int, pool: bool = True) -> dict:
     results: dict = defaultdict(lambda: defaultdict(list))
     for backend in BACKENDS:  # warm-up: image check, first container, imports; not measured
         job_start(backend)
@@ -139,7 +141,8 @@ def run(reps: int, starts: int) -> dict:
                 first, returned = process_start(backend, warm=True)
                 results[("start", "process on a spare")][backend].append(first)
                 results[("start", "returns on a spare")][backend].append(returned)
-            pool_turn(backend, results)
+            if pool:
+                pool_turn(backend, results)
         print(f"repetition {r + 1}/{reps}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return results
 
@@ -169,6 +172,8 @@ def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[fl
         process = med(results[("start", key)]["docker"])
         print(f"\nOn docker, `Process.start()` -> target's first line, {label}, is {process / job:.2f}x "
               f"the bare job and {process / job_import:.2f}x the bare job that imports fiber_core.")
+    if not results[("pool", "start")]["docker"]:
+        return  # --starts-only
     print(f"\n### Fiber paper overhead workload: Pool({WORKERS}), ideal time 1 s per batch (s)\n")
     print("| task | batch | docker | local | docker / local | docker range | local range |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -187,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5; 1 with --quick)")
     parser.add_argument("--starts", type=int, default=5, help="starts of each kind per repetition")
     parser.add_argument("--quick", action="store_true", help="smoke run")
+    parser.add_argument("--starts-only", action="store_true", help="only the start latencies, no Pool workload")
     args = parser.parse_args(argv)
     reps = args.reps or (1 if args.quick else 5)
     starts = 2 if args.quick else args.starts
     t, load = time.perf_counter(), os.getloadavg()[0]
-    results = run(reps, starts)
+    results = run(reps, starts, pool=not args.starts_only)
     report(results, reps, starts, time.perf_counter() - t, (load, os.getloadavg()[0]))
     return 0
 
