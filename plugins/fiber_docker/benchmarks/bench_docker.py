@@ -27,7 +27,8 @@ Usage (from the repository root, with the test dockerd up)::
         python plugins/fiber_docker/benchmarks/bench_docker.py [--reps 5] [--quick]
 
 Only the stdlib and fiber_core are imported at the top: the workers import this file
-as their main module (the backend mounts the working directory).
+as their main module (the backend mounts the working directory), so what a job's start
+costs here is what it costs a program that imports ``fiber_core`` and a few stdlib modules.
 """
 
 from __future__ import annotations
@@ -43,8 +44,6 @@ from collections import defaultdict
 from typing import Any
 
 import fiber_core
-from fiber_core.contract.backend import JobSpec
-from fiber_core.runtime.run import runtime
 
 WORKERS = 5
 CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)
@@ -68,6 +67,11 @@ def whoami(seconds: float) -> str:
 
 
 def job_start(backend: str, preamble: str = "") -> float:
+    # Imported here, as bench_ssh.py does: the workers import this file as their main module,
+    # and the backend contract (dataclasses, inspect, json) is no part of a program's start.
+    from fiber_core.contract.backend import JobSpec
+    from fiber_core.runtime.run import runtime
+
     b = runtime().get_backend(backend)
     python = "python3" if backend == "docker" else sys.executable
     t0 = time.time()
