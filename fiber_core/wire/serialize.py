@@ -2,7 +2,7 @@
 
 Every byte stream between two processes of a Fiber program is a plain socket: a
 Unix socket when both ends are on one host, TCP otherwise. A connection starts
-with a mutual challenge-response over HMAC-SHA256 with the run's secret key, and
+with a mutual challenge-response (a keyed BLAKE2b MAC) with the run's secret key, and
 nothing is unpickled before it succeeds, so a stranger who reaches an open port
 gets nothing run. After that, messages are length-prefixed frames.
 
