@@ -9,34 +9,58 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from fiber_core.parallel.start_method import register_start_method
 
-from fiber_core.base.errors import AuthenticationError, BufferTooShort, ProcessError, TimeoutError
-from fiber_core.base.log import get_logger, log_to_stderr
-from fiber_core.base.options import Option
-from fiber_core.parallel.context import FiberContext, get_context, register_start_method
-from fiber_core.parallel.durable.task import Task, current_task
-from fiber_core.parallel.queues import JoinableQueue, Queue, SimpleQueue
-from fiber_core.processes.pipe import Pipe
-from fiber_core.processes.process import (
-    Process,
-    active_children,
-    cpu_count,
-    current_process,
-    parent_process,
-)
-from fiber_core.runtime.config import config
-
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, TypeVar
+
+    from fiber_core.base.errors import (
+        AuthenticationError,
+        BufferTooShort,
+        ProcessError,
+        TimeoutError,
+    )
+    from fiber_core.base.log import get_logger, log_to_stderr
+    from fiber_core.base.options import Option
+    from fiber_core.contract.backend import Backend, Job, JobSpec
+    from fiber_core.contract.hookspecs import hookimpl
+    from fiber_core.parallel.broadcast import Broadcast, broadcast
+    from fiber_core.parallel.context import FiberContext, get_context
+    from fiber_core.parallel.durable.task import Task, current_task
+    from fiber_core.parallel.managers import AsyncManager, BaseManager, Manager, SyncManager  # noqa: F401 - what __getattr__ gives, named for type checkers
+    from fiber_core.parallel.pool import Pool  # noqa: F401 - what __getattr__ gives, named for type checkers
+    from fiber_core.parallel.queues import JoinableQueue, Queue, SimpleQueue
+    from fiber_core.parallel.ring import Ring  # noqa: F401 - what __getattr__ gives, named for type checkers
+    from fiber_core.parallel.sharedctypes import Array, RawArray, RawValue, Value
+    from fiber_core.parallel.synchronize import (
+        Barrier,
+        BoundedSemaphore,
+        Condition,
+        Event,
+        Lock,
+        RLock,
+        Semaphore,
+    )
+    from fiber_core.processes.pipe import Pipe
+    from fiber_core.processes.process import (
+        Process,
+        active_children,
+        cpu_count,
+        current_process,
+        parent_process,
+    )
+    from fiber_core.runtime.config import config  # noqa: F401 - what __getattr__ gives, named for type checkers
     from fiber_core.runtime.status import StatusServer
+
+    F = TypeVar("F", bound=Callable[..., Any])
 
 __version__ = "0.1.0"
 
-F = TypeVar("F", bound=Callable[..., Any])
-_context = get_context("fiber")  # the default context, not yet "in use" (get_start_method)
 # "fiber" becomes a start method name of the stdlib's multiprocessing.get_context, for
-# libraries that take a name (gymnasium's AsyncVectorEnv(context="fiber")).
+# libraries that take a name (gymnasium's AsyncVectorEnv(context="fiber")); the context
+# behind it is imported when the name is first looked up.
 register_start_method()
 
 
@@ -48,6 +72,8 @@ def init(**kwargs: Any) -> None:
     ``init(status=True)`` shows the program's state to ``fiber top``, ``status_port=``
     on a page too (see :func:`serve_status`).
     """
+    from fiber_core.runtime.config import config
+
     config.init(**kwargs)
     if "status" in kwargs or "status_port" in kwargs:
         from fiber_core.runtime import run  # not as a name here: fiber_core.runtime is the package
@@ -113,76 +139,79 @@ def meta(*, cpu: float | None = None, memory: int | None = None, gpu: int | None
     return decorate
 
 
-_SYNCHRONIZE = frozenset({"Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock",
-                          "Semaphore"})
-_SHAREDCTYPES = frozenset({"Array", "RawArray", "RawValue", "Value"})
+_LAZY = {
+    **dict.fromkeys(("AuthenticationError", "BufferTooShort", "ProcessError", "TimeoutError"),
+                    "fiber_core.base.errors"),
+    **dict.fromkeys(("get_logger", "log_to_stderr"), "fiber_core.base.log"),
+    "Option": "fiber_core.base.options",
+    **dict.fromkeys(("Backend", "Job", "JobSpec"), "fiber_core.contract.backend"),
+    "hookimpl": "fiber_core.contract.hookspecs",
+    **dict.fromkeys(("broadcast", "Broadcast"), "fiber_core.parallel.broadcast"),
+    **dict.fromkeys(("FiberContext", "get_context"), "fiber_core.parallel.context"),
+    **dict.fromkeys(("Task", "current_task"), "fiber_core.parallel.durable.task"),
+    **dict.fromkeys(("Manager", "SyncManager", "BaseManager", "AsyncManager"), "fiber_core.parallel.managers"),
+    "Pool": "fiber_core.parallel.pool",
+    **dict.fromkeys(("JoinableQueue", "Queue", "SimpleQueue"), "fiber_core.parallel.queues"),
+    "Ring": "fiber_core.parallel.ring",
+    **dict.fromkeys(("Array", "RawArray", "RawValue", "Value"), "fiber_core.parallel.sharedctypes"),
+    **dict.fromkeys(("Barrier", "BoundedSemaphore", "Condition", "Event", "Lock", "RLock", "Semaphore"),
+                    "fiber_core.parallel.synchronize"),
+    "Pipe": "fiber_core.processes.pipe",
+    **dict.fromkeys(("Process", "active_children", "cpu_count", "current_process", "parent_process"),
+                    "fiber_core.processes.process"),
+    "config": "fiber_core.runtime.config",
+}
+"""Where each name of the API lives: imported on its first use, so that ``import fiber_core``
+(and with it the start of every job) loads only what a job needs."""
+
+_CONTEXT = frozenset({"allow_connection_pickling", "reducer", "set_executable", "set_forkserver_preload"})
+"""Names the module takes from its default context, as the stdlib's does."""
+
 _SUBMODULES = frozenset({"connection", "context", "futures", "heap", "managers", "pool", "process",
                          "queues", "sharedctypes", "synchronize"})
 
 
 def __getattr__(name: str) -> Any:
-    # The heavier parts are imported on first use, so `import fiber_core` (and so the
-    # start of every job) stays fast.
-    if name in ("Backend", "Job", "JobSpec"):
-        from fiber_core.contract import backend
+    where = _LAZY.get(name)
+    if where is not None:
+        import importlib  # a name's first use
 
-        return getattr(backend, name)
-    if name == "hookimpl":
-        from fiber_core.contract.hookspecs import hookimpl
-
-        return hookimpl
-    if name == "Pool":
-        from fiber_core.parallel.pool import Pool
-
-        return Pool
-    if name in ("Manager", "SyncManager", "BaseManager", "AsyncManager"):
-        from fiber_core.parallel import managers
-
-        return getattr(managers, name)
-    if name in _SYNCHRONIZE:
-        from fiber_core.parallel import synchronize
-
-        return getattr(synchronize, name)
-    if name in _SHAREDCTYPES:
-        from fiber_core.parallel import sharedctypes
-
-        return getattr(sharedctypes, name)
+        value = getattr(importlib.import_module(where), name)
+        globals()[name] = value  # found directly from now on
+        return value
+    if name in _CONTEXT:
+        return getattr(_default_context(), name)
     if name in _SUBMODULES:  # `fiber_core.managers` without its own import
         import importlib
 
         return importlib.import_module(f"fiber_core.{name}")
-    if name == "reducer":
-        return _context.reducer
-    if name == "Ring":
-        from fiber_core.parallel.ring import Ring
-
-        return Ring
-    if name in ("broadcast", "Broadcast"):
-        from fiber_core.parallel import broadcast
-
-        return getattr(broadcast, name)
     raise AttributeError(f"module 'fiber_core' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *_CONTEXT})
+
+
+def _default_context() -> FiberContext:
+    from fiber_core.parallel.context import _default  # a name's first use
+
+    return _default
+
+
 def set_start_method(method: str | None, force: bool = False) -> None:
-    _context.set_start_method(method, force)
+    _default_context().set_start_method(method, force)
 
 
 def get_start_method(allow_none: bool = False) -> str | None:
-    return _context._default_start_method(allow_none)  # noqa: SLF001 - the stdlib context's own choice of default, which it keeps private
+    return _default_context()._default_start_method(allow_none)  # noqa: SLF001 - the stdlib context's own choice of default, which it keeps private
 
 
 def get_all_start_methods() -> list[str]:
-    return _context.get_all_start_methods()
+    return _default_context().get_all_start_methods()
 
 
 def freeze_support() -> None:
     pass
-
-
-allow_connection_pickling = _context.allow_connection_pickling
-set_executable = _context.set_executable
-set_forkserver_preload = _context.set_forkserver_preload
 
 
 __all__ = [

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 import fiber_core
-from fiber_core.parallel.context import register_start_method
+from fiber_core.parallel.start_method import register_start_method
 from fiber_core.testing import service_missing
 
 T = 30.0  # bound of every wait: reaching it is a failure, never a measure of speed

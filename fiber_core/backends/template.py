@@ -75,10 +75,12 @@ PRELOAD = ("fiber_core.processes.worker", "fiber_core.parallel.pool.worker",
 worker imports to unpickle its process object or its first task whenever they hold a lock,
 a Barrier or a queue."""
 
-LATER = ("cloudpickle",)
+LATER = ("cloudpickle", "fiber_core.processes.pipe", "fiber_core.parallel.context")
 """What the template imports once no request has come for :data:`LATER_IDLE_SECONDS`: what
 a worker needs only for a function sent by value (a lambda, a closure), about 9 ms of CPU
-that the program's first jobs do not wait for (one forked before imports it itself)."""
+that the program's first jobs do not wait for (one forked before imports it itself); and
+the parts of the API that ``import fiber_core`` no longer loads and a job may use (a Pipe
+end in its process object, a context), which the package's import gave the template before."""
 
 LATER_IDLE_SECONDS = 1.0
 """How long the template waits for no request before it imports :data:`LATER`: long enough

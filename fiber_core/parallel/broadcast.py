@@ -37,7 +37,7 @@ one outside the run can make it first; it is made with mode 0700, and one that e
 used only if it is this user's and closed to others (else a warning names it and the
 process keeps its own copy). Its files are made with ``O_EXCL`` under random names and
 opened without following links, owner checked. A segment's header, region table and
-pickle stream carry an HMAC with the run's key, checked before anything is unpickled.
+pickle stream carry a MAC with the run's key, checked before anything is unpickled.
 
 **What a read gives.** numpy arrays, in the value or nested in it, come back as
 read-only views of the segment (pickle protocol 5's out-of-band buffers); a ``bytes``,
@@ -98,7 +98,7 @@ _CHUNK = 4 << 20  # bytes per send: a transfer never needs a second copy of the 
 _ALIGN = 64  # numpy's arrays want aligned data
 _MAGIC = b"FBC2"
 _HEAD = struct.Struct("!4sQII")  # magic, version, kind, number of regions; then the MAC
-_MAC = 32  # HMAC-SHA256 with the run's key of the header, the region table and the stream
+_MAC = 32  # a MAC (auth.mac: keyed BLAKE2b) with the run's key of the header, the region table and the stream
 _SEGMENT_LABEL = b"fiber broadcast segment\0"
 _DIR_LABEL = b"fiber broadcast directory\0"
 _REGION = struct.Struct("!QQ")  # offset, length
@@ -208,7 +208,7 @@ def _decode(mm: mmap.mmap, key: bytes) -> tuple[int, Any]:
 def store_name(key: bytes, run_id: str, job_host: str = "") -> str:
     """The name in ``/dev/shm`` of a run's directory of copies on one machine.
 
-    ``fiber-bc-<run>-<tag>``, the tag an HMAC with the run's key of the run and the machine:
+    ``fiber-bc-<run>-<tag>``, the tag a MAC with the run's key of the run and the machine:
     other users of the host can learn the run id, but not compute the name, so they cannot
     make the directory before the run does.
     """

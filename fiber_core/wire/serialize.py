@@ -2,7 +2,7 @@
 
 Every byte stream between two processes of a Fiber program is a plain socket: a
 Unix socket when both ends are on one host, TCP otherwise. A connection starts
-with a mutual challenge-response over HMAC-SHA256 with the run's secret key, and
+with a mutual challenge-response (a keyed BLAKE2b MAC) with the run's secret key, and
 nothing is unpickled before it succeeds, so a stranger who reaches an open port
 gets nothing run. After that, messages are length-prefixed frames.
 
@@ -13,7 +13,6 @@ This module also holds :func:`Pipe` and :func:`wait`, the counterparts of
 from __future__ import annotations
 
 import copyreg
-import hashlib
 import io
 import pickle
 import sys
@@ -22,6 +21,7 @@ from multiprocessing.reduction import ForkingPickler
 from types import CodeType, FunctionType
 from typing import Any
 
+from fiber_core.base.blake2 import blake2b
 from fiber_core.base.errors import PicklingError
 
 _SMALL = 64 * 1024
@@ -109,7 +109,7 @@ def fingerprint(obj: Any) -> bytes:
             if isinstance(func, FunctionType):
                 parts.append(key.encode())
                 _code_key(func.__code__, parts)
-    return hashlib.blake2b(b"\0".join(parts), digest_size=16).digest()
+    return blake2b(b"\0".join(parts), digest_size=16).digest()
 
 
 def _main_object(name: str, expected: bytes, blob: bytes) -> Any:

@@ -13,7 +13,7 @@ import boto3
 
 SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
 REGION = "us-east-1"
-IMAGE = "fiber-test:latest"
+IMAGE = os.environ.get("FIBER_AWS_TEST_IMAGE") or "fiber-test:latest"  # one built from this branch, where its wire version differs
 CPU_QUEUE = "fiber-cpu"
 GPU_QUEUES = {"a10g": ("fiber-gpu-a10g", "g5.xlarge"), "t4": ("fiber-gpu-t4", "g4dn.xlarge")}
 FAR_QUEUE = "fiber-far"  # its compute environment is in a VPC this machine is not part of

@@ -14,7 +14,9 @@ flips every repetition); every figure is the median over all samples.
      Fiber's worker bootstrap: connect back, authenticate, unpickle. Measured with no
      spare job ready (every spare let go first), and on the spare container the previous
      start left ready (``spare_jobs``: one by default on Docker; none on the local backend).
-   Also *start() returns*: how long ``Process.start()`` blocks the caller.
+   Also *start() returns*: how long ``Process.start()`` blocks the caller, and the CPU
+   time each job spent before that first line (``time.process_time()``, its interpreter's
+   start included), which a loaded machine changes far less than the wall times.
 2. The overhead workload of the Fiber paper (Figure 9): ``Pool(5)``; tasks that sleep
    1 s, 100 ms, 10 ms, 1 ms; 5, 50, 500, 5000 of them, so that the ideal time of each
    batch is 1 s; ``pool.map`` is timed on a pool whose workers have all run a task.
@@ -27,7 +29,8 @@ Usage (from the repository root, with the test dockerd up)::
         python plugins/fiber_docker/benchmarks/bench_docker.py [--reps 5] [--quick]
 
 Only the stdlib and fiber_core are imported at the top: the workers import this file
-as their main module (the backend mounts the working directory).
+as their main module (the backend mounts the working directory), so what a job's start
+costs here is what it costs a program that imports ``fiber_core`` and a few stdlib modules.
 """
 
 from __future__ import annotations
@@ -43,8 +46,6 @@ from collections import defaultdict
 from typing import Any
 
 import fiber_core
-from fiber_core.contract.backend import JobSpec
-from fiber_core.runtime.run import runtime
 
 WORKERS = 5
 CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)
@@ -53,7 +54,7 @@ TIMEOUT = 600.0
 
 
 def first_instruction(q: Any) -> None:
-    q.put(time.time())
+    q.put((time.time(), time.process_time()))
 
 
 def sleep_task(seconds: float) -> None:
@@ -62,24 +63,34 @@ def sleep_task(seconds: float) -> None:
 
 def whoami(seconds: float) -> str:
     time.sleep(seconds)
-    return os.environ["FIBER_PROCESS_TOKEN"]  # one per job (pids repeat across containers)
+    # One per job: pids repeat across containers, whose host names differ (a job's token
+    # leaves its environment once the worker has read it).
+    return f"{platform.node()}:{os.getpid()}"
 
 
-def job_start(backend: str, preamble: str = "") -> float:
+def job_start(backend: str, preamble: str = "") -> tuple[float, float]:
+    """Start -> the bare job's first line (or the one after its preamble), and the job's CPU
+    seconds up to there (its interpreter's start included)."""
+    # Imported here, as bench_ssh.py does: the workers import this file as their main module,
+    # and the backend contract (dataclasses, inspect, json) is no part of a program's start.
+    from fiber_core.contract.backend import JobSpec
+    from fiber_core.runtime.run import runtime
+
     b = runtime().get_backend(backend)
     python = "python3" if backend == "docker" else sys.executable
     t0 = time.time()
-    job = b.start_job(JobSpec(command=[python, "-c", preamble + "import time; print(repr(time.time()))"],
+    job = b.start_job(JobSpec(command=[python, "-c", preamble + "import time; print(repr(time.time()), repr(time.process_time()))"],
                               name="bench-start"))
     if b.wait_for_job(job, TIMEOUT) != 0:
         raise RuntimeError(f"bare job failed: {b.get_job_logs(job)}")
     deadline = time.monotonic() + 10
     while not (logs := b.get_job_logs(job).strip()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return float(logs.split()[-1]) - t0
+    wall, cpu = logs.split()[-2:]
+    return float(wall) - t0, float(cpu)
 
 
-def process_start(backend: str, warm: bool) -> tuple[float, float]:
+def process_start(backend: str, warm: bool) -> tuple[float, float, float]:
     """A Process started on the spare job the previous start left ready (``warm``; on the local
     backend there is none), or with none (every spare let go first). Before it returns, the
     spare started after it is waited for: no start overlaps a measured one."""
@@ -94,12 +105,13 @@ def process_start(backend: str, warm: bool) -> tuple[float, float]:
     t0 = time.time()
     p.start()
     returned = time.time() - t0
-    first = q.get(timeout=TIMEOUT) - t0
+    first, cpu = q.get(timeout=TIMEOUT)
+    first -= t0
     p.join(TIMEOUT)
     if p.exitcode != 0:
         raise RuntimeError(f"process exited with {p.exitcode}")
     spares.settle(TIMEOUT)
-    return first, returned
+    return first, returned, cpu
 
 
 def pool_turn(backend: str, results: dict) -> None:
@@ -122,7 +134,7 @@ def pool_turn(backend: str, results: dict) -> None:
         pool.join()
 
 
-def run(reps: int, starts: int) -> dict:
+def run(reps: int, starts: int, pool: bool = True) -> dict:
     results: dict = defaultdict(lambda: defaultdict(list))
     for backend in BACKENDS:  # warm-up: image check, first container, imports; not measured
         job_start(backend)
@@ -131,15 +143,19 @@ def run(reps: int, starts: int) -> dict:
         t = time.perf_counter()
         for backend in BACKENDS if r % 2 == 0 else BACKENDS[::-1]:
             for _ in range(starts):
-                results[("start", "job")][backend].append(job_start(backend))
-                results[("start", "job+import")][backend].append(job_start(backend, "import fiber_core; "))
-                first, returned = process_start(backend, warm=False)
+                for key, preamble in (("job", ""), ("job+import", "import fiber_core; ")):
+                    first, cpu = job_start(backend, preamble)
+                    results[("start", key)][backend].append(first)
+                    results[("cpu", key)][backend].append(cpu)
+                first, returned, cpu = process_start(backend, warm=False)
+                results[("cpu", "process")][backend].append(cpu)
                 results[("start", "process")][backend].append(first)
                 results[("start", "returns")][backend].append(returned)
-                first, returned = process_start(backend, warm=True)
+                first, returned, _ = process_start(backend, warm=True)
                 results[("start", "process on a spare")][backend].append(first)
                 results[("start", "returns on a spare")][backend].append(returned)
-            pool_turn(backend, results)
+            if pool:
+                pool_turn(backend, results)
         print(f"repetition {r + 1}/{reps}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return results
 
@@ -169,6 +185,15 @@ def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[fl
         process = med(results[("start", key)]["docker"])
         print(f"\nOn docker, `Process.start()` -> target's first line, {label}, is {process / job:.2f}x "
               f"the bare job and {process / job_import:.2f}x the bare job that imports fiber_core.")
+    print("\n### The job's CPU time before that line (ms): its interpreter's start, Fiber's part\n")
+    print("| | docker | local | docker range |")
+    print("|---|---:|---:|---:|")
+    for key, label in (("job", "bare job"), ("job+import", "bare job importing fiber_core first"),
+                       ("process", "`Process.start()`, no spare job: the worker up to the target's first line")):
+        d, lo = results[("cpu", key)]["docker"], results[("cpu", key)]["local"]
+        print(f"| {label} | {med(d) * 1e3:.1f} | {med(lo) * 1e3:.1f} | {min(d) * 1e3:.1f}-{max(d) * 1e3:.1f} |")
+    if not results[("pool", "start")]["docker"]:
+        return  # --starts-only
     print(f"\n### Fiber paper overhead workload: Pool({WORKERS}), ideal time 1 s per batch (s)\n")
     print("| task | batch | docker | local | docker / local | docker range | local range |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -187,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5; 1 with --quick)")
     parser.add_argument("--starts", type=int, default=5, help="starts of each kind per repetition")
     parser.add_argument("--quick", action="store_true", help="smoke run")
+    parser.add_argument("--starts-only", action="store_true", help="only the start latencies, no Pool workload")
     args = parser.parse_args(argv)
     reps = args.reps or (1 if args.quick else 5)
     starts = 2 if args.quick else args.starts
     t, load = time.perf_counter(), os.getloadavg()[0]
-    results = run(reps, starts)
+    results = run(reps, starts, pool=not args.starts_only)
     report(results, reps, starts, time.perf_counter() - t, (load, os.getloadavg()[0]))
     return 0
 

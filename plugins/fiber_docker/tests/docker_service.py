@@ -13,7 +13,10 @@ import pytest
 from fiber_core.testing import service_missing
 
 SERVICES = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
-IMAGE = "fiber-test:latest"
+IMAGE = os.environ.get("FIBER_DOCKER_TEST_IMAGE") or "fiber-test:latest"
+"""The image with fiber_core that the tests run their jobs in: the one the services built from
+their checkout, unless ``FIBER_DOCKER_TEST_IMAGE`` names one built from another (a branch
+whose wire version differs cannot talk to the services' image)."""
 NOFIBER_IMAGE = "fiber-test-nofiber:latest"
 NOPYTHON_IMAGE = "fiber-test-nopython:latest"
 UP = "bash scripts/test-services.sh up docker"

