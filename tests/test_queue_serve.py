@@ -113,3 +113,20 @@ def test_items_a_borrower_gives_back_go_to_a_borrower_whose_get_waits() -> None:
         client.close()
         thread.join(T)
     assert list(store.items) == [b"a", b"b"]  # the waiter took nothing: back in front, in order
+
+
+def test_a_put_does_not_wait_on_a_borrower_that_reads_nothing_and_the_big_item_arrives_whole() -> None:
+    store = Store(0)
+    loan, borrower = _loan()
+    assert isinstance(store.lend_or_park(loan, 1, True), _Parked)
+    item = bytes(range(256)) * (1 << 14)  # 4 MiB: more than a socket takes at once
+    putter = threading.Thread(target=store.put, args=(item,))
+    putter.start()
+    putter.join(T)
+    assert not putter.is_alive(), "the put waited for the borrower to read"
+    reply = borrower.recv_bytes()  # read only now
+    assert messages.kind_of(reply) == messages.QUEUE_ITEM
+    assert bytes(messages.body(reply)) == item
+    store.put(b"next")  # the connection is free again: nothing was left holding it
+    assert loan.send_lock.acquire(timeout=T)
+    loan.send_lock.release()

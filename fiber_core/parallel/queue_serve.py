@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any
 
 from fiber_core.base.fds import readable
-from fiber_core.wire.framing import Connection, FrameReader, framed
+from fiber_core.wire.framing import Connection, FrameReader, frame_header, framed
 from fiber_core.wire.messages import (
     QUEUE_ACK,
     QUEUE_EMPTY,
@@ -448,12 +448,59 @@ def _send_lent(loan: _Loan, batch: list[_Item]) -> None:
 
 
 def _deliver(sends: list[tuple[_Loan, list[_Item]]]) -> None:
-    """Send what :meth:`Store._serve` lent to borrowers whose gets waited (no lock held)."""
+    """Send what :meth:`Store._serve` lent to borrowers whose gets waited (no lock held).
+
+    The thread that put the item sends it, but never waits on a borrower that does not
+    read (stopped, cut off) or on the tail of a big item: what the socket does not take
+    at once is sent by a thread of its own, which holds the connection until the frame
+    is whole.
+    """
     for loan, batch in sends:
+        if len(batch) == 1:
+            head, body = QUEUE_ITEM, batch[0]
+        else:
+            head, body = encode_queue_batch(batch), b""
+        loan.send_lock.acquire()
         try:
-            _send_lent(loan, batch)
+            sock = loan.conn._socket()  # noqa: SLF001 - the owner's side of a Connection, in the same layer: a frame in parts, not waiting
+            parts: list[Any] = [frame_header(len(head) + len(body)) + head, body]
+            rest = _unsent(parts, sock.sendmsg(parts, (), socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            rest = parts
         except OSError:
-            pass  # its connection is ending: its session gives the items back with it
+            rest = []  # its connection is ending: its session gives the items back with it
+        if not rest:
+            loan.send_lock.release()
+            continue
+        try:
+            threading.Thread(target=_send_rest, args=(sock, rest, loan.send_lock),
+                             name="fiber-queue-send", daemon=True).start()
+        except BaseException:
+            loan.send_lock.release()
+            raise
+
+
+def _unsent(parts: list[Any], sent: int) -> list[Any]:
+    """What is left of ``parts`` once their first ``sent`` bytes went out."""
+    rest = []
+    for part in parts:
+        if sent >= len(part):
+            sent -= len(part)
+        else:
+            rest.append(memoryview(part)[sent:])
+            sent = 0
+    return rest
+
+
+def _send_rest(sock: socket.socket, rest: list[memoryview], send_lock: threading.Lock) -> None:
+    """Finish a frame that :func:`_deliver` began, then let others send on its connection."""
+    try:
+        for part in rest:
+            sock.sendall(part)
+    except OSError:
+        pass  # its connection is ending: its session gives the items back with it
+    finally:
+        send_lock.release()
 
 
 class _Session:
@@ -630,7 +677,11 @@ class _Session:
                 store.loans.pop(self.token, None)
                 sends = store.give_back(self.loan)
                 store.recall_wanted.notify()  # without loans, the recaller ends
-        with self.send_lock:  # not under a thread that sends it an item it was lent
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # a thread that still sends to it stops
+        except OSError:
+            pass
+        with self.send_lock:  # closed once no other thread sends on it
             self.conn.close()
         _deliver(sends)
 
