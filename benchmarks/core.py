@@ -340,12 +340,12 @@ def queue_rtt_breakdown(n: int) -> None:
           "got": child["got"][-n:], "put": child["put"][-n:],
           "stored": _STAMPS["stored"][-n - 1:-1], "done": done}
     steps = [
-        ("sent", "lent", "parent's put -> a hub thread of the owner wakes and lends the item"),
+        ("sent", "lent", "parent's put -> the item is lent to the child's waiting get"),
         ("lent", "read", "-> the child has read it (one send, one wakeup)"),
         ("read", "got", "-> the child's get returns"),
         ("got", "put", "-> the child's put into the second queue returns"),
         ("put", "stored", "-> a hub thread of the owner has read it and stores it"),
-        ("stored", "done", "-> the parent's get wakes and returns"),
+        ("stored", "done", "-> the parent's get is handed the item, wakes and returns"),
         ("sent", "done", "round trip"),
     ]
     print(f"\nFiber Queue round trip, {n} pings, medians (us):\n")

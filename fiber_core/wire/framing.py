@@ -139,7 +139,7 @@ class Connection:
         is not copied). For Fiber's own connections: a Pipe's user has ``send_bytes``."""
         sock = self._socket()
         n = len(head) + len(body)
-        header = frame_header(n)
+        header = _HEADER.pack(n) if n < _BIG else frame_header(n)  # (no call for the usual)
         if n <= _SMALL:
             sock.sendall(header + head + body)
         else:
