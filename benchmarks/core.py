@@ -27,6 +27,7 @@ Usage::
     python benchmarks/core.py            # about 1-2 minutes
     python benchmarks/core.py --quick    # smoke run, under 20 s
     python benchmarks/core.py --pin 0    # every process on CPU 0
+    python benchmarks/core.py --apart 0,1   # this process on CPU 0, the children on CPU 1
     python benchmarks/core.py --breakdown   # where Fiber's Queue round trip goes
 
 The fiber side uses the configured backend (``FIBER_BACKEND``, default
@@ -98,8 +99,10 @@ def child_queue(ctrl: Any, data: Any, done: Any) -> None:
             done.put("done")
 
 
-def child_queue_echo(into: Any, back: Any) -> None:
-    """Put back every item of ``into``; stop on ``None``."""
+def child_queue_echo(into: Any, back: Any, cpu: int | None = None) -> None:
+    """Put back every item of ``into``; stop on ``None``. On ``cpu`` only, if given."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     while (item := into.get()) is not None:
         back.put(item)
 
@@ -237,11 +240,12 @@ def bench_queue(libs: list[Lib], reps: int, n_small: int, n_big: int, results: d
         p.join()
 
 
-def bench_queue_rtt(libs: list[Lib], reps: int, n: int, results: dict) -> None:
+def bench_queue_rtt(libs: list[Lib], reps: int, n: int, results: dict,
+                    child_cpu: int | None = None) -> None:
     children = {}
     for lib in libs:
         into, back = lib.Queue(), lib.Queue()
-        p = lib.Process(target=child_queue_echo, args=(into, back))
+        p = lib.Process(target=child_queue_echo, args=(into, back, child_cpu))
         p.start()
         children[lib.name] = (into, back, p)
         _queue_pings(into, back, 200)  # warm-up (and, for fiber, connect)
@@ -300,10 +304,13 @@ def _stamp_calls(owner: Any, name: str, label: str, code: bytes | None = None) -
     setattr(owner, name, stamped)
 
 
-def child_queue_echo_stamped(into: Any, back: Any) -> None:
+def child_queue_echo_stamped(into: Any, back: Any, cpu: int | None = None) -> None:
     """:func:`child_queue_echo`, reading the clock as the item arrives, is got and is put."""
     from fiber_core.parallel.queues import _Borrower
     from fiber_core.wire.messages import QUEUE_ITEM
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
 
     _stamp_calls(_Borrower, "_dispatch", "read", QUEUE_ITEM)
     got, put = _STAMPS.setdefault("got", []), _STAMPS.setdefault("put", [])
@@ -315,7 +322,7 @@ def child_queue_echo_stamped(into: Any, back: Any) -> None:
     back.put(_STAMPS)
 
 
-def queue_rtt_breakdown(n: int) -> None:
+def queue_rtt_breakdown(n: int, child_cpu: int | None = None) -> None:
     """Print the median of each step of Fiber's Queue round trip (the parent owns both queues)."""
     import fiber_core
     from fiber_core.parallel.queue_serve import Store
@@ -323,7 +330,7 @@ def queue_rtt_breakdown(n: int) -> None:
     _stamp_calls(Store, "lend", "lent")
     _stamp_calls(Store, "put_many", "stored")
     into, back = fiber_core.Queue(), fiber_core.Queue()
-    p = fiber_core.Process(target=child_queue_echo_stamped, args=(into, back))
+    p = fiber_core.Process(target=child_queue_echo_stamped, args=(into, back, child_cpu))
     p.start()
     _queue_pings(into, back, 200)  # warm-up: the child borrows from here on
     clock, sent, done = time.perf_counter_ns, [], []
@@ -340,12 +347,12 @@ def queue_rtt_breakdown(n: int) -> None:
           "got": child["got"][-n:], "put": child["put"][-n:],
           "stored": _STAMPS["stored"][-n - 1:-1], "done": done}
     steps = [
-        ("sent", "lent", "parent's put -> a hub thread of the owner wakes and lends the item"),
+        ("sent", "lent", "parent's put -> the item is lent to the child's waiting get"),
         ("lent", "read", "-> the child has read it (one send, one wakeup)"),
         ("read", "got", "-> the child's get returns"),
         ("got", "put", "-> the child's put into the second queue returns"),
         ("put", "stored", "-> a hub thread of the owner has read it and stores it"),
-        ("stored", "done", "-> the parent's get wakes and returns"),
+        ("stored", "done", "-> the parent's get is handed the item, wakes and returns"),
         ("sent", "done", "round trip"),
     ]
     print(f"\nFiber Queue round trip, {n} pings, medians (us):\n")
@@ -419,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="rounds per library and section")
     parser.add_argument("--pin", type=int, default=None, metavar="CPU",
                         help="pin this process and every child to one CPU")
+    parser.add_argument("--apart", default=None, metavar="CPU,CPU",
+                        help="the Queue round trip with this process on the first CPU and the "
+                             "child on the second (a wakeup then crosses CPUs)")
     parser.add_argument("--only", choices=("start", "pipe", "queue", "queue-rtt"), action="append",
                         help="run only these sections (repeatable)")
     parser.add_argument("--breakdown", action="store_true",
@@ -426,8 +436,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.pin is not None:  # first, so that every thread and child inherits it
         os.sched_setaffinity(0, {args.pin})
+    child_cpu = None
+    if args.apart is not None:
+        try:
+            mine, child_cpu = (int(c) for c in args.apart.split(","))
+        except ValueError:
+            parser.error(f"--apart takes two CPU numbers such as 0,1, not {args.apart!r}")
+        os.sched_setaffinity(0, {mine})
     if args.breakdown:
-        queue_rtt_breakdown(300 if args.quick else 3000)
+        queue_rtt_breakdown(300 if args.quick else 3000, child_cpu)
         return 0
     if args.quick:
         reps = {"start": 3, "pipe": 3, "queue": 3, "queue-rtt": 3}
@@ -448,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         ("start", lambda: bench_start(libs, reps["start"], results)),
         ("pipe", lambda: bench_pipe(libs, reps["pipe"], n_rtt, results)),
         ("queue", lambda: bench_queue(libs, reps["queue"], n_small, n_big, results)),
-        ("queue-rtt", lambda: bench_queue_rtt(libs, reps["queue-rtt"], n_rtt, results)),
+        ("queue-rtt", lambda: bench_queue_rtt(libs, reps["queue-rtt"], n_rtt, results, child_cpu)),
     ]
     for name, step in steps:
         if name in sections:

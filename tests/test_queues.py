@@ -220,7 +220,7 @@ def test_a_getter_terminated_while_blocked_takes_no_item_with_it() -> None:
     p = fiber_core.Process(target=_block_in_get, args=(q,))
     p.start()
     deadline = time.monotonic() + T
-    while not q._store.not_empty._waiters:  # white box: the child's get() reached this owner
+    while not q._store.waiters:  # white box: the child's get() reached this owner
         assert time.monotonic() < deadline
         time.sleep(0.01)
     p.terminate()

@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any
 
 from fiber_core.base.fds import readable
-from fiber_core.wire.framing import Connection, FrameReader, framed
+from fiber_core.wire.framing import Connection, FrameReader, frame_header, framed
 from fiber_core.wire.messages import (
     QUEUE_ACK,
     QUEUE_EMPTY,
@@ -80,14 +80,45 @@ class _Loan:
         self.recalling = False
 
 
+class _Local:
+    """A thread of the owner waiting in :meth:`Store.get`: the item is handed to it, then its
+    lock released (one wakeup, and no lock of the store to take again)."""
+
+    __slots__ = ("wake", "item")
+
+    def __init__(self) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.item: _Item | None = None
+
+
+class _Parked:
+    """A borrower's blocking get, waiting in the store while its session reads on: the
+    thread that brings an item lends it and sends it (no thread of the owner is woken)."""
+
+    __slots__ = ("loan", "window", "served")
+
+    def __init__(self, loan: _Loan, window: int) -> None:
+        self.loan = loan
+        self.window = window
+        self.served = False
+
+
 class Store:
-    """The owner's in-memory queue: pickled items, with the stdlib's blocking rules."""
+    """The owner's in-memory queue: pickled items, with the stdlib's blocking rules.
+
+    Getters that find it empty wait in one line, :attr:`waiters`, first come first
+    served: a thread of this process (:class:`_Local`), or a borrowing connection's
+    get (:class:`_Parked`). Whoever brings an item hands it to the first of them, so
+    items and waiters are never both there when the lock is let go.
+    """
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self.items: deque[_Item] = deque()
         self.lock = threading.Lock()
-        self.not_empty = threading.Condition(self.lock)
+        self.waiters: deque[_Local | _Parked] = deque()
+        self.parked = 0  # how many of the waiters are borrowers' gets
         self.not_full = threading.Condition(self.lock)
         self.all_done = threading.Condition(self.lock)
         self.unfinished = 0
@@ -95,6 +126,7 @@ class Store:
         self.lent = 0  # items lent and not yet acknowledged: they still take room
         self.recall_wanted = threading.Condition(self.lock)
         self.want_recall = False
+        self.recalled_at = 0.0  # when the recaller last asked every borrower
         self.recaller: threading.Thread | None = None
         self.recaller_idle = False  # the recaller waits for a first lent item
 
@@ -118,44 +150,111 @@ class Store:
                         self.not_full.wait(left)
             self.items.append(data)
             self.unfinished += 1
-            if self.not_empty._waiters:  # type: ignore[attr-defined]  # a getter waits  # noqa: SLF001 - threading.Condition keeps its waiters private; no public way to ask
-                self.not_empty.notify()
+            if not self.waiters:
+                return
+            sends = self._serve()
+        _deliver(sends)
 
-    def get(self, block: bool = True, timeout: float | None = None, lend: bool = False) -> _Item:
-        """Take the next item; one to ``lend`` keeps taking room until it is acknowledged."""
-        with self.not_empty:
+    def get(self, block: bool = True, timeout: float | None = None) -> _Item:
+        """Take the next item (for a thread of this process, or a plain get of a client)."""
+        with self.lock:
+            if self.items:  # then nobody waits before this getter
+                data = self.items.popleft()
+                if self.maxsize > 0:
+                    self.not_full.notify()
+                return data
+            self._recall()  # what is lent and unused comes back for this or a later get
             if not block:
-                if not self.items:
-                    self._recall()  # what is lent and unused comes back for a later get
-                    raise Empty
-            elif timeout is None:
-                while not self.items:
-                    self._recall()
+                raise Empty
+            if timeout is not None and timeout < 0:
+                raise ValueError("'timeout' must be a non-negative number")
+            waiter = _Local()
+            self.waiters.append(waiter)
+        return self._wait(waiter, timeout)
+
+    def _wait(self, waiter: _Local, timeout: float | None) -> _Item:
+        """Wait until an item is handed to ``waiter``, or ``timeout`` passes (:class:`Empty`)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                left = -1.0 if end is None else max(end - time.monotonic(), 0.0)
+                if self.lent:
                     # A recall can be answered before the items it was meant for were
                     # sent: while items are lent, ask again now and then.
-                    self.not_empty.wait(_RECALL_RETRY if self.lent else None)
-            else:
-                if timeout < 0:
-                    raise ValueError("'timeout' must be a non-negative number")
-                end = time.monotonic() + timeout
-                while not self.items:
-                    self._recall()
-                    left = end - time.monotonic()
-                    if left <= 0:
+                    left = _RECALL_RETRY if left < 0 else min(left, _RECALL_RETRY)
+                if waiter.wake.acquire(timeout=left):
+                    return waiter.item  # type: ignore[return-value]  # set before the release
+                with self.lock:
+                    if waiter.item is not None:  # handed over meanwhile
+                        return waiter.item
+                    if end is not None and time.monotonic() >= end:
+                        self.waiters.remove(waiter)
                         raise Empty
-                    self.not_empty.wait(min(left, _RECALL_RETRY) if self.lent else left)
-            data = self.items.popleft()
-            if lend:
+                    self._recall()
+        except Empty:
+            raise
+        except BaseException:  # interrupted: the item, if one came, goes back in front
+            with self.lock:
+                if waiter.item is None:
+                    self.waiters.remove(waiter)
+                    raise
+                self.items.appendleft(waiter.item)
+                sends = self._serve()
+            _deliver(sends)
+            raise
+
+    def lend_or_park(self, loan: _Loan, window: int, block: bool) -> list[_Item] | _Parked:
+        """Items lent to ``loan`` for its get: at once, or later by whoever brings one (the
+        :class:`_Parked` returned); :class:`Empty` for a get that does not wait."""
+        with self.lock:
+            if self.items:
+                first = self.items.popleft()
                 self.lent += 1
+                return self.lend(loan, first, window)
+            self._recall()
+            if not block:
+                raise Empty
+            parked = _Parked(loan, window)
+            self.waiters.append(parked)
+            self.parked += 1
+            return parked
+
+    def unpark(self, parked: _Parked) -> bool:
+        """Take back a borrower's get that waits (the lock is held); False: it was served."""
+        if parked.served:
+            return False
+        self.waiters.remove(parked)
+        self.parked -= 1
+        return True
+
+    def _serve(self) -> list[tuple[_Loan, list[_Item]]]:
+        """Hand the waiting items to the waiting getters in turn (the lock is held).
+
+        A thread of this process is woken; what is lent to a borrower is returned, to be
+        sent once the lock is let go (:func:`_deliver`).
+        """
+        items, waiters = self.items, self.waiters
+        sends = []
+        while items and waiters:
+            waiter = waiters.popleft()
+            data = items.popleft()
+            if isinstance(waiter, _Local):
+                waiter.item = data
+                waiter.wake.release()
+                if self.maxsize > 0:
+                    self.not_full.notify()
             else:
-                self.not_full.notify()
-            return data
+                waiter.served = True
+                self.parked -= 1
+                self.lent += 1
+                sends.append((waiter.loan, self.lend(waiter.loan, data, waiter.window)))
+        return sends
 
     # -- lending (the lock is held by the caller of every method below) ----------------
 
     def lend(self, loan: _Loan, first: _Item, window: int) -> list[_Item]:
         """``first`` (already taken) and up to ``window - 1`` more items, lent to ``loan``."""
-        batch = [first]  # counted in ``lent`` by ``get(lend=True)``
+        batch = [first]  # counted in ``lent`` by the caller
         size = len(first)
         items = self.items
         while items and len(batch) < window and size < _BATCH_BYTES:
@@ -164,7 +263,7 @@ class Store:
             size += len(data)
         loan.lent.extend(batch)
         loan.active = time.monotonic()
-        if self.lent == 1 and self.recaller_idle:  # the first lent item (``get`` counted it)
+        if self.lent == 1 and self.recaller_idle:  # the first lent item (the caller counted it)
             self.recall_wanted.notify()  # idle loans are watched from now on
         self.lent += len(batch) - 1
         return batch
@@ -178,8 +277,9 @@ class Store:
         if taken and self.maxsize > 0:
             self.not_full.notify(taken)
 
-    def give_back(self, loan: _Loan, n: int | None = None) -> None:
-        """Put the first ``n`` (default all) unacknowledged items of ``loan`` back in front."""
+    def give_back(self, loan: _Loan, n: int | None = None) -> list[tuple[_Loan, list[_Item]]]:
+        """Put the first ``n`` (default all) unacknowledged items of ``loan`` back in front;
+        what is lent from them to waiting borrowers is returned, to be sent (:func:`_deliver`)."""
         lent = loan.lent
         back = list(lent) if n is None else [lent[i] for i in range(min(n, len(lent)))]
         for _ in range(len(back)):
@@ -187,8 +287,9 @@ class Store:
         self.lent -= len(back)
         self.items.extendleft(reversed(back))
         loan.recalling = False
-        if back:
-            self.not_empty.notify(len(back))
+        if self.maxsize > 0 and back:
+            self.not_full.notify(len(back))  # a lent item's room is its own again
+        return self._serve() if back and self.waiters else []
 
     def _recall(self) -> None:
         """Have the recaller ask every borrower for its unused items: a getter waits."""
@@ -220,6 +321,10 @@ class Store:
                     self.recaller_idle = False
                 now = time.monotonic()
                 everyone, self.want_recall = self.want_recall, False
+                if self.parked and self.lent and now - self.recalled_at >= _RECALL_RETRY:
+                    everyone = True  # a borrower's get waits: as a waiting thread's get does
+                if everyone:
+                    self.recalled_at = now
                 targets = [loan for loan in self.loans.values()
                            if loan.lent and not loan.recalling
                            and (everyone or now - loan.active >= _IDLE_LOAN)]
@@ -240,15 +345,17 @@ class Store:
         with self.lock:
             self.items.extend(items)
             self.unfinished += len(items)
-            self.not_empty.notify(len(items))
+            if not self.waiters:
+                return
+            sends = self._serve()
+        _deliver(sends)
 
-    def unget(self, data: _Item, lent: bool = False) -> None:
+    def unget(self, data: _Item) -> None:
         """Put back, first in line, an item that its getter did not live to receive."""
         with self.lock:
-            if lent:
-                self.lent -= 1
             self.items.appendleft(data)
-            self.not_empty.notify()
+            sends = self._serve()
+        _deliver(sends)
 
     def qsize(self) -> int:
         """Items waiting here (lent ones count as taken: see the module's docstring)."""
@@ -304,15 +411,13 @@ def _peer_gone(sock: socket.socket) -> bool:
         return True
 
 
-def _get_for(store: Store, sock: socket.socket, block: bool, timeout: float | None,
-             lend: bool = False) -> _Item:
-    """``store.get()`` for a client; given up if the client dies while it waits.
+def _get_for(store: Store, sock: socket.socket, block: bool, timeout: float | None) -> _Item:
+    """``store.get()`` for a client's plain get; given up if the client dies while it waits.
 
     A process terminated while blocked in ``get()`` must not take the next item with it.
-    (An item lent to it comes back with its connection: no check for it.)
     """
     try:
-        return store.get(False, lend=lend)
+        return store.get(False)
     except Empty:
         if not block:
             raise
@@ -320,28 +425,95 @@ def _get_for(store: Store, sock: socket.socket, block: bool, timeout: float | No
     while True:
         left = _CLIENT_CHECK if end is None else min(_CLIENT_CHECK, end - time.monotonic())
         try:
-            item = store.get(True, max(left, 0.0), lend)
+            item = store.get(True, max(left, 0.0))
         except Empty:
             if end is not None and time.monotonic() >= end:
                 raise
             if _peer_gone(sock):
                 raise EOFError("the client went away") from None
             continue
-        if not lend and _peer_gone(sock):
+        if _peer_gone(sock):
             store.unget(item)
             raise EOFError("the client went away")
         return item
+
+
+def _send_lent(loan: _Loan, batch: list[_Item]) -> None:
+    """Send a borrower the items just lent to it: the answer to its get."""
+    with loan.send_lock:
+        if len(batch) == 1:
+            loan.conn.send_frame(QUEUE_ITEM, batch[0])
+        else:
+            loan.conn.send_frame(encode_queue_batch(batch))
+
+
+def _deliver(sends: list[tuple[_Loan, list[_Item]]]) -> None:
+    """Send what :meth:`Store._serve` lent to borrowers whose gets waited (no lock held).
+
+    The thread that put the item sends it, but never waits on a borrower that does not
+    read (stopped, cut off) or on the tail of a big item: what the socket does not take
+    at once is sent by a thread of its own, which holds the connection until the frame
+    is whole.
+    """
+    for loan, batch in sends:
+        if len(batch) == 1:
+            head, body = QUEUE_ITEM, batch[0]
+        else:
+            head, body = encode_queue_batch(batch), b""
+        loan.send_lock.acquire()
+        try:
+            sock = loan.conn._socket()  # noqa: SLF001 - the owner's side of a Connection, in the same layer: a frame in parts, not waiting
+            parts: list[Any] = [frame_header(len(head) + len(body)) + head, body]
+            rest = _unsent(parts, sock.sendmsg(parts, (), socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            rest = parts
+        except OSError:
+            rest = []  # its connection is ending: its session gives the items back with it
+        if not rest:
+            loan.send_lock.release()
+            continue
+        try:
+            threading.Thread(target=_send_rest, args=(sock, rest, loan.send_lock),
+                             name="fiber-queue-send", daemon=True).start()
+        except BaseException:
+            loan.send_lock.release()
+            raise
+
+
+def _unsent(parts: list[Any], sent: int) -> list[Any]:
+    """What is left of ``parts`` once their first ``sent`` bytes went out."""
+    rest = []
+    for part in parts:
+        if sent >= len(part):
+            sent -= len(part)
+        else:
+            rest.append(memoryview(part)[sent:])
+            sent = 0
+    return rest
+
+
+def _send_rest(sock: socket.socket, rest: list[memoryview], send_lock: threading.Lock) -> None:
+    """Finish a frame that :func:`_deliver` began, then let others send on its connection."""
+    try:
+        for part in rest:
+            sock.sendall(part)
+    except OSError:
+        pass  # its connection is ending: its session gives the items back with it
+    finally:
+        send_lock.release()
 
 
 class _Session:
     """One client connection of a queue as its owner serves it: a handler per QUEUE_ kind.
 
     An item sent for a plain get goes back in front if the connection ends before
-    its QUEUE_GOT.
+    its QUEUE_GOT. A borrower's get that finds the queue empty waits in the store
+    (:class:`_Parked`) while this thread reads on; a get with a timeout is answered
+    QUEUE_EMPTY by this thread when it expires unserved.
     """
 
     __slots__ = ("store", "sock", "conn", "reader", "send_lock", "loan", "token", "pending",
-                 "sent")
+                 "sent", "parked", "parked_until")
 
     def __init__(self, store: Store, sock: socket.socket) -> None:
         self.store = store
@@ -353,14 +525,19 @@ class _Session:
         self.token = 0
         self.pending: Any = None  # a request read ahead
         self.sent: _Item | None = None  # an item sent by a plain get, until the client has it
+        self.parked: _Parked | None = None  # the borrower's get waiting in the store
+        self.parked_until: float | None = None  # ... until then (a get with a timeout)
 
     def run(self) -> None:
         """Answer requests until the client goes away; then give back what it held."""
-        handler_of, recv = _HANDLERS.get, self.reader.recv_bytes
+        handler_of, recv, reader = _HANDLERS.get, self.reader.recv_bytes, self.reader
         try:
             while True:
                 msg = self.pending
                 if msg is None:
+                    if self.parked_until is not None and not reader.buffered():
+                        self._expire()
+                        continue
                     msg = recv()
                 else:
                     self.pending = None
@@ -372,6 +549,21 @@ class _Session:
             pass
         finally:
             self._end()
+
+    def _expire(self) -> None:
+        """Wait for input until the parked get's deadline; then answer it if nobody has."""
+        parked, until = self.parked, self.parked_until
+        assert parked is not None and until is not None
+        if not parked.served:
+            left = until - time.monotonic()
+            if left > 0 and readable(self.sock, left + 0.001):  # (a poll counts whole ms)
+                return
+            with self.store.lock:
+                expired = self.store.unpark(parked)
+            if expired:
+                with self.send_lock:
+                    self.conn.send_frame(QUEUE_EMPTY)
+        self.parked = self.parked_until = None
 
     def _run_of(self, kind: bytes, first: Any, decode: Any) -> list[Any]:
         """``first`` decoded, and the following frames of ``kind`` already buffered."""
@@ -418,29 +610,35 @@ class _Session:
     def on_get(self, msg: Any) -> None:
         store, conn, loan = self.store, self.conn, self.loan
         block, timeout, window = decode_queue_get(msg)
+        if loan is None:  # a plain get: the client says QUEUE_GOT once it has the item
+            try:
+                item = _get_for(store, self.sock, block, timeout)
+            except Empty:
+                conn.send_frame(QUEUE_EMPTY)
+                return
+            self.sent = item
+            conn.send_frame(QUEUE_ITEM, item)
+            return
+        if self.parked is not None and not self.parked.served:
+            raise unexpected(msg, "a borrowing queue connection whose get still waits")
         try:
-            item = _get_for(store, self.sock, block, timeout, loan is not None)
+            lent = store.lend_or_park(loan, window or 1, block and timeout != 0)
         except Empty:
             with self.send_lock:
                 conn.send_frame(QUEUE_EMPTY)
             return
-        if loan is None:  # a plain get: the client says QUEUE_GOT once it has the item
-            self.sent = item
-            conn.send_frame(QUEUE_ITEM, item)
+        if isinstance(lent, _Parked):
+            self.parked = lent
+            self.parked_until = None if timeout is None else time.monotonic() + timeout
             return
-        with store.lock:
-            batch = store.lend(loan, item, window or 1)
-        with self.send_lock:
-            if len(batch) == 1:
-                conn.send_frame(QUEUE_ITEM, item)
-            else:
-                conn.send_frame(encode_queue_batch(batch))
+        _send_lent(loan, lent)
 
     def on_return(self, msg: Any) -> None:
         loan = self._borrowing(msg)
         n = decode_queue_return(msg)
         with self.store.lock:
-            self.store.give_back(loan, n)
+            sends = self.store.give_back(loan, n)
+        _deliver(sends)
 
     def on_loan(self, msg: Any) -> None:
         self.token = decode_queue_loan(msg)
@@ -471,12 +669,21 @@ class _Session:
         store = self.store
         if self.sent is not None:
             store.unget(self.sent)  # the client ended before it had the item: first in line again
+        sends: list[tuple[_Loan, list[_Item]]] = []
         if self.loan is not None:
             with store.lock:
+                if self.parked is not None:
+                    store.unpark(self.parked)
                 store.loans.pop(self.token, None)
-                store.give_back(self.loan)
+                sends = store.give_back(self.loan)
                 store.recall_wanted.notify()  # without loans, the recaller ends
-        self.conn.close()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # a thread that still sends to it stops
+        except OSError:
+            pass
+        with self.send_lock:  # closed once no other thread sends on it
+            self.conn.close()
+        _deliver(sends)
 
 
 _HANDLERS = {  # keyed by the kind's code (an int): any frame type can look it up

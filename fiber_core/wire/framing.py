@@ -33,6 +33,11 @@ def framed(payload: bytes) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
+def frame_header(n: int) -> bytes:
+    """The header of a frame of ``n`` bytes (for a frame written in parts)."""
+    return _HEADER.pack(_BIG) + _BIG_HEADER.pack(n) if n >= _BIG else _HEADER.pack(n)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     # Usually one syscall and no copy: the kernel waits until all n bytes are there.
     data = sock.recv(n, _WAITALL)
@@ -134,10 +139,7 @@ class Connection:
         is not copied). For Fiber's own connections: a Pipe's user has ``send_bytes``."""
         sock = self._socket()
         n = len(head) + len(body)
-        if n >= _BIG:
-            header = _HEADER.pack(_BIG) + _BIG_HEADER.pack(n)
-        else:
-            header = _HEADER.pack(n)
+        header = _HEADER.pack(n) if n < _BIG else frame_header(n)  # (no call for the usual)
         if n <= _SMALL:
             sock.sendall(header + head + body)
         else:
