@@ -27,7 +27,9 @@ every figure is the median over the repetitions. Also measured:
   unless ``--scale-fiber-only``; a failure there is reported, not fatal. With
   ``--scale-rounds N`` the libraries alternate (the order flips every round) and each
   round's map of 10 ms tasks is shown side by side, with the load average at each
-  start; the target is fiber ahead in every round. Only the map is timed there, on a
+  start (which counts the pool's own workers too) and the CPUs other programs took
+  during the map (``/proc/stat`` less this program's and its workers' own CPU); the
+  target is fiber ahead in every round. Only the map is timed there, on a
   started and warmed pool; the start is reported apart.
 
 Each repetition, each library gets one pool: it is created and timed to its
@@ -75,6 +77,7 @@ MAP_TIMEOUT = 600.0
 
 FIBER, MP = "fiber", "multiprocessing"
 TEN_MS = "ten_ms"  # a scale run's key for its map of 10 ms tasks (default chunksize), the rounds' measure
+OTHERS = "CPUs busy with other programs during the 10 ms map"
 
 COLD_START = """
 import sys, time
@@ -152,6 +155,25 @@ def close_pool(pool: Any) -> None:
 
 def worker_pids(pool: Any) -> list[int]:
     return [p.pid for p in pool._pool if isinstance(p.pid, int)]
+
+
+def cpu_seconds(pids: list[int]) -> tuple[float, float]:
+    """The machine's busy CPU seconds so far (``/proc/stat``), and those of this process and
+    ``pids``: their difference over a map is what other programs took meanwhile (the load
+    average cannot tell, since it counts the pool's own workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick  # all but idle and iowait
+    own = sum(os.times()[:2])
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            own += (int(stat[11]) + int(stat[12])) / tick
+        except OSError:
+            pass
+    return busy, own
 
 
 def pss_mib(pids: list[int]) -> float | None:
@@ -250,7 +272,11 @@ def scale_run(lib: str, n: int, noop_tasks: int, sleep_per_worker: int) -> dict[
         dt = timed_map(pool, noop, list(range(noop_tasks)))
         out[f"{noop_tasks:,} no-op tasks, default chunksize (tasks/s)"] = noop_tasks / dt
         k = n * sleep_per_worker
+        pids = worker_pids(pool)
+        before = cpu_seconds(pids)
         dt = timed_map(pool, sleep_task, [0.01] * k)
+        busy, own = (b - a for a, b in zip(before, cpu_seconds(pids)))
+        out[OTHERS] = max(0.0, busy - own) / dt
         out[f"{k:,} tasks of 10 ms, default chunksize (tasks/s; ideal {n / 0.01:,.0f})"] = out[TEN_MS] = k / dt
         dt = timed_map(pool, sleep_task, [0.01] * k, 1)
         out[f"{k:,} tasks of 10 ms, chunksize=1 (tasks/s; ideal {n / 0.01:,.0f})"] = k / dt
@@ -373,15 +399,17 @@ def scale_rounds_report(rounds: list[dict[str, Any]], n: int) -> list[tuple[str,
     print(f"### Scale rounds: {n} workers, the map of 10 ms tasks (default chunksize) in each round")
     print()
     print("| round | order | fiber (tasks/s) | multiprocessing (tasks/s) | fiber / mp | fiber ahead "
-          "| start to all ran a task, fiber / mp (s) | load average at each start |")
-    print("|---:|---|---:|---:|---:|---|---:|---:|")
+          "| start to all ran a task, fiber / mp (s) | load average at each start "
+          "| CPUs other programs took in each map |")
+    print("|---:|---|---:|---:|---:|---|---:|---:|---:|")
     ahead = 0
     ready = f"start to all {n} workers ran a task (s)"
     for i, r in enumerate(both, 1):
         f, m = r[FIBER][TEN_MS], r[MP][TEN_MS]
         ahead += f >= m
         print(f"| {i} | {', '.join(r['order'])} | {f:,.0f} | {m:,.0f} | {f / m:.3f} | {'yes' if f >= m else 'no'} "
-              f"| {r[FIBER][ready]:.2f} / {r[MP][ready]:.2f} | {r[f'load {FIBER}']:.2f} / {r[f'load {MP}']:.2f} |")
+              f"| {r[FIBER][ready]:.2f} / {r[MP][ready]:.2f} | {r[f'load {FIBER}']:.2f} / {r[f'load {MP}']:.2f} "
+              f"| {r[FIBER][OTHERS]:.2f} / {r[MP][OTHERS]:.2f} |")
     return [(f"{n} workers, 10 ms tasks: fiber at least multiprocessing's throughput in every round "
              f"({ahead} of {len(both)})", ahead == len(both))]
 
