@@ -24,7 +24,13 @@ every figure is the median over the repetitions. Also measured:
   start (``Pool()`` returns, first result, every worker has run a task) measured
   apart from the throughput (no-op tasks, and 10 ms sleeps whose ideal rate is
   ``workers / 10 ms``) that one master sustains. multiprocessing is run too,
-  unless ``--scale-fiber-only``; a failure there is reported, not fatal.
+  unless ``--scale-fiber-only``; a failure there is reported, not fatal. With
+  ``--scale-rounds N`` the libraries alternate (the order flips every round) and each
+  round's map of 10 ms tasks is shown side by side, with the load average at each
+  start (which counts the pool's own workers too) and the CPUs other programs took
+  during the map (``/proc/stat`` less this program's and its workers' own CPU); the
+  target is fiber ahead in every round. Only the map is timed there, on a
+  started and warmed pool; the start is reported apart.
 
 Each repetition, each library gets one pool: it is created and timed to its
 first result, warmed up (a map until every worker has returned a task, and one
@@ -70,6 +76,8 @@ READY_TIMEOUT = 300.0
 MAP_TIMEOUT = 600.0
 
 FIBER, MP = "fiber", "multiprocessing"
+TEN_MS = "ten_ms"  # a scale run's key for its map of 10 ms tasks (default chunksize), the rounds' measure
+OTHERS = "CPUs busy with other programs during the 10 ms map"
 
 COLD_START = """
 import sys, time
@@ -147,6 +155,25 @@ def close_pool(pool: Any) -> None:
 
 def worker_pids(pool: Any) -> list[int]:
     return [p.pid for p in pool._pool if isinstance(p.pid, int)]
+
+
+def cpu_seconds(pids: list[int]) -> tuple[float, float]:
+    """The machine's busy CPU seconds so far (``/proc/stat``), and those of this process and
+    ``pids``: their difference over a map is what other programs took meanwhile (the load
+    average cannot tell, since it counts the pool's own workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick  # all but idle and iowait
+    own = sum(os.times()[:2])
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            own += (int(stat[11]) + int(stat[12])) / tick
+        except OSError:
+            pass
+    return busy, own
 
 
 def pss_mib(pids: list[int]) -> float | None:
@@ -245,8 +272,12 @@ def scale_run(lib: str, n: int, noop_tasks: int, sleep_per_worker: int) -> dict[
         dt = timed_map(pool, noop, list(range(noop_tasks)))
         out[f"{noop_tasks:,} no-op tasks, default chunksize (tasks/s)"] = noop_tasks / dt
         k = n * sleep_per_worker
+        pids = worker_pids(pool)
+        before = cpu_seconds(pids)
         dt = timed_map(pool, sleep_task, [0.01] * k)
-        out[f"{k:,} tasks of 10 ms, default chunksize (tasks/s; ideal {n / 0.01:,.0f})"] = k / dt
+        busy, own = (b - a for a, b in zip(before, cpu_seconds(pids)))
+        out[OTHERS] = max(0.0, busy - own) / dt
+        out[f"{k:,} tasks of 10 ms, default chunksize (tasks/s; ideal {n / 0.01:,.0f})"] = out[TEN_MS] = k / dt
         dt = timed_map(pool, sleep_task, [0.01] * k, 1)
         out[f"{k:,} tasks of 10 ms, chunksize=1 (tasks/s; ideal {n / 0.01:,.0f})"] = k / dt
     finally:
@@ -273,7 +304,7 @@ def duration_label(seconds: float) -> str:
 
 def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[str, str],
            n_scale: int, command: str, reps: int, elapsed: float, load: tuple[float, float],
-           stale: list[str], scale_rounds: int = 1) -> None:
+           stale: list[str], scale_rounds: int = 1, rounds: list[dict[str, Any]] | None = None) -> None:
     checks: list[tuple[str, bool]] = []
     print()
     print(f"Command: `{command}`")
@@ -350,10 +381,37 @@ def report(results: dict, scale: dict[str, dict[str, Any]], scale_errors: dict[s
             print(f"| {key} | " + " | ".join(cells) + " |")
         for lib, err in scale_errors.items():
             print(f"\n{lib} scale run failed: {err}")
+        checks += scale_rounds_report(rounds or [], n_scale)
     print()
     print("Targets:")
     for what, ok in checks:
         print(f"- {'PASS' if ok else 'FAIL'} {what}")
+
+
+def scale_rounds_report(rounds: list[dict[str, Any]], n: int) -> list[tuple[str, bool]]:
+    """Each scale round's map of 10 ms tasks, the two libraries side by side; the target: fiber
+    ahead in every round. (Only the map is timed, on a started and warmed pool: each library's
+    start is the "start to all workers" row above.)"""
+    both = [r for r in rounds if FIBER in r and MP in r]
+    if not both:
+        return []
+    print()
+    print(f"### Scale rounds: {n} workers, the map of 10 ms tasks (default chunksize) in each round")
+    print()
+    print("| round | order | fiber (tasks/s) | multiprocessing (tasks/s) | fiber / mp | fiber ahead "
+          "| start to all ran a task, fiber / mp (s) | load average at each start "
+          "| CPUs other programs took in each map |")
+    print("|---:|---|---:|---:|---:|---|---:|---:|---:|")
+    ahead = 0
+    ready = f"start to all {n} workers ran a task (s)"
+    for i, r in enumerate(both, 1):
+        f, m = r[FIBER][TEN_MS], r[MP][TEN_MS]
+        ahead += f >= m
+        print(f"| {i} | {', '.join(r['order'])} | {f:,.0f} | {m:,.0f} | {f / m:.3f} | {'yes' if f >= m else 'no'} "
+              f"| {r[FIBER][ready]:.2f} / {r[MP][ready]:.2f} | {r[f'load {FIBER}']:.2f} / {r[f'load {MP}']:.2f} "
+              f"| {r[FIBER][OTHERS]:.2f} / {r[MP][OTHERS]:.2f} |")
+    return [(f"{n} workers, 10 ms tasks: fiber at least multiprocessing's throughput in every round "
+             f"({ahead} of {len(both)})", ahead == len(both))]
 
 
 def stale_bytecode() -> list[str]:
@@ -416,24 +474,30 @@ def main(argv: list[str] | None = None) -> int:
     run_reps(reps, results)
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     scale_errors: dict[str, str] = {}
+    rounds: list[dict[str, Any]] = []
     if not args.skip_scale:
         libs = [FIBER] if args.scale_fiber_only else [FIBER, MP]
         for r in range(args.scale_rounds):
-            for lib in libs if r % 2 == 0 else libs[::-1]:
+            this: dict[str, Any] = {"order": libs if r % 2 == 0 else libs[::-1]}
+            for lib in this["order"]:
                 if lib in scale_errors:
                     continue
                 t = time.perf_counter()
+                this[f"load {lib}"] = os.getloadavg()[0]
                 try:
-                    runs[lib].append(scale_run(lib, n_scale, noop_tasks, sleep_per_worker))
+                    this[lib] = scale_run(lib, n_scale, noop_tasks, sleep_per_worker)
+                    runs[lib].append(this[lib])
                 except Exception as e:
                     scale_errors[lib] = f"{type(e).__name__}: {e}"
-                print(f"scale run {r + 1}, {lib}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
-    scale = {lib: {k: med([run[k] for run in done if k in run]) for k in done[0]}
+                print(f"scale run {r + 1}, {lib}: {time.perf_counter() - t:.1f} s "
+                      f"(load average {this[f'load {lib}']:.2f} at its start)", file=sys.stderr)
+            rounds.append(this)
+    scale = {lib: {k: med([run[k] for run in done if k in run]) for k in done[0] if k != TEN_MS}
              for lib, done in runs.items() if done}
     command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     stale = sorted(set(stale) | set(stale_bytecode()))
     report(results, scale, scale_errors, n_scale, command, reps, time.perf_counter() - started,
-           (load0, os.getloadavg()[0]), stale, args.scale_rounds)
+           (load0, os.getloadavg()[0]), stale, args.scale_rounds, rounds)
     return 0
 
 

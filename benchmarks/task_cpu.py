@@ -2,10 +2,12 @@
 
 On a machine with few CPUs and many workers (512 on 2 CPUs), a map of short tasks is paced
 by the CPU every task costs, not by the tasks' own time: this counts it. The parent's CPU is
-its own clock (every thread: the master, the hub, the caller); the workers' is read from
-``/proc/PID/stat`` of each worker before and after the map (the kernel counts it in ticks of
-10 ms: use enough tasks that the workers' total is many ticks). Each measure runs in a
-program of its own; the libraries alternate every round (the order flips); medians.
+its own clock (every thread: the master, the hub, the caller); the workers' (every thread of
+each) and that of the program's other child processes (Fiber's template) are read from
+``/proc/PID/task/TID/schedstat``, in nanoseconds, before and after the map. Each measure runs
+in a program of its own; the libraries alternate every round (the order flips); medians. The
+other programs' share of the machine during each map is shown too (``/proc/stat``'s busy time
+less this program's): on a shared machine, read only rows taken while it was small.
 
 ``--against DIR`` measures the ``fiber_core`` of the checkout ``DIR`` too (``fiber (ref)``).
 
@@ -16,6 +18,7 @@ program of its own; the libraries alternate every round (the order flips); media
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -32,9 +35,39 @@ def sleep_task(x: float) -> float:
 
 
 def pid_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """Seconds of CPU of every thread of ``pid`` (0 once it is gone)."""
+    total = 0
+    for stat in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(stat) as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total / 1e9
+
+
+def children(pid: int) -> list[int]:
+    """Every process under ``pid``."""
+    kids: dict[int, list[int]] = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(d + "/stat") as f:
+                kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d[6:]))
+        except (OSError, ValueError):
+            pass
+    out, todo = [], list(kids.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def busy_seconds() -> float:
+    """The machine's busy CPU seconds so far (all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def in_program(lib: str, n: int, tasks: int, chunksize: int | None) -> dict[str, float]:
@@ -52,14 +85,19 @@ def in_program(lib: str, n: int, tasks: int, chunksize: int | None) -> dict[str,
         pool.map(sleep_task, [0.01] * (2 * n))  # every worker has run the function
         pids = ([w.process.pid for w in pool._workers.values()] if lib == "fiber"  # type: ignore[attr-defined]
                 else [p.pid for p in pool._pool])  # type: ignore[attr-defined]
-        w0, p0, t0 = sum(map(pid_cpu, pids)), time.process_time(), time.perf_counter()
+        others = [p for p in children(os.getpid()) if p not in set(pids)]
+        o0, w0, b0 = sum(map(pid_cpu, others)), sum(map(pid_cpu, pids)), busy_seconds()
+        p0, t0 = time.process_time(), time.perf_counter()
         pool.map(sleep_task, [0.01] * tasks, chunksize=chunksize)
-        t1, p1, w1 = time.perf_counter(), time.process_time(), sum(map(pid_cpu, pids))
+        t1, p1 = time.perf_counter(), time.process_time()
+        b1, w1, o1 = busy_seconds(), sum(map(pid_cpu, pids)), sum(map(pid_cpu, others))
     finally:
         pool.terminate()
         pool.join()
+    own = (w1 - w0) + (p1 - p0) + (o1 - o0)
     return {"workers_us": (w1 - w0) / tasks * 1e6, "parent_us": (p1 - p0) / tasks * 1e6,
-            "rate": tasks / (t1 - t0)}
+            "children_us": (o1 - o0) / tasks * 1e6, "rate": tasks / (t1 - t0),
+            "others": max(0.0, (b1 - b0) - own) / (t1 - t0)}
 
 
 def main() -> None:
@@ -92,9 +130,12 @@ def main() -> None:
     print(f"Pool({args.n}), map of {args.tasks} tasks of 10 ms, chunksize {args.chunksize or 'default'}, "
           f"medians of {args.rounds} (load average {os.getloadavg()[0]:.1f}):")
     for name, runs in results.items():
+        others = ", ".join(f"{x.get('others', 0.0):.2f}" for x in runs)
         print(f"  {name:12s} workers {statistics.median(x['workers_us'] for x in runs):7.1f} us/task, "
               f"parent {statistics.median(x['parent_us'] for x in runs):6.1f} us/task, "
-              f"{statistics.median(x['rate'] for x in runs):8.0f} tasks/s")
+              f"other children {statistics.median(x.get('children_us', 0.0) for x in runs):5.1f} us/task, "
+              f"{statistics.median(x['rate'] for x in runs):8.0f} tasks/s; other programs took "
+              f"{others} CPUs")
 
 
 if __name__ == "__main__":

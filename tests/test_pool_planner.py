@@ -78,6 +78,17 @@ def test_a_prefetch_goes_only_where_it_will_not_wait_long() -> None:
     assert runs_long(None, 1) and runs_long(0.05, 1) and not runs_long(0.001, 10)
 
 
+def test_a_map_goes_from_batch_to_batch_without_waiting_for_the_master_unless_they_run_long() -> None:
+    # A map's batches, sized to MAP_BATCH_SECONDS, take the next one behind them ...
+    assert not runs_long(0.1, int(MAP_BATCH_SECONDS / 0.1), is_map=True)
+    assert not runs_long(0.01, 10, is_map=True)
+    # ... where other calls' work waits for them to end,
+    assert runs_long(0.01, 10, is_map=False)
+    # and nothing waits behind a batch whose time is unknown or past twice a map's batch.
+    assert runs_long(None, 1, is_map=True)
+    assert runs_long(2 * MAP_BATCH_SECONDS, 1, is_map=True)
+
+
 def test_workers_start_in_runs_of_half_the_burst_not_one_as_each_becomes_ready() -> None:
     assert starts_now(64, 0, 16) == 16  # the first run fills the burst
     assert starts_now(48, 15, 16) == 0  # one became ready: wait for more room

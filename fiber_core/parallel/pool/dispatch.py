@@ -71,7 +71,7 @@ class Dispatcher(WorkerTable):
             queued = len(self._queue)
             is_map = type(front.call) is MapResult
             size = planner.batch_size(est, measured, queued, sharers, is_map)
-            if level and (self._prefetch_too_big(w, front) or self._running_long(w)
+            if level and (self._prefetch_too_big(w, front) or self._running_long(w, is_map)
                           or not planner.prefetch_wanted(est, size, queued, sharers, is_map)):
                 return 0
         if size and self._maxtasks is not None:
@@ -112,13 +112,14 @@ class Dispatcher(WorkerTable):
         return planner.estimate(self._unit_seconds.get(unit.call_id),
                                 self._item_seconds.get(hash(unit.func_bytes)), unit.count)
 
-    def _running_long(self, w: Worker) -> bool:
-        """Whether the batch a worker runs may take long: work sent behind it would wait there
-        while another worker, one that becomes ready meanwhile, could run it."""
+    def _running_long(self, w: Worker, is_map: bool) -> bool:
+        """Whether the batch a worker runs may take long: work sent behind it (of a ``map``:
+        ``is_map``) would wait there while another worker, one that becomes ready meanwhile,
+        could run it."""
         units = next(iter(w.pending.values()), None)
         if not units:
             return False
-        return planner.runs_long(self._estimate(units[0])[0], len(units))
+        return planner.runs_long(self._estimate(units[0])[0], len(units), is_map)
 
     def _prefetch_too_big(self, w: Worker, front: Unit) -> bool:
         """A prefetch waits in the socket until the worker is done: it must fit there."""
