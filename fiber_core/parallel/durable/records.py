@@ -20,12 +20,13 @@ that the writer can cut the file there and go on after the last good record.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import struct
 import zlib
 from typing import Any, NamedTuple
+
+from fiber_core.base.blake2 import blake2b
 
 VERSION = 1
 """The format's version: a journal of another version is set aside, not read."""
@@ -58,7 +59,7 @@ class CallIdentity(NamedTuple):
 
 def digest(data: bytes | bytearray | memoryview) -> bytes:
     """The digest of pickled arguments or code: 16 bytes of BLAKE2b."""
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return blake2b(data, digest_size=16).digest()
 
 
 def encode(kind: bytes, payload: bytes) -> bytes:

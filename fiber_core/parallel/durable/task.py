@@ -12,9 +12,10 @@ worker loads for it.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from typing import NamedTuple
+
+from fiber_core.base.blake2 import blake2b
 
 _SEED = struct.Struct("!QQQ")
 
@@ -34,7 +35,7 @@ def seed_of(run_seed: int, call: int, item: int) -> int:
     """The seed of item ``item`` of call ``call`` in a run seeded with ``run_seed``: 64 bits of
     BLAKE2b, so that neighbouring items get unrelated seeds."""
     key = _SEED.pack(run_seed & 0xFFFF_FFFF_FFFF_FFFF, call, item)
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"fiber-task").digest(), "big")
+    return int.from_bytes(blake2b(key, digest_size=8, person=b"fiber-task").digest(), "big")
 
 
 class _Now:
