@@ -773,22 +773,10 @@ def start_processes(processes: Sequence[Process]) -> None:
     except BaseException:
         _stop_unused(done)
         raise
-    for run, job, to_send in done:  # every job on a channel is sent its start before any wait
-        run.send_early(job, to_send)
-    for run, _, _ in done:
+    for run, job, to_send in done:  # every job on a channel gets its start before any monitor
+        run.send_early(job, to_send)  # thread starts: a thread's start waits until it runs
+    for run, _, to_send in done:
+        # The monitor first: where no thread can start (at exit, on CPython 3.12.0 and 3.12.1)
+        # this raises, and no join then waits for a job that nobody watches.
+        run.watch(to_send)
         run.process._started(run)  # noqa: SLF001 - start_processes is the Process's own start machinery, in this module
-    _watch_all([(run, to_send) for run, _, to_send in done])
-
-
-def _watch_all(started: list[tuple[_JobRun, tuple[bytes | None, bytes]]]) -> None:
-    """Start each job's monitor thread (:meth:`_JobRun.watch`); several from a thread of their
-    own: a thread's start waits until it runs, which on busy CPUs (the jobs just started are
-    busy starting) would hold up the caller once per job."""
-    def watch_all() -> None:
-        for run, payload in started:
-            run.watch(payload)
-
-    if len(started) == 1:
-        watch_all()
-    elif started:
-        threading.Thread(target=watch_all, daemon=True, name="fiber-watchers").start()
