@@ -216,8 +216,8 @@ def freeze_support() -> None:
 
 __all__ = [
     "Array", "AuthenticationError", "Backend", "Barrier", "Broadcast", "BoundedSemaphore", "BufferTooShort",
-    "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Option",
-    "Pipe", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
+    "Condition", "Event", "FiberContext", "Job", "JobSpec", "JoinableQueue", "Lock", "Manager", "Option",
+    "Pipe", "Pool", "Process", "ProcessError", "Queue", "RLock", "RawArray", "RawValue", "Semaphore",
     "SimpleQueue", "Value",
     "TimeoutError", "active_children", "allow_connection_pickling", "broadcast", "cpu_count", "current_process", "current_task", "Task", "freeze_support",
     "get_all_start_methods", "get_context", "get_logger", "get_start_method", "hookimpl", "init",

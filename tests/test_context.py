@@ -142,19 +142,17 @@ def test_submodules_are_reachable_as_attributes_without_their_own_import() -> No
     assert out.stdout.split() == ["SyncManager", "Pool", "Lock"]
 
 
-def test_importing_the_package_loads_none_of_the_api_until_a_name_is_used() -> None:
+def test_importing_the_package_loads_none_of_the_api_until_a_name_is_used(run_script) -> None:  # noqa: ANN001
     # Every job imports fiber_core first: the context, the queues, the Pipe and the process
     # module load when a name that needs them is first used, and "fiber" is a start method
     # name of the stdlib's from the import on.
-    import subprocess
-    import sys
-
-    code = ("import sys, multiprocessing, fiber_core\n"
-            "print(sorted(m for m in sys.modules if m.startswith('fiber_core')))\n"
-            "ctx = multiprocessing.get_context('fiber')\n"
-            "print(ctx is fiber_core.get_context(), 'fiber_core.parallel.queues' in sys.modules)\n"
-            "print(fiber_core.Queue.__module__, 'Queue' in dir(fiber_core))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_script("""
+        import sys, multiprocessing, fiber_core
+        print(sorted(m for m in sys.modules if m.startswith('fiber_core')))
+        ctx = multiprocessing.get_context('fiber')
+        print(ctx is fiber_core.get_context(), 'fiber_core.parallel.queues' in sys.modules)
+        print(fiber_core.Queue.__module__, 'Queue' in dir(fiber_core))
+    """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "['fiber_core', 'fiber_core.parallel', 'fiber_core.parallel.start_method']",
@@ -163,17 +161,17 @@ def test_importing_the_package_loads_none_of_the_api_until_a_name_is_used() -> N
     ]
 
 
-def test_every_name_the_package_lists_is_there_and_a_wrong_one_says_so() -> None:
-    import subprocess
-    import sys
-
-    code = ("import fiber_core\n"
-            "missing = [n for n in sorted({*fiber_core.__all__, *dir(fiber_core)}) if not hasattr(fiber_core, n)]\n"
-            "print(missing)\n"
-            "from fiber_core import *\n"
-            "print(Process.__name__, Pool.__name__ if 'Pool' in globals() else '-', Lock.__name__, TimeoutError.__module__)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+def test_every_name_the_package_lists_is_there_and_a_wrong_one_says_so(run_script) -> None:  # noqa: ANN001
+    # `from fiber_core import *` gives what `from multiprocessing import *` gives, Pool and
+    # Manager included.
+    out = run_script("""
+        import fiber_core
+        missing = [n for n in sorted({*fiber_core.__all__, *dir(fiber_core)}) if not hasattr(fiber_core, n)]
+        print(missing)
+        from fiber_core import *
+        print(Process.__name__, Pool.__name__, Manager.__name__, Lock.__name__, TimeoutError.__module__)
+    """)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["[]", "Process - Lock multiprocessing.context"]
+    assert out.stdout.splitlines() == ["[]", "Process Pool Manager Lock multiprocessing.context"]
     with pytest.raises(AttributeError, match="module 'fiber_core' has no attribute 'Proces'"):
         fiber_core.Proces  # noqa: B018 - the attribute's lookup is the test
