@@ -13,7 +13,10 @@ log=$dir/emulator.log
 kubeconfig=$dir/kubeconfig
 emulator=$FIBER_REPO/plugins/fiber_k8s/tests/k8s_emulator
 docker_host=${FIBER_K8S_DOCKER_HOST:-unix://$FIBER_SERVICES_DIR/docker/docker.sock}
-py=${FIBER_PYTHON:-python3}   # the emulator needs only the standard library
+# The emulator needs only the standard library. The interpreter itself, not a launcher such as
+# pyenv's shim: a shim execs three programs before Python runs, and while a program execs, its
+# /proc/PID/cmdline reads empty, so `running` would say no for a live emulator.
+py=$("${FIBER_PYTHON:-python3}" -c 'import sys; print(sys.executable)')
 mkdir -p "$dir"
 
 running() { ours_running "$pidfile" "--kubeconfig $kubeconfig"; }  # our emulator
@@ -37,13 +40,17 @@ up() {
     --token "${FIBER_K8S_TOKEN:-fiber-emulator-token}" --kubeconfig "$kubeconfig" --instance services \
     </dev/null >>"$log" 2>&1 9>&- &   # 9>&-: the emulator must not hold our lock
   echo $! >"$pidfile"
+  local started=$!
   for i in $(seq 1 300); do  # up to 60 s: a loaded machine right after dockerd starts is slow
-    answers && { echo "k8s: up (pid $(cat "$pidfile"), $(url)); KUBECONFIG=$kubeconfig"; return 0; }
-    running || break
+    answers && { echo "k8s: up (pid $started, $(url)); KUBECONFIG=$kubeconfig"; return 0; }
+    # The pid we just started, not `running`: its command line is checked only where the
+    # pidfile may be an earlier run's.
+    kill -0 "$started" 2>/dev/null || {
+      tail -20 "$log" >&2; echo "k8s: the emulator exited before it answered (log: $log)" >&2; return 1; }
     sleep 0.2
   done
   tail -20 "$log" >&2
-  running && stop
+  stop_pid "$started" 20
   echo "k8s: emulator did not answer within 60 s (log: $log)" >&2
   return 1
 }
