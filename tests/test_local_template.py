@@ -181,6 +181,73 @@ def test_a_forked_job_forks_no_watcher_the_template_watches_its_parent(template:
     p.join(T)
 
 
+def session_of_self(q: fiber_core.Queue) -> None:
+    autogroup = Path("/proc/self/autogroup")
+    q.put((os.getsid(0), os.getpgid(0), os.getpid(),
+           autogroup.read_text().split()[0] if autogroup.exists() else None))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 starts the template in a session of its own")
+def test_a_forked_job_shares_the_parent_s_session_and_so_its_scheduling_group(template: int) -> None:
+    # Where the kernel groups a session's processes for the scheduler (autogroup), jobs in
+    # another session would share their CPUs with the parent as a group, not as its peers.
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=session_of_self, args=(q,))
+    p.start()
+    sid, pgid, pid, autogroup = q.get(timeout=T)
+    p.join(T)
+    assert sid == os.getsid(0)
+    assert pgid == pid  # still a process group of its own: stopped as one, no terminal's Ctrl-C
+    if autogroup is not None:
+        assert autogroup == Path("/proc/self/autogroup").read_text().split()[0]
+
+
+def test_a_forked_job_has_no_controlling_terminal_where_the_program_has_one(run_script) -> None:  # noqa: ANN001
+    # The program runs as a terminal's session (pty.fork). A job that could open the
+    # terminal from a process group of its own would be stopped by reading it (SIGTTIN).
+    out = run_script("""
+        import errno, os, sys
+        import fiber_core
+
+        def probe(q):
+            try:
+                os.close(os.open("/dev/tty", os.O_RDWR))
+                q.put("opened")
+            except OSError as e:
+                q.put(errno.errorcode[e.errno])
+
+        def program():
+            os.close(os.open("/dev/tty", os.O_RDWR))  # this program has a terminal
+            q = fiber_core.Queue()
+            p = fiber_core.Process(target=probe, args=(q,))
+            p.start()
+            print("job:", q.get(timeout=60), flush=True)
+            p.join(60)
+            print("exitcode:", p.exitcode, flush=True)
+
+        if __name__ == "__main__":
+            import pty
+            pid, fd = pty.fork()
+            if pid == 0:
+                program()
+                sys.exit(0)
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # EIO: the terminal's last holder is gone
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            print(out.decode(errors="replace").replace("\\r", ""), "program:", code)
+    """, env={"FIBER_BACKEND": "local"})
+    assert out.returncode == 0, out.stderr
+    assert "job: ENXIO" in out.stdout and "exitcode: 0" in out.stdout, out.stdout
+    assert out.stdout.rstrip().endswith("program: 0"), out.stdout
+
+
 def test_the_run_starts_the_template_when_it_selects_the_local_backend(run_script) -> None:  # noqa: ANN001
     # The hub's start selects the backend: the template is on its way before any job is asked for.
     out = run_script("""

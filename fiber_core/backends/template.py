@@ -5,9 +5,17 @@ ms of CPU each). The local backend instead starts, on first use, one *template*:
 ``python -m fiber_core.backends.template``, a clean process (never the parent's
 state, as the stdlib's forkserver) that imports the worker's modules and then
 forks one child per job. A child becomes the job exactly as if its command had
-run: a process group of its own (in the template's session, which has no terminal, as
-a job started with a session of its own has none), the job's environment and working
-directory, stdout and stderr to the job's log, then the worker's ``main()``.
+run: a process group of its own, without a controlling terminal (as a job started with a
+session of its own has none), the job's environment and working directory, stdout and
+stderr to the job's log, then the worker's ``main()``.
+
+The template and its jobs stay in the parent's session (a process group of their own, so
+that a terminal's Ctrl-C reaches the parent only, which passes it on): where the kernel
+groups each session's processes for the scheduler (``sched_autogroup_enabled``), the jobs
+then share their CPUs with the parent as :mod:`multiprocessing`'s workers do. The template
+gives up the session's terminal first (``TIOCNOTTY``), so that no job can be stopped by
+reading it. On Python 3.10, which cannot start a process in a group of its own without a
+``preexec_fn``, the template takes a session of its own.
 
 The template talks to the backend over a Unix socket pair (its descriptor number is
 the template's first argument):
@@ -60,7 +68,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fiber_core.contract.env import ENV_PARENT_CHANNEL, ENV_PARENT_PID
 
@@ -268,9 +276,29 @@ def _fork_job(sock: socket.socket, request: dict, fds: list[int], children: set[
     _send(sock, {"pid": pid})
 
 
+def _leave_terminal() -> None:
+    """Give up the controlling terminal of the parent's session, if there is one: the
+    children forked afterwards have none. A job in a process group of its own that read
+    from the terminal would be stopped (``SIGTTIN``); without one it gets an error."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return  # no terminal (or a session of its own)
+    try:
+        import fcntl
+        import termios
+
+        fcntl.ioctl(fd, termios.TIOCNOTTY)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[str] = ()) -> None:
     """The template's loop: fork a child per request, report each child's end; import
     ``later_preload`` once no request has come for :data:`LATER_IDLE_SECONDS`."""
+    _leave_terminal()
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
     import gc
@@ -363,10 +391,13 @@ class Template:
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            # The parent's session, a group of its own (see the module's docstring).
+            group: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                                     else {"start_new_session": True})
             self._popen = subprocess.Popen(
                 [python, "-m", "fiber_core.backends.template", str(theirs.fileno()), *preload],
                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
-                start_new_session=True, pass_fds=(theirs.fileno(),))
+                pass_fds=(theirs.fileno(),), **group)
         except OSError as e:
             ours.close()
             raise TemplateError(f"cannot start the template process: {e}") from e
