@@ -161,19 +161,9 @@ def cpu_seconds(pids: list[int]) -> tuple[float, float]:
     """The machine's busy CPU seconds so far (``/proc/stat``), and those of this process and
     ``pids``: their difference over a map is what other programs took meanwhile (the load
     average cannot tell, since it counts the pool's own workers)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick  # all but idle and iowait
-    own = sum(os.times()[:2])
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-            own += (int(stat[11]) + int(stat[12])) / tick
-        except OSError:
-            pass
-    return busy, own
+    from task_cpu import busy_seconds, pid_cpu  # this folder's (sys.path[0]); in the parent only
+
+    return busy_seconds(), time.process_time() + sum(map(pid_cpu, pids))
 
 
 def pss_mib(pids: list[int]) -> float | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import fiber_core
@@ -175,3 +177,18 @@ def test_every_name_the_package_lists_is_there_and_a_wrong_one_says_so(run_scrip
     assert out.stdout.splitlines() == ["[]", "Process Pool Manager Lock multiprocessing.context"]
     with pytest.raises(AttributeError, match="module 'fiber_core' has no attribute 'Proces'"):
         fiber_core.Proces  # noqa: B018 - the attribute's lookup is the test
+
+
+def test_the_names_type_checkers_see_are_the_names_the_package_gives() -> None:
+    # The package names its API twice: imports under TYPE_CHECKING for type checkers, and
+    # the table that __getattr__ loads from. Each name must come from the same module in both.
+    import ast
+
+    tree = ast.parse(Path(fiber_core.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    seen = {alias.asname or alias.name: node.module for node in block.body
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fiber_core.")
+            for alias in node.names}
+    only_in_annotations = {"StatusServer"}
+    assert seen == {**fiber_core._LAZY, **{name: seen[name] for name in only_in_annotations}}

@@ -438,13 +438,15 @@ def _get_for(store: Store, sock: socket.socket, block: bool, timeout: float | No
         return item
 
 
+def _answer(batch: list[_Item]) -> tuple[bytes, Any]:
+    """The frame, as head and body, that answers a borrower's get with the items lent to it."""
+    return (QUEUE_ITEM, batch[0]) if len(batch) == 1 else (encode_queue_batch(batch), b"")
+
+
 def _send_lent(loan: _Loan, batch: list[_Item]) -> None:
     """Send a borrower the items just lent to it: the answer to its get."""
     with loan.send_lock:
-        if len(batch) == 1:
-            loan.conn.send_frame(QUEUE_ITEM, batch[0])
-        else:
-            loan.conn.send_frame(encode_queue_batch(batch))
+        loan.conn.send_frame(*_answer(batch))
 
 
 def _deliver(sends: list[tuple[_Loan, list[_Item]]]) -> None:
@@ -456,10 +458,7 @@ def _deliver(sends: list[tuple[_Loan, list[_Item]]]) -> None:
     is whole.
     """
     for loan, batch in sends:
-        if len(batch) == 1:
-            head, body = QUEUE_ITEM, batch[0]
-        else:
-            head, body = encode_queue_batch(batch), b""
+        head, body = _answer(batch)
         loan.send_lock.acquire()
         try:
             sock = loan.conn._socket()  # noqa: SLF001 - the owner's side of a Connection, in the same layer: a frame in parts, not waiting

@@ -103,10 +103,8 @@ READ_DEATH_SIGNAL = ("import ctypes, time; sig = ctypes.c_int(); "
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("how", ["_ctypes", "ctypes"])
 def test_a_job_gets_sigkill_from_the_kernel_when_its_supervisor_is_killed(how: str) -> None:
-    sup = Supervisor([sys.executable, "-c", READ_DEATH_SIGNAL])
-    if how == "ctypes":
-        sup.proc.kill()
-        sup = Supervisor([sys.executable, "-c", READ_DEATH_SIGNAL], code=[WITHOUT_CTYPES_CALL, _SUPERVISOR])
+    sup = Supervisor([sys.executable, "-c", READ_DEATH_SIGNAL],
+                     code=[WITHOUT_CTYPES_CALL, _SUPERVISOR] if how == "ctypes" else None)
     pid = int(sup.next_word().split()[1])
     assert sup.proc.stderr is not None
     assert sup.proc.stderr.readline().decode().split() == ["death", "signal", str(signal.SIGKILL)]
