@@ -181,10 +181,21 @@ def test_a_forked_job_forks_no_watcher_the_template_watches_its_parent(template:
     p.join(T)
 
 
+def autogroup_of_self() -> str | None:
+    """This process's scheduling autogroup, or None where the kernel gives it none.
+
+    The file is missing without autogroup support, and reads empty where the process's
+    group is not an autogroup (inside a container's cgroup, or with autogroup off).
+    """
+    try:
+        fields = Path("/proc/self/autogroup").read_text().split()
+    except OSError:
+        return None
+    return fields[0] if fields else None
+
+
 def session_of_self(q: fiber_core.Queue) -> None:
-    autogroup = Path("/proc/self/autogroup")
-    q.put((os.getsid(0), os.getpgid(0), os.getpid(),
-           autogroup.read_text().split()[0] if autogroup.exists() else None))
+    q.put((os.getsid(0), os.getpgid(0), os.getpid(), autogroup_of_self()))
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 starts the template in a session of its own")
@@ -199,7 +210,7 @@ def test_a_forked_job_shares_the_parent_s_session_and_so_its_scheduling_group(te
     assert sid == os.getsid(0)
     assert pgid == pid  # still a process group of its own: stopped as one, no terminal's Ctrl-C
     if autogroup is not None:
-        assert autogroup == Path("/proc/self/autogroup").read_text().split()[0]
+        assert autogroup == autogroup_of_self()
 
 
 def test_a_forked_job_has_no_controlling_terminal_where_the_program_has_one(run_script) -> None:  # noqa: ANN001
