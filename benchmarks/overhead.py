@@ -26,11 +26,14 @@ every figure is the median over the repetitions. Also measured:
   ``workers / 10 ms``) that one master sustains. multiprocessing is run too,
   unless ``--scale-fiber-only``; a failure there is reported, not fatal. With
   ``--scale-rounds N`` the libraries alternate (the order flips every round) and each
-  round's map of 10 ms tasks is shown side by side, with the load average at each
+  round's maps of 10 ms tasks are shown side by side, with the load average at each
   start (which counts the pool's own workers too) and the CPUs other programs took
-  during the map (``/proc/stat`` less this program's and its workers' own CPU); the
-  target is fiber ahead in every round. Only the map is timed there, on a
-  started and warmed pool; the start is reported apart.
+  during the maps (``/proc/stat`` less this program's and its workers' own CPU); the
+  target is fiber ahead in every round. Only the maps are timed there, on a
+  started and warmed pool; the start is reported apart. A round's figure is the
+  median of ``--scale-maps`` maps on the same pool (5 by default: one map takes about
+  half a second at 512 workers, so that one burst of other programs' work can decide
+  it), and each map's figure is shown beside it.
 
 Each repetition, each library gets one pool: it is created and timed to its
 first result, warmed up (a map until every worker has returned a task, and one
@@ -76,7 +79,8 @@ READY_TIMEOUT = 300.0
 MAP_TIMEOUT = 600.0
 
 FIBER, MP = "fiber", "multiprocessing"
-TEN_MS = "ten_ms"  # a scale run's key for its map of 10 ms tasks (default chunksize), the rounds' measure
+TEN_MS = "ten_ms"  # a scale run's key for its maps of 10 ms tasks (default chunksize): the median, the rounds' measure
+TEN_MS_EACH = "ten_ms_each"  # ... and each of those maps' tasks/s, in order
 OTHERS = "CPUs busy with other programs during the 10 ms map"
 
 COLD_START = """
@@ -244,7 +248,7 @@ def run_reps(reps: int, results: dict) -> None:
 # -- the scale run ----------------------------------------------------------------------
 
 
-def scale_run(lib: str, n: int, noop_tasks: int, sleep_per_worker: int) -> dict[str, Any]:
+def scale_run(lib: str, n: int, noop_tasks: int, sleep_per_worker: int, maps: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     pool = make_pool(lib, n)
@@ -264,10 +268,11 @@ def scale_run(lib: str, n: int, noop_tasks: int, sleep_per_worker: int) -> dict[
         k = n * sleep_per_worker
         pids = worker_pids(pool)
         before = cpu_seconds(pids)
-        dt = timed_map(pool, sleep_task, [0.01] * k)
+        times = [timed_map(pool, sleep_task, [0.01] * k) for _ in range(maps)]
         busy, own = (b - a for a, b in zip(before, cpu_seconds(pids)))
-        out[OTHERS] = max(0.0, busy - own) / dt
-        out[f"{k:,} tasks of 10 ms, default chunksize (tasks/s; ideal {n / 0.01:,.0f})"] = out[TEN_MS] = k / dt
+        out[OTHERS] = max(0.0, busy - own) / sum(times)
+        out[TEN_MS_EACH] = [k / dt for dt in times]
+        out[f"{k:,} tasks of 10 ms, default chunksize (tasks/s; ideal {n / 0.01:,.0f})"] = out[TEN_MS] = k / med(times)
         dt = timed_map(pool, sleep_task, [0.01] * k, 1)
         out[f"{k:,} tasks of 10 ms, chunksize=1 (tasks/s; ideal {n / 0.01:,.0f})"] = k / dt
     finally:
@@ -389,16 +394,17 @@ def scale_rounds_report(rounds: list[dict[str, Any]], n: int) -> list[tuple[str,
     print(f"### Scale rounds: {n} workers, the map of 10 ms tasks (default chunksize) in each round")
     print()
     print("| round | order | fiber (tasks/s) | multiprocessing (tasks/s) | fiber / mp | fiber ahead "
-          "| start to all ran a task, fiber / mp (s) | load average at each start "
-          "| CPUs other programs took in each map |")
-    print("|---:|---|---:|---:|---:|---|---:|---:|---:|")
+          "| each map, fiber against mp (thousand tasks/s) | start to all ran a task, fiber / mp (s) "
+          "| load average at each start | CPUs other programs took in the maps |")
+    print("|---:|---|---:|---:|---:|---|---|---:|---:|---:|")
     ahead = 0
     ready = f"start to all {n} workers ran a task (s)"
     for i, r in enumerate(both, 1):
         f, m = r[FIBER][TEN_MS], r[MP][TEN_MS]
         ahead += f >= m
+        each = " against ".join(" / ".join(f"{x / 1e3:.1f}" for x in r[lib][TEN_MS_EACH]) for lib in (FIBER, MP))
         print(f"| {i} | {', '.join(r['order'])} | {f:,.0f} | {m:,.0f} | {f / m:.3f} | {'yes' if f >= m else 'no'} "
-              f"| {r[FIBER][ready]:.2f} / {r[MP][ready]:.2f} | {r[f'load {FIBER}']:.2f} / {r[f'load {MP}']:.2f} "
+              f"| {each} | {r[FIBER][ready]:.2f} / {r[MP][ready]:.2f} | {r[f'load {FIBER}']:.2f} / {r[f'load {MP}']:.2f} "
               f"| {r[FIBER][OTHERS]:.2f} / {r[MP][OTHERS]:.2f} |")
     return [(f"{n} workers, 10 ms tasks: fiber at least multiprocessing's throughput in every round "
              f"({ahead} of {len(both)})", ahead == len(both))]
@@ -443,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-only", action="store_true", help="the scale run only")
     parser.add_argument("--scale-rounds", type=int, default=1,
                         help="scale runs of each library, alternating which goes first (medians)")
+    parser.add_argument("--scale-maps", type=int, default=5,
+                        help="maps of 10 ms tasks timed on each scale run's pool; its figure is their median")
     args = parser.parse_args(argv)
     reps = args.reps if args.reps is not None else (1 if args.quick else 5)
     if reps < 1:
@@ -451,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--scale-only and --skip-scale exclude each other")
     if args.scale_rounds < 1:
         parser.error("--scale-rounds must be at least 1")
+    if args.scale_maps < 1:
+        parser.error("--scale-maps must be at least 1")
     if args.scale_only:
         reps = 0
     n_scale = args.scale_workers or (32 if args.quick else 256)
@@ -475,14 +485,14 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.perf_counter()
                 this[f"load {lib}"] = os.getloadavg()[0]
                 try:
-                    this[lib] = scale_run(lib, n_scale, noop_tasks, sleep_per_worker)
+                    this[lib] = scale_run(lib, n_scale, noop_tasks, sleep_per_worker, args.scale_maps)
                     runs[lib].append(this[lib])
                 except Exception as e:
                     scale_errors[lib] = f"{type(e).__name__}: {e}"
                 print(f"scale run {r + 1}, {lib}: {time.perf_counter() - t:.1f} s "
                       f"(load average {this[f'load {lib}']:.2f} at its start)", file=sys.stderr)
             rounds.append(this)
-    scale = {lib: {k: med([run[k] for run in done if k in run]) for k in done[0] if k != TEN_MS}
+    scale = {lib: {k: med([run[k] for run in done if k in run]) for k in done[0] if k not in (TEN_MS, TEN_MS_EACH)}
              for lib, done in runs.items() if done}
     command = shlex.join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
     stale = sorted(set(stale) | set(stale_bytecode()))
