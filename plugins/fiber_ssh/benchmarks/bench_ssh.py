@@ -20,7 +20,10 @@ every repetition), and every figure is the median over the repetitions' samples.
 The SSH side runs on the hosts of ``[ssh] hosts`` (``FIBER_SSH_*``); with nothing
 configured, on the test hosts of ``scripts/services/ssh.sh`` (start them with
 ``bash scripts/test-services.sh up ssh``), 2 slots each, so that the 5 workers spread
-over the 3 hosts. Usage::
+over the 3 hosts. A job imports this file as its main module, so where a job runs it,
+it imports only ``os``, ``sys`` and ``time``: the parent's own tools are imported under
+the main guard, and a start costs what it costs a program, not this script's reporting.
+Usage::
 
     python plugins/fiber_ssh/benchmarks/bench_ssh.py            # about 3 minutes
     python plugins/fiber_ssh/benchmarks/bench_ssh.py --quick    # smoke run
@@ -28,16 +31,21 @@ over the 3 hosts. Usage::
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
-import shlex
-import statistics
 import sys
 import time
-from collections import defaultdict
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+if __name__ == "__main__":  # the parent's own tools: a job imports this file too, as its main module
+    import argparse
+    import platform
+    import shlex
+    import statistics
+    from collections import defaultdict
+    from pathlib import Path
 
 WORKERS = 5
 CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)
