@@ -172,8 +172,41 @@ def test_a_job_starts_without_what_it_does_not_use(tmp_path: Path) -> None:
     # modules that only some calls need: each costs every job's start a millisecond or more.
     (tmp_path / "script.py").write_text(textwrap.dedent(LEAN))
     unwanted = ("configparser,json,pkgutil,tempfile,shutil,subprocess,logging,dataclasses,inspect,"
-                "hashlib,hmac,_hashlib,fiber_core.processes.pipe,fiber_core.parallel.context")
+                "hashlib,hmac,_hashlib,typing,traceback,fiber_core.processes.pipe,fiber_core.parallel.context")
     out = subprocess.run([sys.executable, "script.py", unwanted], capture_output=True, text=True,
                          cwd=tmp_path, timeout=2 * T, env={**os.environ, "FIBER_LOCAL_START": "fresh"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "[]", "1"]  # the parent's child, lean, globals shared
+
+
+POOL_LEAN = """
+    import sys, fiber_core
+
+    def loaded(names):
+        return sorted(set(sys.modules) & set(names))
+
+    def fail():
+        raise ValueError("as planned")
+
+    if __name__ == "__main__":
+        names = ["traceback", "tokenize", "textwrap"]
+        with fiber_core.Pool(1) as pool:
+            print(pool.apply(loaded, (names,)))
+            try:
+                pool.apply(fail)
+            except ValueError as e:
+                print("raised", e.__cause__ is not None)
+            print(pool.apply(loaded, (names,)))
+"""
+
+
+def test_a_pool_worker_loads_what_a_traceback_needs_at_its_first_error(tmp_path: Path) -> None:
+    # traceback, with the tokenizer and textwrap it brings, is 2 ms of a new interpreter's
+    # start: a worker imports it when a task first raises, and the error still comes with
+    # the worker's traceback.
+    (tmp_path / "script.py").write_text(textwrap.dedent(POOL_LEAN))
+    out = subprocess.run([sys.executable, "script.py"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=2 * T, env={**os.environ, "FIBER_LOCAL_START": "fresh"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "[]", "raised True", "['textwrap', 'tokenize', 'traceback']"]

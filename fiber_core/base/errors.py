@@ -8,9 +8,12 @@ working when a program switches to Fiber.
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any
 
 from fiber_core.base.log import log
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 ProcessError = multiprocessing.ProcessError
 

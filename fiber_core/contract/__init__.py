@@ -8,9 +8,11 @@ Everything a backend plugin needs from Fiber is importable from here::
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:  # the names as type checkers see them; at run time each loads on first use
+    from typing import Any
+
     from fiber_core.base.errors import BackendError, ConfigError, FiberError
     from fiber_core.base.install import install_elsewhere
     from fiber_core.base.net import keepalive

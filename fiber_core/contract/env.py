@@ -15,7 +15,10 @@ tokens need not be hidden as the key is).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 ENV_RUN_ID = "FIBER_RUN_ID"
 """The run's id: every process of one program shares it (and labels its jobs with it)."""

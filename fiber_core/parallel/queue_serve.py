@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 from collections import deque
-from typing import Any
 
 from fiber_core.base.fds import readable
 from fiber_core.wire.framing import Connection, FrameReader, frame_header, framed
@@ -44,6 +43,10 @@ from fiber_core.wire.messages import (
     kind_of,
     unexpected,
 )
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 Empty = _stdqueue.Empty
 

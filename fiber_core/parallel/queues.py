@@ -51,7 +51,6 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any
 
 from fiber_core.base.errors import FiberError, QueueCutError
 from fiber_core.parallel.queue_serve import Empty, Full, Store, serve
@@ -83,6 +82,10 @@ from fiber_core.wire.messages import (
     unexpected,
 )
 from fiber_core.wire.serialize import dumps, loads
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 _MAX_WINDOW = 512  # items lent at once, at most
 

@@ -21,14 +21,16 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
 
 from fiber_core.base.log import LOGGER_NAME
 from fiber_core.base.text import printable
 from fiber_core.runtime.run import runtime
 from fiber_core.wire.messages import PROCESS_STDERR, PROCESS_STDOUT
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
+    from typing import Any
+
     from fiber_core.wire.framing import Connection
 
 

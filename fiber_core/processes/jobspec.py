@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 from fiber_core.contract.env import (
     ENV_AUTHKEY,
@@ -21,7 +20,10 @@ from fiber_core.contract.env import (
 from fiber_core.runtime.config import config
 from fiber_core.runtime.run import runtime
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
+    from typing import Any
+
     from fiber_core.contract.backend import Backend, JobSpec
 
 RESOURCES = ("cpu", "memory", "gpu", "gpu_type", "capacity")

@@ -28,7 +28,6 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
 
 from fiber_core.base.errors import FiberError, JobStartError
 from fiber_core.base.fds import OUT_OF_DESCRIPTORS, limit_error
@@ -72,7 +71,10 @@ from fiber_core.wire.messages import (
     unexpected,
 )
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
     from fiber_core.contract.backend import Backend, Job, JobSpec
 
 

@@ -34,7 +34,6 @@ import select
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from fiber_core.base.errors import ConfigError
 from fiber_core.base.log import log
@@ -45,6 +44,7 @@ from fiber_core.wire.framing import Connection
 from fiber_core.wire.messages import PROCESS_PRELUDE, PROCESS_STDERR, PROCESS_WAITING, body, kind_of
 from fiber_core.wire.serialize import dumps, loads
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
     from collections.abc import Callable
 

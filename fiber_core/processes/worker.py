@@ -23,7 +23,6 @@ import signal
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
 
 from fiber_core.base import environ, rundirs
 from fiber_core.contract.env import (
@@ -51,10 +50,12 @@ from fiber_core.wire.messages import (
     kind_of,
 )
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
+    from typing import Any
 
 
 def _die_with_parent(conn, finishing: threading.Event, parent) -> None:  # noqa: ANN001

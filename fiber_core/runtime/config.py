@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fiber_core.base.errors import ConfigError, UnknownBackendError
 from fiber_core.base.options import Option
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
     import configparser
+    from typing import Any
 
     from fiber_core.contract.backend import Backend
     from fiber_core.runtime.registry import Registry
@@ -76,11 +77,24 @@ def env_variable(key: str, section: str = "fiber") -> str:
     return "FIBER_" + init_key(key, section).upper()
 
 
-class Value(NamedTuple):
-    """A resolved value and where it came from (for ``fiber config``)."""
+class Value:
+    """A resolved value and where it came from (for ``fiber config``); equal to another with
+    the same two. (Not a ``typing.NamedTuple``, for the reason :class:`Option` gives.)"""
 
-    value: Any
-    source: str
+    __slots__ = ("value", "source")
+
+    def __init__(self, value: Any, source: str) -> None:
+        self.value = value
+        self.source = source
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Value) and (self.value, self.source) == (other.value, other.source)
+
+    def __hash__(self) -> int:
+        return hash((self.value, self.source))
+
+    def __repr__(self) -> str:
+        return f"Value({self.value!r}, {self.source!r})"
 
 
 class Config:

@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from fiber_core.base import rundirs
 from fiber_core.base.errors import ConfigError, FiberError
@@ -41,6 +40,7 @@ from fiber_core.runtime.config import (
 )
 from fiber_core.runtime.hub import Hub
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
     from fiber_core.contract.backend import Backend
     from fiber_core.runtime.status import StatusServer

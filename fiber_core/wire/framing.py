@@ -11,10 +11,13 @@ import selectors
 import socket
 import struct
 from collections.abc import Iterable
-from typing import Any
 
 from fiber_core.base.errors import BufferTooShort
 from fiber_core.wire.serialize import _SMALL, dumps, loads
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 _HEADER = struct.Struct("!I")
 

@@ -101,10 +101,13 @@ import operator
 import pickle
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
 from fiber_core.base.errors import FiberError
 from fiber_core.wire.serialize import dumps, loads
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class MessageError(FiberError, ValueError):
@@ -115,21 +118,29 @@ class MessageError(FiberError, ValueError):
     """
 
 
-class Kind(NamedTuple):
+class Kind:
     """A message kind: the one byte that starts its frames, and what it is.
 
     ``fields`` is a space-separated list of ``name:format`` (:mod:`struct`) packed
     right after the code, a ``[field]`` being optional; ``body`` says what takes the
-    rest of the frame ("" for nothing).
+    rest of the frame ("" for nothing). (Not a ``typing.NamedTuple``, for the reason
+    :class:`~fiber_core.base.options.Option` gives.)
     """
 
-    code: bytes
-    name: str
-    sender: str
-    receiver: str
-    fields: str
-    body: str
-    meaning: str
+    __slots__ = ("code", "name", "sender", "receiver", "fields", "body", "meaning")
+
+    def __init__(self, code: bytes, name: str, sender: str, receiver: str, fields: str, body: str,
+                 meaning: str) -> None:
+        self.code = code
+        self.name = name
+        self.sender = sender
+        self.receiver = receiver
+        self.fields = fields
+        self.body = body
+        self.meaning = meaning
+
+    def __repr__(self) -> str:
+        return f"Kind({self.code!r}, {self.name!r})"
 
     def struct(self, optional: bool = True) -> struct.Struct:
         """The code and the fixed fields (with the optional ones or not), packed together."""

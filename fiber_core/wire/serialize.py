@@ -19,10 +19,13 @@ import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
 from types import CodeType, FunctionType
-from typing import Any
 
 from fiber_core.base.blake2 import blake2b
 from fiber_core.base.errors import PicklingError
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 _SMALL = 64 * 1024
 

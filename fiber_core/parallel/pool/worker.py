@@ -20,7 +20,6 @@ import select
 import signal
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -84,7 +83,7 @@ def run_unit(func: Callable, kind: int, data: bytes,
     try:
         items = loads(data)
     except Exception as e:
-        return None, (repr(e), traceback.format_exc())
+        return None, (repr(e), _format_exc())
     try:
         if notify is not None:  # each item's start is told (current_task; a watched batch's master)
             out = []
@@ -106,7 +105,15 @@ def run_unit(func: Callable, kind: int, data: bytes,
         return True, [func(*args, **kwds)]
     except (Exception, SystemExit, KeyboardInterrupt) as e:
         # sys.exit() and Ctrl-C in a task are the task's result: the worker goes on.
-        return False, (e, traceback.format_exc())
+        return False, (e, _format_exc())
+
+
+def _format_exc() -> str:
+    """The traceback being handled, as text; :mod:`traceback` is imported on a worker's first
+    error, not at its start (it takes 2 ms of a cold start: tokenize, textwrap, linecache)."""
+    import traceback
+
+    return traceback.format_exc()
 
 
 def encode_results(batch_id: int, elapsed: float, results: list) -> bytes:
