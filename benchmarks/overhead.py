@@ -391,7 +391,8 @@ def scale_rounds_report(rounds: list[dict[str, Any]], n: int) -> list[tuple[str,
     if not both:
         return []
     print()
-    print(f"### Scale rounds: {n} workers, the map of 10 ms tasks (default chunksize) in each round")
+    print(f"### Scale rounds: {n} workers, the maps of 10 ms tasks (default chunksize) in each round, "
+          "and their median")
     print()
     print("| round | order | fiber (tasks/s) | multiprocessing (tasks/s) | fiber / mp | fiber ahead "
           "| each map, fiber against mp (thousand tasks/s) | start to all ran a task, fiber / mp (s) "
