@@ -161,13 +161,13 @@ def worker_pids(pool: Any) -> list[int]:
     return [p.pid for p in pool._pool if isinstance(p.pid, int)]
 
 
-def cpu_seconds(pids: list[int]) -> tuple[float, float]:
-    """The machine's busy CPU seconds so far (``/proc/stat``), and those of this process and
-    ``pids``: their difference over a map is what other programs took meanwhile (the load
-    average cannot tell, since it counts the pool's own workers)."""
+def cpu_seconds(pids: list[int]) -> tuple[float, float, float]:
+    """The machine's busy CPU seconds so far (``/proc/stat``), this process's, and those of
+    ``pids``: over a map, the first less the other two is what other programs took meanwhile
+    (the load average cannot tell, since it counts the pool's own workers)."""
     from task_cpu import busy_seconds, pid_cpu  # this folder's (sys.path[0]); in the parent only
 
-    return busy_seconds(), time.process_time() + sum(map(pid_cpu, pids))
+    return busy_seconds(), time.process_time(), sum(map(pid_cpu, pids))
 
 
 def pss_mib(pids: list[int]) -> float | None:
@@ -269,8 +269,10 @@ def scale_run(lib: str, n: int, noop_tasks: int, sleep_per_worker: int, maps: in
         pids = worker_pids(pool)
         before = cpu_seconds(pids)
         times = [timed_map(pool, sleep_task, [0.01] * k) for _ in range(maps)]
-        busy, own = (b - a for a, b in zip(before, cpu_seconds(pids)))
-        out[OTHERS] = max(0.0, busy - own) / sum(times)
+        busy, parent, workers = (b - a for a, b in zip(before, cpu_seconds(pids)))
+        out[OTHERS] = max(0.0, busy - parent - workers) / sum(times)
+        out["CPU per task in those maps: the program (the master) (us)"] = parent / (k * maps) * 1e6
+        out["CPU per task in those maps: the workers (us)"] = workers / (k * maps) * 1e6
         out[TEN_MS_EACH] = [k / dt for dt in times]
         out[f"{k:,} tasks of 10 ms, default chunksize (tasks/s; ideal {n / 0.01:,.0f})"] = out[TEN_MS] = k / med(times)
         dt = timed_map(pool, sleep_task, [0.01] * k, 1)
