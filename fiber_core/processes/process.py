@@ -37,7 +37,7 @@ from fiber_core.contract.env import (
     check_job_env,
     group_token,
 )
-from fiber_core.processes import spares
+from fiber_core.processes import main_code, spares
 from fiber_core.processes.host import (
     OUTPUT_TAIL_LINES,
     BaseProcess,
@@ -466,9 +466,11 @@ class _JobRun:
         token = group_token(*group) if group is not None else os.urandom(16).hex()
         # Two frames: a prelude of plain data the job applies first (sys.path, the
         # main module), then the process object, which may need both to unpickle.
+        main = _main_reference()
         prelude = encode_process_prelude({
             "sys_path": sys.path,
-            "main": _main_reference(),
+            "main": main,
+            "main_code": main_code.compiled(main[1]) if main is not None and main[0] == "path" else None,
             "config": config.snapshot(),
             "forward_output": config.get("forward_output"),
             "parent": (_current.name, os.getpid()),

@@ -33,7 +33,7 @@ from fiber_core.contract.env import (
     SECRET_VARIABLES,
     job_token,
 )
-from fiber_core.processes import host
+from fiber_core.processes import host, main_code
 from fiber_core.processes import process as process_mod
 from fiber_core.runtime.config import config
 from fiber_core.runtime.hub import dial
@@ -188,11 +188,13 @@ class _Pump:
                 pass
 
 
-def _import_main(ref: tuple[str, str] | None) -> None:
+def _import_main(ref: tuple[str, str] | None, shipped: main_code.Shipped | None = None) -> None:
     """Import the program's main module as ``__mp_main__``, as multiprocessing's spawn does.
 
     Its ``if __name__ == "__main__":`` block does not run. Skipped when the module
-    is not reachable from the job (another machine, no shared files).
+    is not reachable from the job (another machine, no shared files). A source file
+    runs the code the parent compiled (``shipped``) where it is the same file
+    (:func:`main_code.code_for`).
     """
     if ref is None:
         return
@@ -214,7 +216,7 @@ def _import_main(ref: tuple[str, str] | None) -> None:
                 # What runpy.run_path does for a source file, without the import machinery it
                 # loads for zip files and directories (pkgutil: a few ms of every job's start).
                 with open(where, "rb") as f:
-                    code = compile(f.read(), where, "exec", dont_inherit=True)
+                    code = main_code.code_for(f.read(), where, shipped)
                 exec(code, module.__dict__)  # noqa: S102 - the program's own main module
             else:
                 import runpy  # a zip file or compiled file run as the main module
@@ -363,7 +365,7 @@ def _apply_prelude(data: dict[str, Any]) -> None:
     if data.get("log"):
         _set_logging(*data["log"])
     sys.meta_path.insert(0, _SharedMemoryHook())
-    _import_main(data.get("main"))
+    _import_main(data.get("main"), data.get("main_code"))
     config.restore(data["config"])
 
 

@@ -35,7 +35,7 @@ Fields are ``name:format`` with :mod:`struct`'s formats: ``?`` bool (1 byte),
 
 | code | kind | from → to | after the code | meaning |
 |---|---|---|---|---|
-| `P` | PROCESS_PRELUDE | parent → job | pickle of {sys_path, main, config, forward_output, parent, argv, log, spare} | what the job applies before it can unpickle the process object |
+| `P` | PROCESS_PRELUDE | parent → job | pickle of {sys_path, main, main_code, config, forward_output, parent, argv, log, spare} | what the job applies before it can unpickle the process object |
 | `O` | PROCESS_OBJECT | parent → job | pickle of the Process | the process object to run |
 | `+` | PROCESS_WAITING | job → parent | — | a spare job applied its prelude: it waits for a process object |
 | `o` | PROCESS_STDOUT | job → parent | output bytes | what the job wrote to fd 1 |
@@ -172,7 +172,7 @@ def _kind(code: bytes, name: str, sender: str, receiver: str, fields: str, body:
 # -- process: the parent and the job running a Process ---------------------------------
 
 PROCESS_PRELUDE = _kind(b"P", "PROCESS_PRELUDE", "parent", "job", "",
-                        "pickle of {sys_path, main, config, forward_output, parent, argv, log, spare}",
+                        "pickle of {sys_path, main, main_code, config, forward_output, parent, argv, log, spare}",
                         "what the job applies before it can unpickle the process object")
 PROCESS_OBJECT = _kind(b"O", "PROCESS_OBJECT", "parent", "job", "", "pickle of the Process",
                        "the process object to run")

@@ -1,0 +1,69 @@
+"""The program's main module compiled once, in the parent, for the jobs that import it.
+
+A job imports the program's main module as ``__mp_main__``, as multiprocessing's spawn
+does, and Python never keeps bytecode for a main module: every job would compile its
+source again (2-3 ms for a script of 300 lines, each job on every host). The parent
+compiles it once (:func:`compiled`) and sends the code in the job's prelude, with a
+digest of the source it compiled; a job runs that code only where its own copy of the
+file has the same digest, and on an interpreter whose bytecode is the same
+(:func:`code_for`); anywhere else it compiles its own copy, as before. The prelude comes
+from the authenticated parent, as the process object does, so running its code trusts
+nobody new; nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+
+from fiber_core.base.blake2 import blake2b
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from types import CodeType
+
+TAG = (sys.implementation.name, sys.hexversion)
+"""Where shipped code may run: the same implementation at the same version (bytecode
+changes between Python versions)."""
+
+MAX_BYTES = 1 << 20
+"""Marshalled code above this is not sent: every job's prelude carries it."""
+
+Shipped = tuple  # (TAG, digest of the source, marshalled code)
+
+_cache: tuple[tuple[str, int, int], Shipped | None] | None = None
+
+
+def _digest(source: bytes) -> bytes:
+    return blake2b(source, digest_size=16, person=b"fiber-main").digest()
+
+
+def compiled(path: str) -> Shipped | None:
+    """The main module at ``path`` compiled here, to ship to jobs; None where it cannot
+    be (not a source file, unreadable, a syntax error: the job then says why), or is too
+    big. Compiled again only when the file changed (its mtime or size)."""
+    global _cache
+    if not path.endswith((".py", ".pyw")):
+        return None
+    try:
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size)
+        if _cache is not None and _cache[0] == key:
+            return _cache[1]
+        with open(path, "rb") as f:
+            source = f.read()
+        code = marshal.dumps(compile(source, path, "exec", dont_inherit=True))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    shipped = (TAG, _digest(source), code) if len(code) <= MAX_BYTES else None
+    _cache = (key, shipped)
+    return shipped
+
+
+def code_for(source: bytes, where: str, shipped: Shipped | None) -> CodeType:
+    """The code of the main module whose source (at ``where``) is ``source``: the
+    parent's if it compiled the same source for this interpreter, else compiled here."""
+    if shipped is not None and shipped[0] == TAG and shipped[1] == _digest(source):
+        return marshal.loads(shipped[2])  # type: ignore[no-any-return]
+    return compile(source, where, "exec", dont_inherit=True)
