@@ -23,9 +23,12 @@ TYPE_CHECKING = False  # typing's own, without importing typing: a job starts wi
 if TYPE_CHECKING:
     from types import CodeType
 
-TAG = (sys.implementation.name, sys.hexversion)
-"""Where shipped code may run: the same implementation at the same version (bytecode
-changes between Python versions)."""
+TAG = (sys.implementation.cache_tag,
+       getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None))
+"""Where shipped code may run: what a ``.pyc`` file is checked against (its name's tag and
+the bytecode's magic number, the same across a Python version's patch releases); read
+from the import system itself, since :mod:`importlib.util` would cost a job a millisecond.
+None in either part: nothing is shipped from, or run on, such an interpreter."""
 
 MAX_BYTES = 1 << 20
 """Marshalled code above this is not sent: every job's prelude carries it."""
@@ -44,7 +47,7 @@ def compiled(path: str) -> Shipped | None:
     be (not a source file, unreadable, a syntax error: the job then says why), or is too
     big. Compiled again only when the file changed (its mtime or size)."""
     global _cache
-    if not path.endswith((".py", ".pyw")):
+    if not path.endswith((".py", ".pyw")) or None in TAG:
         return None
     try:
         st = os.stat(path)
@@ -64,6 +67,6 @@ def compiled(path: str) -> Shipped | None:
 def code_for(source: bytes, where: str, shipped: Shipped | None) -> CodeType:
     """The code of the main module whose source (at ``where``) is ``source``: the
     parent's if it compiled the same source for this interpreter, else compiled here."""
-    if shipped is not None and shipped[0] == TAG and shipped[1] == _digest(source):
+    if shipped is not None and None not in TAG and shipped[0] == TAG and shipped[1] == _digest(source):
         return marshal.loads(shipped[2])  # type: ignore[no-any-return]
     return compile(source, where, "exec", dont_inherit=True)
