@@ -41,8 +41,10 @@ def test_a_job_runs_the_parents_code_for_the_same_source_and_compiles_any_other(
     # Another source (the job's copy differs), another interpreter, or nothing shipped: the
     # job's own file, compiled there.
     assert run(main_code.code_for(b"X = 'edited'\n", str(path), other))["X"] == "edited"
-    elsewhere = (("cpython-30", b"\0\0\r\n"), shipped[1], other[2])
-    assert run(main_code.code_for(source, str(path), elsewhere))["X"] == "from the file"
+    for tag in (("cpython-30", b"\0\0\r\n", 0), (*main_code.TAG[:2], main_code.TAG[2] + 1)):
+        # another version, or the same run with -O (whose code has no asserts): compiled here
+        elsewhere = (tag, shipped[1], other[2])
+        assert run(main_code.code_for(source, str(path), elsewhere))["X"] == "from the file"
     assert run(main_code.code_for(source, str(path), None))["X"] == "from the file"
 
 

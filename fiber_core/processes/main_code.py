@@ -24,11 +24,13 @@ if TYPE_CHECKING:
     from types import CodeType
 
 TAG = (sys.implementation.cache_tag,
-       getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None))
-"""Where shipped code may run: what a ``.pyc`` file is checked against (its name's tag and
-the bytecode's magic number, the same across a Python version's patch releases); read
-from the import system itself, since :mod:`importlib.util` would cost a job a millisecond.
-None in either part: nothing is shipped from, or run on, such an interpreter."""
+       getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", None),
+       sys.flags.optimize)
+"""Where shipped code may run: where a ``.pyc`` file of it would be used (its name's tag and
+optimization level, and the bytecode's magic number, the same across a Python version's
+patch releases); the magic number is read from the import system itself, since
+:mod:`importlib.util` would cost a job a millisecond. None in a part: nothing is shipped
+from, or run on, such an interpreter."""
 
 MAX_BYTES = 1 << 20
 """Marshalled code above this is not sent: every job's prelude carries it."""
