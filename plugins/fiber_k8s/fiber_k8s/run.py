@@ -81,13 +81,34 @@ def _forwarded_env() -> dict[str, str]:
     return {**config.made_here("fiber", _NOT_FORWARDED), **config.made_here(KubernetesBackend.settings_section(), _NOT_FORWARDED)}
 
 
+def _number_like(text: str) -> bool:
+    """Whether a YAML reader other than PyYAML's may take ``text``, left unquoted, for a
+    number: PyYAML follows YAML 1.1, where ``12e345`` (no dot) is a string, and quotes only
+    what its own rules would read otherwise; kubectl reads ``12e345`` as a number."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _print_manifest(body: dict[str, Any]) -> None:
+    """The manifest as YAML (JSON without PyYAML), every string one that any reader, kubectl's
+    included, reads back as a string: a run id such as ``12e345678901`` is quoted."""
     try:
         import yaml
     except ImportError:
         print(json.dumps(body, indent=2))
         return
-    print(yaml.safe_dump(body, sort_keys=False), end="")
+
+    class Dumper(yaml.SafeDumper):
+        def represent_str(self, data: str) -> Any:
+            if _number_like(data):
+                return self.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+            return super().represent_str(data)
+
+    Dumper.add_representer(str, Dumper.represent_str)
+    print(yaml.dump(body, Dumper=Dumper, sort_keys=False), end="")
 
 
 def image_repository(context: str, registry: str | None) -> str:

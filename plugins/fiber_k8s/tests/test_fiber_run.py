@@ -194,6 +194,34 @@ def test_dry_run_manifest_passes_kubectl(env: dict[str, str], tmp_path: Path) ->
         proc.wait(30)
 
 
+def test_a_run_id_that_reads_as_a_number_stays_a_string_for_kubectl(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A run id is 12 hex digits: "12e345678901" is a string to PyYAML (YAML 1.1 wants a dot in
+    # a float), which left it unquoted, and a number to kubectl, which then refused the label.
+    from fiber_k8s.run import _print_manifest
+
+    labels = {"fiber.run": "12e345678901", "fiber.role": "main", "n": "123456789012"}
+    body = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "fiber-run-12e345678901", "labels": labels},
+            "spec": {"containers": [{"name": "main", "image": "fiber-test:latest"}]}}
+    _print_manifest(body)
+    manifest = capsys.readouterr().out
+    assert yaml.safe_load(manifest) == body
+    assert 'fiber.run: "12e345678901"' in manifest
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    proc, kubeconfig = start_emulator(tmp_path, "--instance", "kubectl-" + uuid.uuid4().hex[:6])
+    try:
+        out = subprocess.run([kubectl, "--kubeconfig", str(kubeconfig), "apply", "--dry-run=client",
+                              "--validate=false", "-f", "-"], input=manifest, capture_output=True, text=True,
+                             timeout=WAIT)
+        assert out.returncode == 0, out.stderr
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 # -- running a program ----------------------------------------------------------------------------
 
 
