@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fiber_core.parallel.durable import records
+from fiber_core.parallel.durable import task as task_mod
 from fiber_core.parallel.durable.task import seed_of
 
 T = 60.0
@@ -64,6 +65,22 @@ def _results(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
+
+
+def test_the_task_record_type_checkers_see_is_the_one_tasks_get() -> None:
+    # task.py declares Task twice: a typing.NamedTuple for type checkers, and at run time a
+    # collections.namedtuple (a pool worker then starts without typing). Both must agree.
+    import ast
+
+    tree = ast.parse(Path(task_mod.__file__).read_text())
+    declared = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Task")
+    fields = tuple(stmt.target.id for stmt in declared.body
+                   if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name))
+    assert fields == task_mod.Task._fields == ("call", "item", "attempt", "seed")
+    t = task_mod.Task(1, 2, 0, 99)
+    call, item, attempt, seed = t  # a tuple, as the stdlib's records are
+    assert (t.call, t.item, t.attempt, t.seed) == (call, item, attempt, seed) == (1, 2, 0, 99)
+    assert type(t).__module__ == "fiber_core.parallel.durable.task" and "named tuple" in (type(t).__doc__ or "")
 
 def test_a_rerun_takes_every_recorded_result_and_runs_no_task(runs: Runs) -> None:
     first = _results(runs.run())

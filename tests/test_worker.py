@@ -189,7 +189,7 @@ POOL_LEAN = """
         raise ValueError("as planned")
 
     if __name__ == "__main__":
-        names = ["traceback", "tokenize", "textwrap"]
+        names = ["traceback", "tokenize", "textwrap", "typing"]
         with fiber_core.Pool(1) as pool:
             print(pool.apply(loaded, (names,)))
             try:
@@ -203,7 +203,7 @@ POOL_LEAN = """
 def test_a_pool_worker_loads_what_a_traceback_needs_at_its_first_error(tmp_path: Path) -> None:
     # traceback, with the tokenizer and textwrap it brings, is 2 ms of a new interpreter's
     # start: a worker imports it when a task first raises, and the error still comes with
-    # the worker's traceback.
+    # the worker's traceback. typing (3 ms with the Task record) it never needs.
     (tmp_path / "script.py").write_text(textwrap.dedent(POOL_LEAN))
     out = subprocess.run([sys.executable, "script.py"], capture_output=True, text=True,
                          cwd=tmp_path, timeout=2 * T, env={**os.environ, "FIBER_LOCAL_START": "fresh"})

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 GPU_SAMPLE_SECONDS = 5.0
 """How often the GPU is read at most (NVML calls take milliseconds); between two reads a

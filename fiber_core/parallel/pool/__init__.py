@@ -29,11 +29,13 @@ Extensions to the stdlib API: :meth:`Pool.resize` grows or shrinks a running poo
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from fiber_core.parallel.pool.worker import MaybeEncodingError
 
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
 if TYPE_CHECKING:
+    from typing import Any
+
     from fiber_core.parallel.pool.facade import Pool
     from fiber_core.parallel.pool.ledger import MAX_TASK_ATTEMPTS
     from fiber_core.parallel.pool.results import (

@@ -21,7 +21,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from fiber_core.base.errors import FiberError
 from fiber_core.base.usage import Sampler
@@ -48,6 +47,10 @@ from fiber_core.wire.messages import (
     unexpected,
 )
 from fiber_core.wire.serialize import dumps, loads
+
+TYPE_CHECKING = False  # typing's own, without importing typing: a job starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 DRAIN_GRACE_SECONDS = 25.0
 """Seconds a worker sent SIGTERM may take to finish its batch: within the grace period of
