@@ -30,7 +30,7 @@ def fresh_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_job_runs_the_parents_code_for_the_same_source_and_compiles_any_other(tmp_path: Path) -> None:
     path = tmp_path / "app.py"
     path.write_text("X = 'from the file'\n")
-    shipped = main_code.compiled(str(path))
+    shipped = main_code.compiled(("path", str(path)))
     assert shipped is not None
     source = path.read_bytes()
     assert run(main_code.code_for(source, str(path), shipped))["X"] == "from the file"
@@ -51,10 +51,10 @@ def test_a_job_runs_the_parents_code_for_the_same_source_and_compiles_any_other(
 def test_the_parent_compiles_again_only_when_the_file_changed(tmp_path: Path) -> None:
     path = tmp_path / "app.py"
     path.write_text("X = 1\n")
-    first = main_code.compiled(str(path))
-    assert main_code.compiled(str(path)) is first
+    first = main_code.compiled(("path", str(path)))
+    assert main_code.compiled(("path", str(path))) is first
     path.write_text("X = 22\n")
-    second = main_code.compiled(str(path))
+    second = main_code.compiled(("path", str(path)))
     assert second is not None and second is not first and second[1] != first[1]
     assert run(marshal.loads(second[2]))["X"] == 22
 
@@ -63,15 +63,17 @@ def test_nothing_is_shipped_where_the_job_must_say_why_or_the_code_is_too_big(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f(:\n")
-    assert main_code.compiled(str(bad)) is None  # the job compiles it, and reports the error
-    assert main_code.compiled(str(tmp_path / "missing.py")) is None
+    assert main_code.compiled(("path", str(bad))) is None  # the job compiles it, and reports the error
+    assert main_code.compiled(("path", str(tmp_path / "missing.py"))) is None
     zipped = tmp_path / "app.pyz"
     zipped.write_bytes(b"PK")
-    assert main_code.compiled(str(zipped)) is None  # run by runpy in the job, as before
+    assert main_code.compiled(("path", str(zipped))) is None  # run by runpy in the job, as before
+    assert main_code.compiled(("name", "app")) is None  # imported by name: it has its own .pyc
+    assert main_code.compiled(None) is None  # no main module file (python -c, a notebook)
     big = tmp_path / "big.py"
     big.write_text("X = 1\n")
     monkeypatch.setattr(main_code, "MAX_BYTES", 10)
-    assert main_code.compiled(str(big)) is None
+    assert main_code.compiled(("path", str(big))) is None
 
 
 # The jobs report every compile of the program's file through an audit hook that

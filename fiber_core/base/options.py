@@ -74,14 +74,14 @@ class Option:
         self.choices = choices
         self.secret = secret
 
-    def _fields(self) -> tuple[Any, ...]:
+    def _key(self) -> tuple[Any, ...]:
         return self.name, self.type, self.default, self.help, self.choices, self.secret
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Option) and self._fields() == other._fields()
+        return isinstance(other, Option) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._fields())
+        return hash(self._key())
 
     def __repr__(self) -> str:
         return (f"Option({self.name!r}, {self.type.__name__}, {self.default!r}, {self.help!r}, "

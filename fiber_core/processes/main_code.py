@@ -44,13 +44,16 @@ def _digest(source: bytes) -> bytes:
     return blake2b(source, digest_size=16, person=b"fiber-main").digest()
 
 
-def compiled(path: str) -> Shipped | None:
-    """The main module at ``path`` compiled here, to ship to jobs; None where it cannot
-    be (not a source file, unreadable, a syntax error: the job then says why), or is too
-    big. Compiled again only when the file changed (its mtime or size)."""
+def compiled(ref: tuple[str, str] | None) -> Shipped | None:
+    """The main module that ``ref`` names (as a job gets it: ``("path", file)`` or
+    ``("name", module)``) compiled here, to ship to jobs. None where there is nothing to
+    ship: no file, not a source file (a module by name has its ``.pyc``), unreadable, a
+    syntax error (the job then says why), too big. Compiled again only when the file
+    changed (its mtime or size)."""
     global _cache
-    if not path.endswith((".py", ".pyw")) or None in TAG:
+    if ref is None or ref[0] != "path" or not ref[1].endswith((".py", ".pyw")) or None in TAG:
         return None
+    path = ref[1]
     try:
         st = os.stat(path)
         key = (path, st.st_mtime_ns, st.st_size)
@@ -69,6 +72,7 @@ def compiled(path: str) -> Shipped | None:
 def code_for(source: bytes, where: str, shipped: Shipped | None) -> CodeType:
     """The code of the main module whose source (at ``where``) is ``source``: the
     parent's if it compiled the same source for this interpreter, else compiled here."""
-    if shipped is not None and None not in TAG and shipped[0] == TAG and shipped[1] == _digest(source):
+    # (never shipped from a TAG with None in it: that cannot equal an interpreter's own)
+    if shipped is not None and shipped[0] == TAG and shipped[1] == _digest(source):
         return marshal.loads(shipped[2])  # type: ignore[no-any-return]
     return compile(source, where, "exec", dont_inherit=True)

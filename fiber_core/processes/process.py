@@ -470,7 +470,7 @@ class _JobRun:
         prelude = encode_process_prelude({
             "sys_path": sys.path,
             "main": main,
-            "main_code": main_code.compiled(main[1]) if main is not None and main[0] == "path" else None,
+            "main_code": main_code.compiled(main),
             "config": config.snapshot(),
             "forward_output": config.get("forward_output"),
             "parent": (_current.name, os.getpid()),
