@@ -172,7 +172,7 @@ def test_a_job_starts_without_what_it_does_not_use(tmp_path: Path) -> None:
     # modules that only some calls need: each costs every job's start a millisecond or more.
     (tmp_path / "script.py").write_text(textwrap.dedent(LEAN))
     unwanted = ("configparser,json,pkgutil,tempfile,shutil,subprocess,logging,dataclasses,inspect,"
-                "hashlib,hmac,_hashlib,typing,traceback,fiber_core.processes.pipe,fiber_core.parallel.context")
+                "hashlib,hmac,_hashlib,typing,traceback,unicodedata,fiber_core.processes.pipe,fiber_core.parallel.context")
     out = subprocess.run([sys.executable, "script.py", unwanted], capture_output=True, text=True,
                          cwd=tmp_path, timeout=2 * T, env={**os.environ, "FIBER_LOCAL_START": "fresh"})
     assert out.returncode == 0, out.stderr

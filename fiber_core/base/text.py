@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-import unicodedata
 
-_ESCAPE_SEQUENCE = re.compile(
+# Compiled at the first text that needs it (re caches it), not at import: every job imports
+# this module, and most never show a control character.
+_ESCAPE_SEQUENCE = (
     r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, the final byte
     r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d-\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC, DCS...: to ST
     r"|\x1b[ -/]*[0-~]?"  # any other escape: intermediates and one final byte
@@ -20,5 +21,7 @@ def printable(text: str, mark: str = "?") -> str:
     (``""``: removed), tabs and line breaks a space. Printable Unicode is kept as it is."""
     if text.isprintable():
         return text
-    text = _ESCAPE_SEQUENCE.sub(mark, text).translate(_LINE_BREAKS)
+    import unicodedata  # here: its tables are not needed for printable text
+
+    text = re.sub(_ESCAPE_SEQUENCE, mark, text).translate(_LINE_BREAKS)
     return "".join(mark if unicodedata.category(c) in _UNPRINTABLE else c for c in text)
