@@ -52,6 +52,34 @@ def test_a_forked_job_is_a_job_as_any(template: int, monkeypatch: pytest.MonkeyP
     assert "to the log" in p._run.backend.get_job_logs(p._run.job)
 
 
+def environment(q: fiber_core.Queue) -> None:
+    q.put(dict(os.environ))
+
+
+def test_a_forked_job_has_the_environment_of_its_start_exactly(template: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The template changes only the variables where the job's environment differs from its
+    # own: one the parent removed since the template started must go, one it changed must
+    # change, and every other must be the parent's.
+    raw = Path(f"/proc/{template}/environ").read_bytes().decode()
+    theirs = dict(entry.split("=", 1) for entry in raw.split("\0") if "=" in entry)
+    spare = [k for k in sorted(theirs) if not k.startswith(("FIBER_", "PYTHON", "LD_", "PATH", "HOME", "VIRTUAL_ENV"))]
+    assert len(spare) >= 2, theirs.keys()  # pytest's PYTEST_CURRENT_TEST at least, and the shell's
+    removed, changed = spare[:2]
+    monkeypatch.delenv(removed)
+    monkeypatch.setenv(changed, theirs[changed] + " and changed")
+    monkeypatch.setenv("TEMPLATE_TEST_X", "new")
+    q = fiber_core.Queue()
+    p = fiber_core.Process(target=environment, args=(q,))
+    p.start()
+    env = q.get(timeout=T)
+    p.join(T)
+    assert removed not in env
+    assert env[changed] == theirs[changed] + " and changed"
+    assert env["TEMPLATE_TEST_X"] == "new"
+    assert {k: v for k, v in env.items() if not k.startswith("FIBER_")} == {
+        k: v for k, v in os.environ.items() if not k.startswith("FIBER_")}
+
+
 @pytest.mark.parametrize("how, code", [("terminate", -signal.SIGTERM), ("kill", -signal.SIGKILL)])
 def test_a_forked_job_is_stopped_with_its_group(template: int, how: str, code: int) -> None:
     q = fiber_core.Queue()
@@ -92,6 +120,16 @@ def test_the_template_preloads_what_pool_workers_import(template: int) -> None:
     p.start()
     assert q.get(timeout=T) == (template, [True, True])  # forked from the template, both there
     p.join(T)
+
+
+def test_the_template_has_loaded_the_extension_every_job_s_runtime_reads_its_limits_with(template: int) -> None:
+    # `resource` reads the descriptor limit when a job's runtime starts: loaded in every job,
+    # it cost each one half a millisecond of CPU. The template's mapped files show it loaded.
+    import resource
+
+    if "resource" in sys.builtin_module_names or not getattr(resource, "__file__", None):
+        pytest.skip("resource is built into this interpreter: nothing to load")
+    assert resource.__file__ in Path(f"/proc/{template}/maps").read_text()
 
 
 def test_the_template_preloads_what_unpickling_locks_imports(template: int) -> None:

@@ -78,10 +78,11 @@ _MAX_LINE = 1 << 24
 # -- the template process --------------------------------------------------------------------
 
 PRELOAD = ("fiber_core.processes.worker", "fiber_core.parallel.pool.worker",
-           "fiber_core.parallel.synchronize", "fiber_core.parallel.queues")
-"""What every template imports before it forks: the worker, the Pool's worker, and what a
+           "fiber_core.parallel.synchronize", "fiber_core.parallel.queues", "resource")
+"""What every template imports before it forks: the worker, the Pool's worker, what a
 worker imports to unpickle its process object or its first task whenever they hold a lock,
-a Barrier or a queue."""
+a Barrier or a queue, and ``resource``, with which every job's runtime reads its descriptor
+limit (an extension module: loading it cost each job half a millisecond of CPU)."""
 
 LATER = ("cloudpickle", "fiber_core.processes.pipe", "fiber_core.parallel.context")
 """What the template imports once no request has come for :data:`LATER_IDLE_SECONDS`: what
@@ -119,8 +120,7 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: li
         for fd in (devnull, logfd):
             if fd > 2:
                 os.close(fd)
-        os.environ.clear()
-        os.environ.update(request["env"])
+        _become_environment(request["env"])
         util = sys.modules.get("multiprocessing.util")
         if util is not None:  # as for the stdlib's fork children: the template's exit work is not theirs
             util._finalizer_registry.clear()  # type: ignore[attr-defined]  # noqa: SLF001 - a forked child drops the template's exit work, as the stdlib's fork children do
@@ -158,16 +158,29 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, request: dict, fds: li
         os._exit(code & 0xFF if code >= 0 else 1)
 
 
+def _become_environment(env: dict[str, str]) -> None:
+    """Make ``os.environ`` exactly ``env`` (the job's), setting and removing only the
+    variables where it differs from the template's: a job's environment is mostly its
+    parent's, which the template has too, and each change is a call to the C library."""
+    environ = os.environ
+    for name in [name for name in environ if name not in env]:
+        del environ[name]
+    for name, value in env.items():
+        if environ.get(name) != value:
+            environ[name] = value
+
+
 def _die_with_template() -> None:
     """In a child: be killed when the template ends, which watches the parent for it."""
-    ctypes = sys.modules["ctypes"]  # preloaded by serve()
     template = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl[0](_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != template:  # it ended before the call
         os._exit(1)
 
 
 _PR_SET_PDEATHSIG = 1
+_prctl: list[Callable[..., int]] = []
+"""The C library's ``prctl``, looked up once by the template that watches its parent (serve())."""
 
 
 def _kill_children(children: set[int]) -> None:
@@ -306,8 +319,9 @@ def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[s
     gc.freeze()  # the children's collections then leave the preloaded objects' pages shared
     _send(sock, {"ready": True})
     if parent_pidfd is not None:  # while the ready message travels and the first requests come
-        import ctypes  # noqa: F401 - for the children's _die_with_template, loaded once here
+        import ctypes  # for the children's _die_with_template, looked up once here
 
+        _prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
         gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
