@@ -45,7 +45,6 @@ if __name__ == "__main__":  # the parent's own tools: a job imports this file to
     import shlex
     import statistics
     from collections import defaultdict
-    from pathlib import Path
 
 WORKERS = 5
 CASES = [(1.0, 5), (0.1, 50), (0.01, 500), (0.001, 5000)]  # (task seconds, batch size)
@@ -56,6 +55,9 @@ FIRST_LINE = "import time; t = time.time(); print('t', repr(t), flush=True)"
 
 def configure_test_hosts() -> str:
     """Point FIBER_SSH_* at the test hosts unless hosts are configured; describe them."""
+    import shlex  # here too: a program that imports this function has not run the main guard
+    from pathlib import Path
+
     if os.environ.get("FIBER_SSH_HOSTS"):
         return os.environ["FIBER_SSH_HOSTS"]
     services = Path(os.environ.get("FIBER_SERVICES_DIR", "/tmp/fiber-services"))
