@@ -173,13 +173,14 @@ def _become_environment(env: dict[str, str]) -> None:
 def _die_with_template() -> None:
     """In a child: be killed when the template ends, which watches the parent for it."""
     template = os.getppid()
-    _prctl[0](_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    assert _prctl is not None, "serve() looks prctl up before it forks a child that calls this"
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != template:  # it ended before the call
         os._exit(1)
 
 
 _PR_SET_PDEATHSIG = 1
-_prctl: list[Callable[..., int]] = []
+_prctl: Callable[..., int] | None = None
 """The C library's ``prctl``, looked up once by the template that watches its parent (serve())."""
 
 
@@ -311,6 +312,7 @@ def _leave_terminal() -> None:
 def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[str] = ()) -> None:
     """The template's loop: fork a child per request, report each child's end; import
     ``later_preload`` once no request has come for :data:`LATER_IDLE_SECONDS`."""
+    global _prctl
     _leave_terminal()
     _preload(preload)
     parent_pidfd = _open_parent_pidfd()
@@ -321,7 +323,7 @@ def serve(sock: socket.socket, preload: Sequence[str], later_preload: Sequence[s
     if parent_pidfd is not None:  # while the ready message travels and the first requests come
         import ctypes  # for the children's _die_with_template, looked up once here
 
-        _prctl.append(ctypes.CDLL(None, use_errno=True).prctl)
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
         gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
