@@ -68,9 +68,12 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
 from fiber_core.contract.env import ENV_PARENT_CHANNEL, ENV_PARENT_PID
+
+TYPE_CHECKING = False  # typing's own, without importing typing: the template starts without it
+if TYPE_CHECKING:
+    from typing import Any
 
 _MAX_LINE = 1 << 24
 
@@ -363,15 +366,19 @@ class TemplateError(OSError):
     """The template could not be started or has gone: start the job the plain way."""
 
 
-class Request(NamedTuple):
+class Request:
     """What the template is sent for one job: its environment, working directory, the module
-    whose ``main()`` it runs, its log's descriptor and its end of the channel (or None)."""
+    whose ``main()`` it runs, its log's descriptor and its end of the channel (or None).
 
-    env: dict[str, str]
-    cwd: str | None
-    module: str
-    logfd: int
-    channel: int | None = None
+    (Not a ``typing.NamedTuple``: the template runs this module, and would import ``typing``
+    for it.)
+    """
+
+    __slots__ = ("env", "cwd", "module", "logfd", "channel")
+
+    def __init__(self, env: dict[str, str], cwd: str | None, module: str, logfd: int,
+                 channel: int | None = None) -> None:
+        self.env, self.cwd, self.module, self.logfd, self.channel = env, cwd, module, logfd, channel
 
 
 class ForkedJob:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import _multiprocessing
 import _posixshmem
+import collections
 import itertools
 import mmap
 import os
@@ -44,7 +45,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 from fiber_core.base import owned
 from fiber_core.base.errors import FiberError, ForeignObjectError
@@ -108,15 +108,24 @@ UID = os.geteuid()
 """This process's user: the owner of the semaphores and segments it creates."""
 
 
-class Ref(NamedTuple):
-    """Where a shared object is served: its creator, its id there, and the creator's user
-    (a process that attaches to its named objects checks that they are that user's)."""
+TYPE_CHECKING = False  # typing's own, without importing typing: the template preloads this module
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple
 
-    token: str
-    host: str
-    addresses: str
-    oid: int
-    uid: int = UID
+    class Ref(NamedTuple):  # the record as type checkers see it; at run time, the one below
+        token: str
+        host: str
+        addresses: str
+        oid: int
+        uid: int = UID
+else:
+    # The same record, made without typing.NamedTuple, which imports typing and compiles each
+    # field's annotation when the class is made. tests/test_synchronize.py checks that both
+    # name the same fields.
+    Ref = collections.namedtuple("Ref", ("token", "host", "addresses", "oid", "uid"), defaults=(UID,),
+                                 module=__name__)
+    Ref.__doc__ = """Where a shared object is served: its creator, its id there, and the creator's user
+    (a process that attaches to its named objects checks that they are that user's)."""
 
 
 def may_attach(ref: Ref) -> bool:

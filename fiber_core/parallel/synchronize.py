@@ -42,7 +42,6 @@ import multiprocessing.synchronize as _mp
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from fiber_core.base.errors import FiberError, ForeignObjectError
 from fiber_core.parallel.sharing import (
@@ -61,6 +60,10 @@ from fiber_core.parallel.sharing import (
     serving,
 )
 from fiber_core.processes.process import current_process
+
+TYPE_CHECKING = False  # typing's own, without importing typing: the template preloads this module
+if TYPE_CHECKING:
+    from typing import Any
 
 RECURSIVE_MUTEX, SEMAPHORE = 0, 1
 SEM_VALUE_MAX = _multiprocessing.SemLock.SEM_VALUE_MAX
