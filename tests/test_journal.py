@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from declared import declared_fields
 
 from fiber_core.parallel.durable import records
 from fiber_core.parallel.durable import task as task_mod
@@ -70,13 +71,7 @@ def _results(proc: subprocess.CompletedProcess) -> dict:
 def test_the_task_record_type_checkers_see_is_the_one_tasks_get() -> None:
     # task.py declares Task twice: a typing.NamedTuple for type checkers, and at run time a
     # collections.namedtuple (a pool worker then starts without typing). Both must agree.
-    import ast
-
-    tree = ast.parse(Path(task_mod.__file__).read_text())
-    declared = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Task")
-    fields = tuple(stmt.target.id for stmt in declared.body
-                   if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name))
-    assert fields == task_mod.Task._fields == ("call", "item", "attempt", "seed")
+    assert declared_fields(task_mod, "Task") == task_mod.Task._fields == ("call", "item", "attempt", "seed")
     t = task_mod.Task(1, 2, 0, 99)
     call, item, attempt, seed = t  # a tuple, as the stdlib's records are
     assert (t.call, t.item, t.attempt, t.seed) == (call, item, attempt, seed) == (1, 2, 0, 99)

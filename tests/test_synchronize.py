@@ -515,31 +515,13 @@ def test_the_creator_token_is_this_process() -> None:
 def test_the_ref_record_type_checkers_see_is_the_one_pickles_carry() -> None:
     # sharing.py declares Ref twice: a typing.NamedTuple for type checkers, and at run time a
     # collections.namedtuple (the template then starts without typing). Both must agree.
-    import ast
+    from declared import declared_fields
 
     from fiber_core.parallel import sharing
 
-    tree = ast.parse(Path(sharing.__file__).read_text())
-    declared = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Ref")
-    fields = tuple(stmt.target.id for stmt in declared.body
-                   if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name))
-    assert fields == sharing.Ref._fields == ("token", "host", "addresses", "oid", "uid")
+    assert declared_fields(sharing, "Ref") == sharing.Ref._fields == ("token", "host", "addresses", "oid", "uid")
     ref = sharing.Ref("t", "h", "a", 7)
     assert ref.uid == sharing.UID == os.geteuid()  # the default, as declared
     assert pickle.loads(pickle.dumps(ref)) == ref and ref._replace(addresses="b").addresses == "b"
     assert type(ref).__module__ == "fiber_core.parallel.sharing"
 
-
-def test_the_template_starts_without_typing() -> None:
-    # What the template imports before it forks (its own module and PRELOAD) leaves typing
-    # out: 2-3 ms of every program's first template, which its first jobs wait for.
-    import subprocess
-
-    from fiber_core.backends.template import PRELOAD
-
-    code = (f"import sys, importlib; [importlib.import_module(m) for m in {['fiber_core.backends.template', *PRELOAD]!r}]; "
-            "print(sorted({'typing', 'dataclasses', 'inspect'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(Path(fiber_core.__file__).parents[1])})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["[]"]
