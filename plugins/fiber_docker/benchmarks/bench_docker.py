@@ -9,6 +9,11 @@ flips every repetition); every figure is the median over all samples.
      this machine's clock);
    - the same bare job whose program imports ``fiber_core`` first, as a Fiber program
      does: the platform's own start of the program's first line;
+   - the standard library's networked worker (``STDLIB_WORKER``): a job that takes its key
+     the way Fiber's jobs do, connects back, authenticates both ways with
+     ``multiprocessing.connection`` and calls the function it receives: what any worker
+     must do before its target runs, with the stdlib's own tools only; and the same with
+     ``socket``, ``hmac`` and ``pickle`` alone (``LEAN_WORKER``: one challenge, one pickle);
    - a ``fiber_core.Process``: the clock before ``start()`` and at the first line of its
      target, sent home through a ``Queue`` (its travel time is not counted). This adds
      Fiber's worker bootstrap: connect back, authenticate, unpickle. Measured with no
@@ -98,6 +103,93 @@ def job_start(backend: str, preamble: str = "") -> tuple[float, float]:
     return float(wall) - t0, float(cpu)
 
 
+# Jobs that do only what any worker started on a platform must do before its target runs,
+# with nothing but the standard library: take the key from the platform the way Fiber's jobs
+# get it (the docker backend's stdin, read by its shell), connect to the parent, authenticate,
+# receive a pickled callable, call it. Their first line is the call's result: the floor of a
+# networked, authenticated start in the same image, whoever's library makes it.
+STDLIB_WORKER = (  # multiprocessing.connection's Client: HMAC challenges both ways
+    "import os, time\n"
+    "from multiprocessing.connection import Client\n"
+    "key = bytes.fromhex(os.environ.pop('BENCH_KEY'))\n"
+    "with Client(('127.0.0.1', int(os.environ['BENCH_PORT'])), authkey=key) as c:\n"
+    "    target = c.recv()\n"
+    "print(repr(target()), repr(time.process_time()))\n"
+)
+LEAN_WORKER = (  # socket, hmac and pickle alone: answer one challenge, read one pickle
+    "import hmac, os, pickle, socket, time\n"
+    "key = bytes.fromhex(os.environ.pop('BENCH_KEY'))\n"
+    "with socket.create_connection(('127.0.0.1', int(os.environ['BENCH_PORT']))) as s:\n"
+    "    f = s.makefile('rb')\n"
+    "    s.sendall(hmac.digest(key, f.read(32), 'sha256'))\n"
+    "    target = pickle.loads(f.read(int.from_bytes(f.read(4), 'big')))\n"
+    "print(repr(target()), repr(time.process_time()))\n"
+)
+
+
+def _serve_connection(key: bytes) -> tuple[Any, int, Any]:
+    """A listener for one :data:`STDLIB_WORKER`, its port, and the thread that sends it ``time.time``."""
+    import threading
+    from multiprocessing.connection import Listener
+
+    listener = Listener(("127.0.0.1", 0), authkey=key)
+
+    def serve() -> None:
+        with listener.accept() as conn:  # authenticates the job before anything is sent
+            conn.send(time.time)
+
+    return listener, listener.address[1], threading.Thread(target=serve, daemon=True)
+
+
+def _serve_lean(key: bytes) -> tuple[Any, int, Any]:
+    """A listener for one :data:`LEAN_WORKER`, its port, and the thread that sends it ``time.time``."""
+    import hmac
+    import pickle
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            challenge = os.urandom(32)
+            conn.sendall(challenge)
+            answer = conn.makefile("rb").read(32)
+            if hmac.compare_digest(answer, hmac.digest(key, challenge, "sha256")):
+                payload = pickle.dumps(time.time)
+                conn.sendall(len(payload).to_bytes(4, "big") + payload)
+
+    return listener, listener.getsockname()[1], threading.Thread(target=serve, daemon=True)
+
+
+def stdlib_worker_start(backend: str, lean: bool) -> tuple[float, float]:
+    """Start -> the first line of :data:`STDLIB_WORKER`'s target (of :data:`LEAN_WORKER`'s with
+    ``lean``), and the job's CPU seconds."""
+    from fiber_core.contract.backend import JobSpec
+    from fiber_core.runtime.run import runtime
+
+    b = runtime().get_backend(backend)
+    python = "python3" if backend == "docker" else sys.executable
+    key = os.urandom(32)
+    listener, port, server = (_serve_lean if lean else _serve_connection)(key)
+    with listener:  # closing it ends the server's accept if the job failed
+        server.start()
+        spec = JobSpec(command=[python, "-c", LEAN_WORKER if lean else STDLIB_WORKER], name="bench-stdlib-worker",
+                       env={"BENCH_PORT": str(port), "BENCH_KEY": key.hex()},
+                       secret_env=("BENCH_KEY",))
+        t0 = time.time()
+        job = b.start_job(spec)
+        if b.wait_for_job(job, TIMEOUT) != 0:
+            raise RuntimeError(f"stdlib worker failed: {b.get_job_logs(job)}")
+        server.join(TIMEOUT)
+    deadline = time.monotonic() + 10
+    while not (logs := b.get_job_logs(job).strip()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    wall, cpu = logs.split()[-2:]
+    return float(wall) - t0, float(cpu)
+
+
 def process_start(backend: str, warm: bool) -> tuple[float, float, float]:
     """A Process started on the spare job the previous start left ready (``warm``; on the local
     backend there is none), or with none (every spare let go first). Before it returns, the
@@ -146,6 +238,8 @@ def run(reps: int, starts: int, pool: bool = True) -> dict:
     results: dict = defaultdict(lambda: defaultdict(list))
     for backend in BACKENDS:  # warm-up: image check, first container, imports; not measured
         job_start(backend)
+        stdlib_worker_start(backend, lean=False)
+        stdlib_worker_start(backend, lean=True)
         process_start(backend, warm=False)
     for r in range(reps):
         t = time.perf_counter()
@@ -153,6 +247,10 @@ def run(reps: int, starts: int, pool: bool = True) -> dict:
             for _ in range(starts):
                 for key, preamble in (("job", ""), ("job+import", "import fiber_core; ")):
                     first, cpu = job_start(backend, preamble)
+                    results[("start", key)][backend].append(first)
+                    results[("cpu", key)][backend].append(cpu)
+                for key, lean in (("stdlib worker", False), ("lean worker", True)):
+                    first, cpu = stdlib_worker_start(backend, lean)
                     results[("start", key)][backend].append(first)
                     results[("cpu", key)][backend].append(cpu)
                 first, returned, cpu = process_start(backend, warm=False)
@@ -181,6 +279,8 @@ def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[fl
     print("|---|---:|---:|---:|---:|")
     for key, label in (("job", "bare job: `start_job()` -> first instruction"),
                        ("job+import", "bare job importing fiber_core first -> its next instruction"),
+                       ("stdlib worker", "the stdlib's networked worker (`STDLIB_WORKER`) -> its target's first line"),
+                       ("lean worker", "socket, hmac and pickle alone (`LEAN_WORKER`) -> its target's first line"),
                        ("process", "`Process.start()` -> first instruction of the target, no spare job"),
                        ("process on a spare", "`Process.start()` -> first instruction of the target, on a ready spare"),
                        ("returns", "`Process.start()` returns, no spare job"),
@@ -189,6 +289,10 @@ def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[fl
         print(f"| {label} | {med(d) * 1e3:.0f} | {med(lo) * 1e3:.0f} | {(med(d) - med(lo)) * 1e3:.0f} "
               f"| {min(d) * 1e3:.0f}-{max(d) * 1e3:.0f} |")
     job, job_import = med(results[("start", "job")]["docker"]), med(results[("start", "job+import")]["docker"])
+    for key, label in (("stdlib worker", "the stdlib's networked worker"), ("lean worker", "the lean worker")):
+        floor = med(results[("start", key)]["docker"])
+        print(f"\nOn docker, {label} is {floor / job:.2f}x the bare job and "
+              f"{floor / job_import:.2f}x the bare job that imports fiber_core.")
     for key, label in (("process on a spare", "on a ready spare"), ("process", "with no spare job")):
         process = med(results[("start", key)]["docker"])
         print(f"\nOn docker, `Process.start()` -> target's first line, {label}, is {process / job:.2f}x "
@@ -197,6 +301,8 @@ def report(results: dict, reps: int, starts: int, elapsed: float, load: tuple[fl
     print("| | docker | local | docker range |")
     print("|---|---:|---:|---:|")
     for key, label in (("job", "bare job"), ("job+import", "bare job importing fiber_core first"),
+                       ("stdlib worker", "the stdlib's networked worker, to its target's first line"),
+                       ("lean worker", "socket, hmac and pickle alone, to the target's first line"),
                        ("process", "`Process.start()`, no spare job: the worker up to the target's first line")):
         d, lo = results[("cpu", key)]["docker"], results[("cpu", key)]["local"]
         print(f"| {label} | {med(d) * 1e3:.1f} | {med(lo) * 1e3:.1f} | {min(d) * 1e3:.1f}-{max(d) * 1e3:.1f} |")
