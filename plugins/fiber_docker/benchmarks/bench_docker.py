@@ -81,6 +81,15 @@ def whoami(seconds: float) -> str:
     return f"{os.uname().nodename}:{os.getpid()}"
 
 
+def printed_clocks(b: Any, job: Any, t0: float) -> tuple[float, float]:
+    """The wall clock (less ``t0``) and the CPU seconds that a finished job printed last."""
+    deadline = time.monotonic() + 10  # its output may reach the backend's log after its exit
+    while not (logs := b.get_job_logs(job).strip()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    wall, cpu = logs.split()[-2:]
+    return float(wall) - t0, float(cpu)
+
+
 def job_start(backend: str, preamble: str = "") -> tuple[float, float]:
     """Start -> the bare job's first line (or the one after its preamble), and the job's CPU
     seconds up to there (its interpreter's start included)."""
@@ -96,11 +105,7 @@ def job_start(backend: str, preamble: str = "") -> tuple[float, float]:
                               name="bench-start"))
     if b.wait_for_job(job, TIMEOUT) != 0:
         raise RuntimeError(f"bare job failed: {b.get_job_logs(job)}")
-    deadline = time.monotonic() + 10
-    while not (logs := b.get_job_logs(job).strip()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    wall, cpu = logs.split()[-2:]
-    return float(wall) - t0, float(cpu)
+    return printed_clocks(b, job, t0)
 
 
 # Jobs that do only what any worker started on a platform must do before its target runs,
@@ -183,11 +188,7 @@ def stdlib_worker_start(backend: str, lean: bool) -> tuple[float, float]:
         if b.wait_for_job(job, TIMEOUT) != 0:
             raise RuntimeError(f"stdlib worker failed: {b.get_job_logs(job)}")
         server.join(TIMEOUT)
-    deadline = time.monotonic() + 10
-    while not (logs := b.get_job_logs(job).strip()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    wall, cpu = logs.split()[-2:]
-    return float(wall) - t0, float(cpu)
+    return printed_clocks(b, job, t0)
 
 
 def process_start(backend: str, warm: bool) -> tuple[float, float, float]:
