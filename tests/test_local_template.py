@@ -404,6 +404,33 @@ def test_a_template_starts_early_only_as_the_local_backend_s_settings_say(run_sc
     assert out.stdout.split() == ["True"]
 
 
+def test_the_template_starts_before_the_program_imports_the_contract_and_the_plugins(run_script) -> None:  # noqa: ANN001
+    # The template's start is what a program's first job waits for: it starts as soon as the
+    # first primitive is made, before the backend contract, pluggy and the plugins' entry points
+    # (15-20 ms) are imported, and imports meanwhile.
+    out = run_script("""
+        import sys
+        from fiber_core.backends import template
+
+        seen = []
+        start = template.Template.__init__
+
+        def spy(self, *args, **kwargs):
+            late = {"fiber_core.contract.backend", "fiber_core.backends.local", "pluggy", "importlib.metadata"}
+            seen.append(sorted(late & set(sys.modules)))
+            start(self, *args, **kwargs)
+
+        template.Template.__init__ = spy
+        import fiber_core
+
+        if __name__ == "__main__":
+            fiber_core.Queue()
+            print(seen)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[[]]"]
+
+
 def test_the_run_starts_no_template_where_jobs_start_as_new_interpreters(run_script) -> None:  # noqa: ANN001
     out = run_script("""
         import fiber_core

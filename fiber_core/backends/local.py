@@ -21,14 +21,14 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from fiber_core.backends.early import OPTIONS, SECTION, adopt, template_env
 from fiber_core.backends.template import Request, Template, TemplateError
 from fiber_core.base.errors import BackendError
 from fiber_core.base.log import log
 from fiber_core.base.oom import oom_kills
-from fiber_core.base.options import Option
 from fiber_core.contract.backend import Backend, Job, JobSpec
 from fiber_core.contract.env import ENV_PARENT_PID
 from fiber_core.contract.hookspecs import hookimpl
@@ -42,16 +42,12 @@ _NO_GPU = resources_env(None)
 class LocalBackend(Backend):
     """Jobs are child processes of this one."""
 
-    name = "local"
+    name = SECTION
     package = "fiber-core"
     shares_this_machine = True
     gpu_alternatives = True  # it ignores GPU requests: no alternative is chosen over another
     capacity_kinds = True  # this machine is one kind: a request for one is not refused, nor served
-    options = (
-        Option("start", str, "template", "how worker jobs start: forked from a template process with "
-               "Fiber imported (template), or as a new interpreter each (fresh)", choices=("template", "fresh")),
-        Option("preload", list, [], "modules the template imports before it forks (set_forkserver_preload)"),
-    )
+    options = OPTIONS
 
     def __init__(self, settings: Mapping[str, Any] | None = None, run_id: str = "",
                  rundir: str | None = None) -> None:
@@ -118,7 +114,7 @@ class LocalBackend(Backend):
     def _fork(self, template: Template, specs: Sequence[JobSpec], ooms: int | None) -> list[Job | None]:
         """Fork ``specs`` from ``template``, each with a channel to this process; None for
         each one the template could not fork."""
-        env = _template_env()
+        env = template_env()
         paths = [self._log_path(spec.name) for spec in specs]
         pairs: list[tuple[socket.socket, socket.socket]] = []
         files = []
@@ -175,8 +171,8 @@ class LocalBackend(Backend):
             if self._template is None and not self._template_failed:
                 preload = list(self.settings.get("preload") or [])
                 try:
-                    self._template = (_early.adopt(preload, self._template_lost)
-                                      or Template(sys.executable, _template_env(), preload, self._template_lost))
+                    self._template = (adopt(preload, self._template_lost)
+                                      or Template(sys.executable, template_env(), preload, self._template_lost))
                 except TemplateError as e:
                     self._template_failed = True
                     log.warning("fiber: %s; local jobs start as new interpreters", e)
@@ -271,64 +267,6 @@ class LocalBackend(Backend):
 
 
 _WORKER = "fiber_core.processes.worker"
-
-
-def _template_env() -> dict[str, str]:
-    return {**os.environ, ENV_PARENT_PID: str(os.getpid())}  # a child: it dies with us
-
-
-class _EarlyTemplate:
-    """A template started before the run's backend is chosen (:func:`start_template_early`),
-    until the local backend made for the run takes it or it is closed unused."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: tuple[list[str], Template] | None = None
-
-    def start(self, preload: list[str]) -> None:
-        with self._lock:
-            if self._held is None:
-                try:
-                    self._held = (preload, Template(sys.executable, _template_env(), preload, lambda why: None))
-                except TemplateError:
-                    pass  # the backend, once made, starts its own and says why it cannot
-
-    def adopt(self, preload: list[str], on_lost: Callable[[str], None]) -> Template | None:
-        """The template started early, if it preloads ``preload``; its losses go to ``on_lost``
-        from now on. One started with other settings is closed (they changed meanwhile)."""
-        with self._lock:
-            held, self._held = self._held, None
-            if held is not None and held[0] == preload:
-                held[1].on_lost = on_lost
-                return held[1]
-        if held is not None:
-            held[1].close(timeout=0)  # it has no jobs: it need not be waited for
-        return None
-
-    def discard(self) -> None:
-        """Close the template started early, if nobody took it."""
-        with self._lock:
-            held, self._held = self._held, None
-        if held is not None:
-            held[1].close(timeout=0)  # it has no jobs: it need not be waited for
-
-
-_early = _EarlyTemplate()
-
-
-def start_template_early(settings: Mapping[str, Any]) -> None:
-    """Start the template now, with this backend's ``settings``, for a backend of this run
-    made later (:meth:`LocalBackend.warm_up` takes it): while the program chooses its backend
-    (loading plugins) and imports the Pool, the template imports too. Nothing happens where
-    workers start as new interpreters. :func:`discard_early_template` closes it if the run
-    chose another backend after all."""
-    if settings.get("start", "template") == "template":
-        _early.start(list(settings.get("preload") or []))
-
-
-def discard_early_template() -> None:
-    """Close the template :func:`start_template_early` started, if no backend took it."""
-    _early.discard()
 
 
 STARTS_PER_CPU = 8

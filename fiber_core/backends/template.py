@@ -53,7 +53,7 @@ unpickle a function sent by value only once no job was asked for a while (:data:
 The local backend starts it when the run selects the backend (``warm_up``), so that it
 imports while the program goes on; in the program's first process, where the backend will
 likely be this one, even before the plugins that choose it are loaded
-(:func:`fiber_core.backends.local.start_template_early`). The run selects its backend when
+(:func:`fiber_core.backends.early.start_template_early`). The run selects its backend when
 the program first makes a lock, a semaphore, a shared value, a queue, a Pool or a Process.
 Jobs asked for while it imports wait for it.
 """

@@ -338,11 +338,11 @@ def likely_local_settings() -> dict[str, Any] | None:
     value = config.lookup("backend")
     if value.source != "default" and value.value != "local":
         return None
-    from fiber_core.backends.local import LocalBackend  # as plugins() does, on first use
+    # Not the local backend itself: the contract and pluggy it imports would delay the template.
+    from fiber_core.backends.early import OPTIONS, SECTION
 
-    section = LocalBackend.settings_section()
-    config.register_backend_options(section, LocalBackend.options)  # as the registry does
-    return config.backend_settings(section)
+    config.register_backend_options(SECTION, OPTIONS)  # the local backend's, as the registry does
+    return config.backend_settings(SECTION)
 
 
 def create_backend(name: str, run_id: str, rundir: str | None = None) -> Backend:

@@ -173,16 +173,16 @@ class Runtime:
         settings = None if self.is_worker or self._backends else likely_local_settings()
         if settings is None:
             return selected_backend_name()
-        from fiber_core.backends import local  # loaded by likely_local_settings
+        from fiber_core.backends import early  # loaded by likely_local_settings
 
-        local.start_template_early(settings)
+        early.start_template_early(settings)
         canonical = ""
         try:
             canonical = selected_backend_name()
             return canonical
         finally:
-            if canonical != local.LocalBackend.name:
-                local.discard_early_template()
+            if canonical != early.SECTION:
+                early.discard_early_template()
 
     @property
     def hub(self) -> Hub:
@@ -351,9 +351,9 @@ class Runtime:
                     backend.cleanup()
                 except Exception:
                     log.exception("fiber: cleanup of backend %s failed", backend.name)
-            local = sys.modules.get("fiber_core.backends.local")
-            if local is not None:  # a template started early that no backend took
-                local.discard_early_template()
+            early = sys.modules.get("fiber_core.backends.early")
+            if early is not None:  # a template started early that no backend took
+                early.discard_early_template()
             if self._status is not None:
                 self._status.close()
             if self._hub is not None:
