@@ -22,21 +22,11 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def sleep_task(x: float) -> float:
-    time.sleep(x)
-    return x
-
 
 def worker_pid(seconds: float) -> int:
     time.sleep(seconds)
@@ -63,15 +53,11 @@ def draws(maps: int, tasks: int, mean: float) -> list[list[float]]:
 def in_program(lib: str, n: int, lengths: list[list[float]]) -> list[float]:
     """Each map's time over its ideal, in this program, on a pool of ``n`` whose every worker
     has run a task."""
-    pool: Any
-    if lib == "fiber":
-        import fiber_core
+    # this folder's (sys.path[0]), imported here: the workers, which import this file, need only
+    # sleep_task (they get this program's sys.path)
+    from task_cpu import new_pool, sleep_task
 
-        pool = fiber_core.Pool(n)
-    else:
-        import multiprocessing
-
-        pool = multiprocessing.get_context(lib).Pool(n)
+    pool = new_pool(lib, n)
     ratios = []
     try:
         warm(pool, n)
@@ -100,6 +86,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.n < 1 or args.tasks < 1 or args.maps < 1 or args.rounds < 1 or args.mean_ms <= 0:
         ap.error("-n, --tasks, --maps and --rounds must be at least 1, and --mean-ms over 0")
+    from task_cpu import HERE, run_in_program  # this folder's (sys.path[0]), as in_program's
+
     lengths = draws(args.maps, args.tasks, args.mean_ms / 1e3)
     if args.in_program:
         print(json.dumps(in_program(args.in_program, args.n, lengths)))
@@ -110,13 +98,9 @@ def main() -> None:
     for r in range(args.rounds):
         for name, repo in modes if r % 2 == 0 else modes[::-1]:
             lib = "fiber" if name.startswith("fiber") else name
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--in-program", lib, "-n", str(args.n),
-                                  "--tasks", str(args.tasks), "--mean-ms", str(args.mean_ms), "--maps", str(args.maps)],
-                                 capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": repo},
-                                 cwd=repo)  # jobs run `python -m`, which imports from the working directory first
-            if out.returncode != 0:
-                raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
-            results[name].append(statistics.median(json.loads(out.stdout.strip().splitlines()[-1])))
+            argv = ["--in-program", lib, "-n", str(args.n), "--tasks", str(args.tasks),
+                    "--mean-ms", str(args.mean_ms), "--maps", str(args.maps)]
+            results[name].append(statistics.median(json.loads(run_in_program(__file__, argv, repo, name))))
     print(f"Pool({args.n}), maps of {args.tasks} sleeps of exponential lengths (mean {args.mean_ms:g} ms), "
           f"default chunksize; a map's time over its ideal, the median of {args.maps} maps, by round "
           f"(load average {os.getloadavg()[0]:.1f}):")

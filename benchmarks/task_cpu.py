@@ -26,6 +26,10 @@ import subprocess
 import sys
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -70,16 +74,32 @@ def busy_seconds() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def in_program(lib: str, n: int, tasks: int, chunksize: int | None) -> dict[str, float]:
-    """One measure, in this program: a pool of ``n``, warmed, then the timed map."""
+def new_pool(lib: str, n: int) -> Any:
+    """A Pool of ``n`` workers: Fiber's (``lib`` "fiber"), or multiprocessing's with the start
+    method ``lib``."""
     if lib == "fiber":
         import fiber_core
 
-        pool = fiber_core.Pool(n)
-    else:
-        import multiprocessing
+        return fiber_core.Pool(n)
+    import multiprocessing
 
-        pool = multiprocessing.get_context(lib).Pool(n)
+    return multiprocessing.get_context(lib).Pool(n)
+
+
+def run_in_program(script: str, argv: list[str], repo: str, name: str) -> str:
+    """The last line printed by ``script`` run with ``argv`` in a program of its own, with the
+    ``fiber_core`` of the checkout ``repo``; a failure raises with its error output."""
+    out = subprocess.run([sys.executable, os.path.abspath(script), *argv], capture_output=True, text=True,
+                         timeout=900, env={**os.environ, "PYTHONPATH": repo},
+                         cwd=repo)  # jobs run `python -m`, which imports from the working directory first
+    if out.returncode != 0:
+        raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def in_program(lib: str, n: int, tasks: int, chunksize: int | None) -> dict[str, float]:
+    """One measure, in this program: a pool of ``n``, warmed, then the timed map."""
+    pool = new_pool(lib, n)
     try:
         pool.map(sleep_task, [0.0] * (4 * n))
         pool.map(sleep_task, [0.01] * (2 * n))  # every worker has run the function
@@ -120,13 +140,8 @@ def main() -> None:
     for r in range(args.rounds):
         for name, repo in modes if r % 2 == 0 else modes[::-1]:
             lib = "fiber" if name.startswith("fiber") else name
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--in-program", lib, "-n", str(args.n),
-                                  "--tasks", str(args.tasks), *extra], capture_output=True, text=True, timeout=900,
-                                 env={**os.environ, "PYTHONPATH": repo},
-                                 cwd=repo)  # jobs run `python -m`, which imports from the working directory first
-            if out.returncode != 0:
-                raise RuntimeError(f"{name}: {out.stderr[-2000:]}")
-            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            argv = ["--in-program", lib, "-n", str(args.n), "--tasks", str(args.tasks), *extra]
+            results[name].append(json.loads(run_in_program(__file__, argv, repo, name)))
     print(f"Pool({args.n}), map of {args.tasks} tasks of 10 ms, chunksize {args.chunksize or 'default'}, "
           f"medians of {args.rounds} (load average {os.getloadavg()[0]:.1f}):")
     for name, runs in results.items():
